@@ -1,0 +1,134 @@
+use super::*;
+
+fn check(json: &str) -> Result<ServiceConfig, PolicyError> {
+    decode_config(json.as_bytes())
+}
+
+#[test]
+fn empty_object_gives_all_defaults() {
+    let cfg = check("{}").unwrap();
+    assert_eq!(cfg, ServiceConfig::default());
+    assert_eq!(cfg.policy.default_deadline, defaults::DEFAULT_DEADLINE);
+}
+
+#[test]
+fn empty_body_is_malformed_not_defaults() {
+    assert!(matches!(check(""), Err(PolicyError::Malformed { .. })));
+    assert!(matches!(check("null"), Err(PolicyError::Malformed { .. })));
+}
+
+#[test]
+fn durations_take_units_and_dependency_defaults_fill_in() {
+    let cfg = check(
+        r#"{"policy":{"dependencies":{"pricing":{"attempt_timeout":"300ms","retry":{"max_attempts":2}}}}}"#,
+    )
+    .unwrap();
+    let dep = &cfg.policy.dependencies["pricing"];
+    assert_eq!(dep.attempt_timeout, std::time::Duration::from_millis(300));
+    assert_eq!(dep.retry.max_attempts, 2);
+    assert_eq!(dep.retry.base, defaults::RETRY_BASE);
+    assert_eq!(dep.bulkhead.max_concurrent, defaults::BULKHEAD_MAX_CONCURRENT);
+}
+
+#[test]
+fn unknown_field_is_rejected_with_its_path() {
+    let err = check(r#"{"policy":{"dependencies":{"pricing":{"retry":{"max_attempt":2}}}}}"#).unwrap_err();
+    match err {
+        PolicyError::Malformed { path, message } => {
+            assert_eq!(path, "policy.dependencies.pricing.retry.max_attempt");
+            assert!(message.contains("max_attempt"), "{message}");
+        }
+        other => panic!("expected malformed, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_out_of_range_field_is_reported_at_once() {
+    let err = check(
+        r#"{"policy":{"dependencies":{"pricing":{
+            "retry":{"max_attempts":11,"budget":{"ratio":1.5}},
+            "circuit_breaker":{"failure_rate_threshold":0,"half_open_probes":0},
+            "bulkhead":{"max_concurrent":0}}}}}"#,
+    )
+    .unwrap_err();
+    let fields: Vec<String> = err.field_errors().into_iter().map(|e| e.path).collect();
+    assert_eq!(
+        fields,
+        vec![
+            "policy.dependencies.pricing.retry.max_attempts",
+            "policy.dependencies.pricing.retry.budget.ratio",
+            "policy.dependencies.pricing.circuit_breaker.failure_rate_threshold",
+            "policy.dependencies.pricing.circuit_breaker.half_open_probes",
+            "policy.dependencies.pricing.bulkhead.max_concurrent",
+        ]
+    );
+    let text = err.to_string();
+    assert!(text.contains("must be between 1 and 10 (got 11)"), "{text}");
+}
+
+#[test]
+fn flag_value_must_match_its_type() {
+    let err = check(r#"{"flags":{"a.enabled":{"type":"bool","value":"yes"}}}"#).unwrap_err();
+    assert_eq!(err.field_errors()[0].path, "flags.a.enabled.value");
+    let ok = check(r#"{"flags":{"n":{"type":"int","value":5,"stale":{"revert_after":"1h"}}}}"#).unwrap();
+    assert_eq!(ok.flags["n"].stale, StalePolicy::RevertAfter(std::time::Duration::from_secs(3600)));
+}
+
+#[test]
+fn window_is_tagged_and_checked() {
+    let cfg = check(
+        r#"{"policy":{"dependencies":{"r":{"circuit_breaker":{"window":{"type":"time","seconds":10}}}}}}"#,
+    )
+    .unwrap();
+    assert_eq!(cfg.policy.dependencies["r"].circuit_breaker.window, Window::Time { seconds: 10 });
+    let err = check(
+        r#"{"policy":{"dependencies":{"r":{"circuit_breaker":{"window":{"type":"count","size":10},"minimum_calls":20}}}}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(err.field_errors()[0].path, "policy.dependencies.r.circuit_breaker.minimum_calls");
+}
+
+#[test]
+fn faults_need_an_expiry_and_a_known_dependency() {
+    let err = check(
+        r#"{"faults":[{"id":"f1","dependency":"x","action":{"type":"connection_error"},"percent":10}]}"#,
+    )
+    .unwrap_err();
+    assert!(matches!(err, PolicyError::Malformed { .. }), "missing expires_at must not decode: {err}");
+    let err = check(
+        r#"{"faults":[{"id":"f1","dependency":"x","action":{"type":"abort","status":200},"percent":10,
+            "expires_at":"2030-01-01T00:00:00Z"}]}"#,
+    )
+    .unwrap_err();
+    let paths: Vec<String> = err.field_errors().into_iter().map(|e| e.path).collect();
+    assert_eq!(paths, vec!["faults[0].dependency", "faults[0].action.status"]);
+}
+
+#[test]
+fn matrix_rows_reference_declared_dependencies() {
+    let err = check(
+        r#"{"policy":{"degradation_matrix":[{"feature":"Price","dependencies":["pricing"],"on_failure":"feature_error"}]}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(err.field_errors()[0].path, "policy.degradation_matrix[0].dependencies[0]");
+}
+
+#[test]
+fn example_policy_of_the_spec_round_trips() {
+    let json = include_str!("../../tests/data/checkout-config.json");
+    let cfg = check(json).unwrap();
+    let bytes = canonical_json(&cfg);
+    let again = decode_config(&bytes).unwrap();
+    assert_eq!(cfg, again);
+    assert_eq!(content_hash(&bytes), content_hash(&canonical_json(&again)));
+}
+
+#[test]
+fn lint_flags_retry_longer_than_deadline() {
+    let cfg = check(
+        r#"{"policy":{"default_deadline":"500ms","dependencies":{"p":{"attempt_timeout":"300ms","retry":{"max_attempts":3}}}}}"#,
+    )
+    .unwrap();
+    let codes: Vec<&str> = lint(&cfg.policy).iter().map(|l| l.code).collect();
+    assert_eq!(codes, vec!["retry_exceeds_deadline"]);
+}
