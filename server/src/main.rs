@@ -1,1 +1,126 @@
-fn main() {}
+//! `levee`: the Levee control-plane server and its admin commands.
+
+use clap::{Parser, Subcommand};
+use levee_server::config::{ServeArgs, Settings};
+use levee_server::db::{Role, Store};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "levee", version, about = "Levee: resilience control plane with kill switches")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs the server (API + UI on LEVEE_HTTP_ADDR, agent sync on LEVEE_GRPC_ADDR).
+    Serve(ServeArgs),
+    /// Applies database migrations and exits.
+    Migrate(ServeArgs),
+    /// Manages users.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+        #[command(flatten)]
+        args: ServeArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum UsersCommand {
+    /// Creates a user, or sets the password and role of an existing one. The password is
+    /// read from the LEVEE_USER_PASSWORD environment variable.
+    Set {
+        /// Username.
+        username: String,
+        /// Role: viewer, operator or admin.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+    },
+}
+
+fn init_tracing(filter: &str) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve(ServeArgs::default_from_env())) {
+        Command::Serve(args) => serve(Settings::load(args)?).await,
+        Command::Migrate(args) => {
+            let s = Settings::load(args)?;
+            init_tracing(&s.log);
+            if s.database_url.expose().starts_with("sqlite:") {
+                std::fs::create_dir_all(&s.data_dir)?;
+            }
+            Store::connect(s.database_url.expose()).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Users { command: UsersCommand::Set { username, role }, args } => {
+            let s = Settings::load(args)?;
+            init_tracing(&s.log);
+            let role = Role::parse(&role)
+                .ok_or_else(|| anyhow::anyhow!("--role must be viewer, operator or admin"))?;
+            levee_agent::policy::check_name(&username).map_err(|m| anyhow::anyhow!("username {m}"))?;
+            let password = std::env::var("LEVEE_USER_PASSWORD")
+                .map_err(|_| anyhow::anyhow!("set LEVEE_USER_PASSWORD to the new password"))?;
+            anyhow::ensure!(
+                password.chars().count() >= 12,
+                "the password must be at least 12 characters long"
+            );
+            if s.database_url.expose().starts_with("sqlite:") {
+                std::fs::create_dir_all(&s.data_dir)?;
+            }
+            let store = Store::connect(s.database_url.expose()).await?;
+            let hash = levee_server::auth::hash_password(password).await?;
+            if store.create_user(&username, &hash, role).await? {
+                println!("user {username} created with role {}", role.as_str());
+            } else {
+                store.update_user(&username, Some(&hash), Some(role)).await?;
+                println!("user {username} updated with role {}", role.as_str());
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    init_tracing(&settings.log);
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok();
+    let server = levee_server::Server::start(settings, metrics).await?;
+    if let Some(p) = &server.generated_admin_password {
+        println!("Bootstrap admin user created. username: admin  password: {p}");
+        println!("(shown once; set LEVEE_ADMIN_PASSWORD to choose it yourself)");
+    }
+    println!(
+        "levee listening: http://{} (API, UI)  grpc://{} (agent sync)",
+        server.http_addr, server.grpc_addr
+    );
+    tracing::info!(http = %server.http_addr, grpc = %server.grpc_addr, "levee started");
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

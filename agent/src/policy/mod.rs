@@ -55,7 +55,10 @@ impl PolicyError {
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PolicyError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
+        let path = match e.path().to_string() {
+            p if p == "?" || p.is_empty() => ".".to_string(),
+            p => p,
+        };
         let inner = e.into_inner();
         // serde_json appends " at line L column C"; keep it, it helps people find the spot.
         PolicyError::Malformed { path, message: inner.to_string() }

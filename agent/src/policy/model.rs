@@ -616,17 +616,12 @@ impl FlagType {
 /// What an agent does with a flag value while it cannot reach the server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum StalePolicy {
     /// Keep the last value for as long as needed (right for kill switches).
     #[default]
     Hold,
     /// Revert to the compiled-in default once the configuration is older than this.
-    RevertAfter(
-        #[serde(with = "humantime_serde")]
-        #[cfg_attr(feature = "openapi", schema(value_type = String, example = "1h"))]
-        Duration,
-    ),
+    RevertAfter(#[serde(with = "humantime_serde")] Duration),
 }
 
 /// Percentage rollout of a flag's value, keyed by a caller-supplied key.
@@ -658,8 +653,9 @@ pub struct Flag {
     /// After this instant the value reverts to the service's default (server and agent side).
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
-    /// Behaviour while the agent cannot reach the server.
+    /// Behaviour while the agent cannot reach the server: `"hold"` or `{"revert_after": "1h"}`.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object, example = json!("hold")))]
     pub stale: StalePolicy,
     /// Optional gradual rollout.
     #[serde(default)]

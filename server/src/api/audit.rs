@@ -1,0 +1,67 @@
+//! The audit log.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use levee_agent::policy::Timestamp;
+use serde::Deserialize;
+
+use super::{AppState, Auth};
+use crate::db::{AuditFilter, AuditRow};
+use crate::error::{ApiError, ApiResult};
+
+/// Filters of `GET /audit`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Environment.
+    pub environment: Option<String>,
+    /// Service.
+    pub service: Option<String>,
+    /// Actor (username or `token:<name>`).
+    pub actor: Option<String>,
+    /// From (RFC 3339).
+    pub since: Option<String>,
+    /// Until (RFC 3339).
+    pub until: Option<String>,
+    /// Page: entries older than this id.
+    pub before_id: Option<i64>,
+    /// Most entries (1..=1000, default 100).
+    pub limit: Option<i64>,
+}
+
+fn time(field: &str, v: &Option<String>) -> ApiResult<Option<i64>> {
+    match v {
+        None => Ok(None),
+        Some(s) => Timestamp::parse(s).map(|t| Some(t.unix_ms())).ok_or_else(|| {
+            ApiError::bad_field(
+                field,
+                format!("{s:?}"),
+                "must be an RFC 3339 time, e.g. 2026-12-01T12:00:00Z",
+            )
+        }),
+    }
+}
+
+/// Audit entries, newest first: who, when, from where, what, before/after, why and outcome.
+#[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
+    responses((status = 200, body = [AuditRow]), (status = 400, body = crate::error::Problem)))]
+pub async fn list(
+    State(s): State<AppState>,
+    _a: Auth,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<Json<Vec<AuditRow>>> {
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_field("limit", limit.to_string(), "must be between 1 and 1000"));
+    }
+    let f = AuditFilter {
+        since: time("since", &q.since)?,
+        until: time("until", &q.until)?,
+        environment: q.environment,
+        service: q.service,
+        actor: q.actor,
+        before_id: q.before_id,
+        limit,
+    };
+    Ok(Json(s.store.audit(&f).await?))
+}

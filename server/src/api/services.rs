@@ -1,0 +1,488 @@
+//! Services, their policy, snapshot, history, diff and rollback.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig, lint};
+use serde::{Deserialize, Serialize};
+
+use super::envs::valid_name;
+use super::{ApiJson, AppState, Auth, RequestCtx};
+use crate::db::{AuditCtx, Change, Committed, MutateError, Parts, RevisionMeta, Role, SnapshotRow};
+use crate::diff::{DiffEntry, json_diff};
+use crate::error::{ApiError, ApiResult};
+
+/// A service as listed.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ServiceSummary {
+    /// Environment.
+    pub environment: String,
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Current revision.
+    pub revision: u64,
+    /// Last change, ms since the epoch.
+    pub updated_at: i64,
+}
+
+/// Body of `POST /environments/{env}/services`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateService {
+    /// Name: 1..=64 of `a-z 0-9 . _ -`.
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub description: String,
+    /// Initial policy (defaults when absent).
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// Initial flags.
+    #[serde(default)]
+    pub flags: BTreeMap<String, Flag>,
+    /// Why.
+    pub reason: String,
+}
+
+/// Answer of every write that produces a revision.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WriteResult {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Revision now current.
+    pub revision: u64,
+    /// Hash of its snapshot body.
+    pub hash: String,
+    /// `false` when the request changed nothing (no new revision).
+    pub changed: bool,
+    /// Warnings about the resulting policy.
+    pub lints: Vec<Lint>,
+}
+
+/// `GET .../policy` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PolicyDocument {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Revision (send it back as `If-Match`).
+    pub revision: u64,
+    /// The policy.
+    pub policy: Policy,
+    /// Warnings.
+    pub lints: Vec<Lint>,
+}
+
+/// Body of `PUT .../policy`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutPolicy {
+    /// The whole new policy.
+    pub policy: Policy,
+    /// Why.
+    pub reason: String,
+}
+
+/// A stored snapshot.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SnapshotDocument {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Revision.
+    pub revision: u64,
+    /// SHA-256 hex of the canonical body.
+    pub hash: String,
+    /// Created at, ms since the epoch.
+    pub created_at: i64,
+    /// The body: what agents receive.
+    pub config: ServiceConfig,
+}
+
+/// Body of `POST .../rollback`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rollback {
+    /// Revision whose content becomes current again (as a new revision).
+    pub to_revision: u64,
+    /// Why.
+    pub reason: String,
+}
+
+/// Query of `GET .../revisions`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RevisionsQuery {
+    /// Most entries (1..=1000, default 100).
+    pub limit: Option<i64>,
+}
+
+/// Query of `GET .../revisions/{rev}/diff`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DiffQuery {
+    /// Revision to compare with (default: the one before).
+    pub against: Option<u64>,
+}
+
+/// Diff between two revisions.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RevisionDiff {
+    /// Older revision.
+    pub from: u64,
+    /// Newer revision.
+    pub to: u64,
+    /// Changed paths.
+    pub changes: Vec<DiffEntry>,
+}
+
+/// Parses `If-Match`: `"5"`, `5`, `W/"5"` → Some(5); `*` → None. Absent → Err(428) when
+/// `required`, Ok(None) otherwise.
+pub(crate) fn if_match(headers: &HeaderMap, required: bool) -> ApiResult<Option<u64>> {
+    let Some(v) = headers.get(header::IF_MATCH) else {
+        return if required {
+            Err(ApiError::PreconditionRequired(
+                "send If-Match with the revision you read (GET the resource; its ETag), or `*` to overwrite"
+                    .into(),
+            ))
+        } else {
+            Ok(None)
+        };
+    };
+    let s = v.to_str().map_err(|_| ApiError::bad_field("If-Match", "", "must be ASCII"))?.trim();
+    if s == "*" {
+        return Ok(None);
+    }
+    let inner = s.trim_start_matches("W/").trim_matches('"');
+    inner.parse::<u64>().map(Some).map_err(|_| {
+        ApiError::bad_field("If-Match", format!("{s:?}"), "must be a revision number such as \"5\", or *")
+    })
+}
+
+fn etag(rev: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{rev}\"")).expect("digits are a valid header")
+}
+
+/// Maps a store error to the API error.
+pub(crate) fn mutate_error(e: MutateError, prefix: &str) -> ApiError {
+    match e {
+        MutateError::NotFound(what) => ApiError::NotFound(format!("no {what}")),
+        MutateError::Conflict { expected, current } => ApiError::Conflict { expected, current },
+        MutateError::Rejected(api) => api,
+        MutateError::Invalid(v) => ApiError::from_policy(v.into(), prefix),
+        MutateError::Db(e) => ApiError::Internal(e),
+    }
+}
+
+/// Runs a mutation, publishes the result to this replica's agents and answers with it.
+pub(crate) async fn commit<F>(
+    s: &AppState,
+    change: Change<'_>,
+    ctx: &AuditCtx,
+    edit: F,
+) -> ApiResult<(Committed, Vec<Lint>)>
+where
+    F: FnOnce(&mut Parts) -> Result<(Option<String>, Option<String>), ApiError>,
+{
+    let committed = s.store.mutate(change, ctx, edit).await.map_err(|e| mutate_error(e, ""))?;
+    if committed.changed {
+        s.hub.publish(committed.snapshot.clone());
+    }
+    let lints = serde_json::from_str::<ServiceConfig>(&committed.snapshot.body)
+        .map(|c| lint(&c.policy))
+        .unwrap_or_default();
+    Ok((committed, lints))
+}
+
+pub(crate) fn write_response(c: Committed, lints: Vec<Lint>, status: StatusCode) -> Response {
+    let rev = c.snapshot.revision;
+    let body = WriteResult {
+        environment: c.snapshot.environment,
+        service: c.snapshot.service,
+        revision: rev,
+        hash: c.snapshot.hash,
+        changed: c.changed,
+        lints,
+    };
+    (status, [(header::ETAG, etag(rev))], Json(body)).into_response()
+}
+
+async fn service_or_404(s: &AppState, env: &str, svc: &str) -> ApiResult<crate::db::ServiceRow> {
+    s.store
+        .service(env, svc)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))
+}
+
+/// Lists the services of an environment.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services", tag = "services",
+    params(("env" = String, Path)), responses((status = 200, body = [ServiceSummary]), (status = 404, body = crate::error::Problem)))]
+pub async fn list(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path(env): Path<String>,
+) -> ApiResult<Json<Vec<ServiceSummary>>> {
+    if s.store.environment(&env).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no environment {env:?}")));
+    }
+    let rows = s.store.services(&env).await?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| ServiceSummary {
+                environment: r.environment,
+                name: r.name,
+                description: r.description,
+                revision: r.revision,
+                updated_at: r.updated_at,
+            })
+            .collect(),
+    ))
+}
+
+/// One service.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
+    params(("env" = String, Path), ("svc" = String, Path)),
+    responses((status = 200, body = ServiceSummary), (status = 404, body = crate::error::Problem)))]
+pub async fn get_one(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc)): Path<(String, String)>,
+) -> ApiResult<Json<ServiceSummary>> {
+    let r = service_or_404(&s, &env, &svc).await?;
+    Ok(Json(ServiceSummary {
+        environment: r.environment,
+        name: r.name,
+        description: r.description,
+        revision: r.revision,
+        updated_at: r.updated_at,
+    }))
+}
+
+/// Creates a service with its first revision (operator).
+#[utoipa::path(post, path = "/api/v1/environments/{env}/services", tag = "services", request_body = CreateService,
+    params(("env" = String, Path)),
+    responses((status = 201, body = WriteResult), (status = 409, body = crate::error::Problem),
+              (status = 422, body = crate::error::Problem)))]
+pub async fn create(
+    State(s): State<AppState>,
+    auth: Auth,
+    ctx: RequestCtx,
+    Path(env): Path<String>,
+    ApiJson(req): ApiJson<CreateService>,
+) -> ApiResult<Response> {
+    auth.require(Role::Operator)?;
+    valid_name("name", &req.name)?;
+    let audit = ctx.audit(&auth, &req.reason)?;
+    let envrow = s
+        .store
+        .environment(&env)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no environment {env:?}")))?;
+    let parts = Parts {
+        policy: req.policy.unwrap_or_default(),
+        flags: req.flags,
+        faults: Default::default(),
+        overrides: Default::default(),
+        faults_allowed: envrow.allow_faults,
+    };
+    let snap = s
+        .store
+        .create_service(&env, &req.name, &req.description, &parts, &audit)
+        .await
+        .map_err(|e| mutate_error(e, ""))?
+        .ok_or_else(|| {
+            ApiError::AlreadyExists(format!("service {:?} already exists in {env:?}", req.name))
+        })?;
+    s.hub.publish(snap.clone());
+    let lints = lint(&parts.policy);
+    Ok(write_response(Committed { snapshot: snap, changed: true }, lints, StatusCode::CREATED))
+}
+
+/// The policy with its revision (also as `ETag`).
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/policy", tag = "services",
+    params(("env" = String, Path), ("svc" = String, Path)),
+    responses((status = 200, body = PolicyDocument), (status = 404, body = crate::error::Problem)))]
+pub async fn get_policy(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let r = service_or_404(&s, &env, &svc).await?;
+    let policy: Policy = serde_json::from_str(&r.policy).map_err(|e| ApiError::Internal(e.into()))?;
+    let lints = lint(&policy);
+    let doc = PolicyDocument { environment: env, service: svc, revision: r.revision, policy, lints };
+    Ok(([(header::ETAG, etag(r.revision))], Json(doc)).into_response())
+}
+
+/// Replaces the policy. Requires `If-Match` (409 with the current revision on mismatch).
+#[utoipa::path(put, path = "/api/v1/environments/{env}/services/{svc}/policy", tag = "services",
+    request_body = PutPolicy, params(("env" = String, Path), ("svc" = String, Path),
+        ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to overwrite")),
+    responses((status = 200, body = WriteResult), (status = 409, body = crate::error::Problem),
+              (status = 422, body = crate::error::Problem), (status = 428, body = crate::error::Problem)))]
+pub async fn put_policy(
+    State(s): State<AppState>,
+    auth: Auth,
+    ctx: RequestCtx,
+    headers: HeaderMap,
+    Path((env, svc)): Path<(String, String)>,
+    ApiJson(req): ApiJson<PutPolicy>,
+) -> ApiResult<Response> {
+    auth.require(Role::Operator)?;
+    let expected = if_match(&headers, true)?;
+    let audit = ctx.audit(&auth, &req.reason)?;
+    if let Err(v) = req.policy.validate() {
+        return Err(ApiError::from_policy(v.into(), "policy"));
+    }
+    let change = Change { env: &env, service: &svc, action: "policy.update", target: "policy", expected };
+    let new_policy = req.policy;
+    let (c, lints) = commit(&s, change, &audit, move |p| {
+        let before = serde_json::to_string(&p.policy).ok();
+        p.policy = new_policy;
+        Ok((before, serde_json::to_string(&p.policy).ok()))
+    })
+    .await?;
+    Ok(write_response(c, lints, StatusCode::OK))
+}
+
+/// Lints of the current policy.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/lint", tag = "services",
+    params(("env" = String, Path), ("svc" = String, Path)), responses((status = 200, body = [Lint])))]
+pub async fn get_lint(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc)): Path<(String, String)>,
+) -> ApiResult<Json<Vec<Lint>>> {
+    let r = service_or_404(&s, &env, &svc).await?;
+    let policy: Policy = serde_json::from_str(&r.policy).map_err(|e| ApiError::Internal(e.into()))?;
+    Ok(Json(lint(&policy)))
+}
+
+fn snapshot_doc(snap: SnapshotRow) -> ApiResult<SnapshotDocument> {
+    let config: ServiceConfig = serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))?;
+    Ok(SnapshotDocument {
+        environment: snap.environment,
+        service: snap.service,
+        revision: snap.revision,
+        hash: snap.hash,
+        created_at: snap.created_at,
+        config,
+    })
+}
+
+/// The current snapshot: exactly what agents receive.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/snapshot", tag = "services",
+    params(("env" = String, Path), ("svc" = String, Path)),
+    responses((status = 200, body = SnapshotDocument), (status = 404, body = crate::error::Problem)))]
+pub async fn get_snapshot(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let snap = s
+        .store
+        .latest_snapshot(&env, &svc)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
+    let rev = snap.revision;
+    Ok(([(header::ETAG, etag(rev))], Json(snapshot_doc(snap)?)).into_response())
+}
+
+/// Revision history, newest first.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/revisions", tag = "history",
+    params(("env" = String, Path), ("svc" = String, Path), RevisionsQuery),
+    responses((status = 200, body = [RevisionMeta])))]
+pub async fn list_revisions(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc)): Path<(String, String)>,
+    Query(q): Query<RevisionsQuery>,
+) -> ApiResult<Json<Vec<RevisionMeta>>> {
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_field("limit", limit.to_string(), "must be between 1 and 1000"));
+    }
+    service_or_404(&s, &env, &svc).await?;
+    Ok(Json(s.store.revisions(&env, &svc, limit).await?))
+}
+
+async fn revision_or_404(s: &AppState, env: &str, svc: &str, rev: u64) -> ApiResult<SnapshotRow> {
+    s.store
+        .revision(env, svc, rev)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no revision {rev} of service {svc:?} in {env:?}")))
+}
+
+/// One stored revision.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/revisions/{rev}", tag = "history",
+    params(("env" = String, Path), ("svc" = String, Path), ("rev" = u64, Path)),
+    responses((status = 200, body = SnapshotDocument), (status = 404, body = crate::error::Problem)))]
+pub async fn get_revision(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc, rev)): Path<(String, String, u64)>,
+) -> ApiResult<Json<SnapshotDocument>> {
+    Ok(Json(snapshot_doc(revision_or_404(&s, &env, &svc, rev).await?)?))
+}
+
+/// What changed between two revisions.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/revisions/{rev}/diff", tag = "history",
+    params(("env" = String, Path), ("svc" = String, Path), ("rev" = u64, Path), DiffQuery),
+    responses((status = 200, body = RevisionDiff), (status = 404, body = crate::error::Problem)))]
+pub async fn diff_revision(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc, rev)): Path<(String, String, u64)>,
+    Query(q): Query<DiffQuery>,
+) -> ApiResult<Json<RevisionDiff>> {
+    let against = q.against.unwrap_or(rev.saturating_sub(1));
+    let new = revision_or_404(&s, &env, &svc, rev).await?;
+    let old_body = if against == 0 {
+        serde_json::to_value(ServiceConfig::default()).map_err(|e| ApiError::Internal(e.into()))?
+    } else {
+        let old = revision_or_404(&s, &env, &svc, against).await?;
+        serde_json::from_str(&old.body).map_err(|e| ApiError::Internal(e.into()))?
+    };
+    let new_body: serde_json::Value =
+        serde_json::from_str(&new.body).map_err(|e| ApiError::Internal(e.into()))?;
+    Ok(Json(RevisionDiff { from: against, to: rev, changes: json_diff(&old_body, &new_body) }))
+}
+
+/// Makes the content of an older revision current again, as a new revision.
+#[utoipa::path(post, path = "/api/v1/environments/{env}/services/{svc}/rollback", tag = "history",
+    request_body = Rollback, params(("env" = String, Path), ("svc" = String, Path),
+        ("If-Match" = Option<String>, Header, description = "Optional: current revision")),
+    responses((status = 200, body = WriteResult), (status = 404, body = crate::error::Problem),
+              (status = 409, body = crate::error::Problem)))]
+pub async fn rollback(
+    State(s): State<AppState>,
+    auth: Auth,
+    ctx: RequestCtx,
+    headers: HeaderMap,
+    Path((env, svc)): Path<(String, String)>,
+    ApiJson(req): ApiJson<Rollback>,
+) -> ApiResult<Response> {
+    auth.require(Role::Operator)?;
+    let expected = if_match(&headers, false)?;
+    let audit = ctx.audit(&auth, &req.reason)?;
+    let old = revision_or_404(&s, &env, &svc, req.to_revision).await?;
+    let cfg: ServiceConfig = serde_json::from_str(&old.body).map_err(|e| ApiError::Internal(e.into()))?;
+    let target = format!("revision {}", req.to_revision);
+    let change = Change { env: &env, service: &svc, action: "service.rollback", target: &target, expected };
+    let (c, lints) = commit(&s, change, &audit, move |p| {
+        let before = serde_json::to_string(&p.config()).ok();
+        *p = Parts::from_config(cfg, p.faults_allowed);
+        Ok((before, serde_json::to_string(&p.config()).ok()))
+    })
+    .await?;
+    Ok(write_response(c, lints, StatusCode::OK))
+}

@@ -1,0 +1,305 @@
+//! Authentication: argon2 password hashes and HS256 JWTs with a pinned algorithm,
+//! issuer and audience.
+//!
+//! Three kinds of bearer token exist, told apart by audience and `kind`:
+//! sessions (login, audience `levee-api`, 12 h), API tokens for automation (audience
+//! `levee-api`, with a role, revocable) and agent tokens (audience `levee-agent`, scoped to one
+//! environment and a list of services, revocable). Only HS256 is accepted, so a token signed
+//! with `none` or another algorithm, or minted for the other audience, is refused.
+
+use std::time::Duration;
+
+use argon2::Argon2;
+use argon2::password_hash::phc::PasswordHash;
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::db::{Role, Store, TokenKind, TokenRow, now_ms};
+
+/// Issuer of every token.
+pub const ISSUER: &str = "levee";
+/// Audience of session and API tokens.
+pub const AUDIENCE_API: &str = "levee-api";
+/// Audience of agent tokens.
+pub const AUDIENCE_AGENT: &str = "levee-agent";
+/// Lifetime of a login session.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// Default lifetime of minted API and agent tokens.
+pub const TOKEN_TTL: Duration = Duration::from_secs(365 * 86400);
+
+/// Claims of every Levee token.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Claims {
+    /// Subject: the username, or the token name.
+    pub sub: String,
+    /// Issuer (`levee`).
+    pub iss: String,
+    /// Audience.
+    pub aud: String,
+    /// Expiry, seconds since the epoch.
+    pub exp: u64,
+    /// Issued at, seconds since the epoch.
+    pub iat: u64,
+    /// Token id.
+    pub jti: String,
+    /// `session`, `api` or `agent`.
+    pub kind: String,
+    /// Role (sessions and API tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// Environment (agent tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// Services (agent tokens).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
+}
+
+/// Who is calling, once authenticated.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    /// Name recorded in the audit log (`alice`, `token:deploy-bot`).
+    pub actor: String,
+    /// Role.
+    pub role: Role,
+    /// Token id.
+    pub jti: String,
+}
+
+/// An authenticated agent.
+#[derive(Clone, Debug)]
+pub struct AgentPrincipal {
+    /// Token name.
+    pub name: String,
+    /// Environment it may read.
+    pub environment: String,
+    /// Services it may read.
+    pub services: Vec<String>,
+    /// Token id.
+    pub jti: String,
+}
+
+/// Why a token was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// No token.
+    #[error("missing bearer token")]
+    Missing,
+    /// Expired.
+    #[error("token expired")]
+    Expired,
+    /// Bad signature, algorithm, audience, issuer or shape.
+    #[error("invalid token: {0}")]
+    Invalid(String),
+    /// Revoked or unknown.
+    #[error("token revoked")]
+    Revoked,
+    /// User disabled or gone.
+    #[error("user is disabled or no longer exists")]
+    UserGone,
+}
+
+/// Signs and checks tokens.
+#[derive(Clone)]
+pub struct Keys {
+    enc: EncodingKey,
+    dec: DecodingKey,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keys(<secret>)")
+    }
+}
+
+fn now_s() -> u64 {
+    (now_ms() / 1000) as u64
+}
+
+impl Keys {
+    /// Keys from a shared secret (at least 32 bytes).
+    pub fn new(secret: &[u8]) -> anyhow::Result<Keys> {
+        anyhow::ensure!(secret.len() >= 32, "the JWT secret must be at least 32 bytes");
+        Ok(Keys { enc: EncodingKey::from_secret(secret)?, dec: DecodingKey::from_secret(secret)? })
+    }
+
+    /// Signs claims with HS256.
+    pub fn sign(&self, claims: &Claims) -> anyhow::Result<String> {
+        Ok(jsonwebtoken::encode(&Header::new(Algorithm::HS256), claims, &self.enc)?)
+    }
+
+    /// Verifies signature (HS256 only), issuer, audience and expiry.
+    pub fn verify(&self, token: &str, audience: &str) -> Result<Claims, AuthError> {
+        let mut v = Validation::new(Algorithm::HS256);
+        v.set_audience(&[audience]);
+        v.set_issuer(&[ISSUER]);
+        v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        v.leeway = 5;
+        match jsonwebtoken::decode::<Claims>(token, &self.dec, &v) {
+            Ok(data) => Ok(data.claims),
+            Err(e) => match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => Err(AuthError::Expired),
+                other => Err(AuthError::Invalid(format!("{other:?}").to_lowercase())),
+            },
+        }
+    }
+
+    /// A login session token for a user.
+    pub fn session(&self, username: &str, role: Role) -> anyhow::Result<(String, u64)> {
+        let iat = now_s();
+        let exp = iat + SESSION_TTL.as_secs();
+        let claims = Claims {
+            sub: username.to_string(),
+            iss: ISSUER.into(),
+            aud: AUDIENCE_API.into(),
+            exp,
+            iat,
+            jti: uuid::Uuid::new_v4().to_string(),
+            kind: "session".into(),
+            role: Some(role),
+            env: None,
+            services: Vec::new(),
+        };
+        Ok((self.sign(&claims)?, exp))
+    }
+
+    /// Mints the JWT of a token row.
+    pub fn mint(&self, t: &TokenRow) -> anyhow::Result<String> {
+        let claims = Claims {
+            sub: t.name.clone(),
+            iss: ISSUER.into(),
+            aud: match t.kind {
+                TokenKind::Api => AUDIENCE_API.into(),
+                TokenKind::Agent => AUDIENCE_AGENT.into(),
+            },
+            exp: (t.expires_at / 1000) as u64,
+            iat: (t.created_at / 1000) as u64,
+            jti: t.id.clone(),
+            kind: t.kind.as_str().into(),
+            role: t.role,
+            env: t.environment.clone(),
+            services: t.services.clone(),
+        };
+        self.sign(&claims)
+    }
+}
+
+/// Hashes a password with argon2id (default parameters). Runs on a blocking thread.
+pub async fn hash_password(password: String) -> anyhow::Result<String> {
+    tokio::task::spawn_blocking(move || {
+        Argon2::default()
+            .hash_password(password.as_bytes())
+            .map(|h| h.to_string())
+            .map_err(|e| anyhow::anyhow!("hashing password: {e}"))
+    })
+    .await?
+}
+
+/// Checks a password against a PHC string. Runs on a blocking thread.
+pub async fn verify_password(password: String, phc: String) -> bool {
+    tokio::task::spawn_blocking(move || {
+        PasswordHash::new(&phc)
+            .map(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+            .unwrap_or(false)
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Authenticates an API caller from a bearer token: checks the JWT, then that the user
+/// still exists and is enabled (sessions, taking the role from the database so a demotion
+/// applies at once) or that the token is not revoked (API tokens).
+pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result<Principal, AuthError> {
+    let claims = keys.verify(token, AUDIENCE_API)?;
+    match claims.kind.as_str() {
+        "session" => {
+            let user = store.user(&claims.sub).await.map_err(|_| AuthError::UserGone)?;
+            match user {
+                Some(u) if !u.disabled => Ok(Principal { actor: u.username, role: u.role, jti: claims.jti }),
+                _ => Err(AuthError::UserGone),
+            }
+        }
+        "api" => {
+            let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
+            match row {
+                Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Api => Ok(Principal {
+                    actor: format!("token:{}", t.name),
+                    role: t.role.unwrap_or(Role::Viewer),
+                    jti: t.id,
+                }),
+                _ => Err(AuthError::Revoked),
+            }
+        }
+        other => Err(AuthError::Invalid(format!("a {other} token cannot call the API"))),
+    }
+}
+
+/// Authenticates an agent: an agent-audience JWT whose token row is not revoked.
+pub async fn authenticate_agent(
+    keys: &Keys,
+    store: &Store,
+    token: &str,
+) -> Result<AgentPrincipal, AuthError> {
+    let claims = keys.verify(token, AUDIENCE_AGENT)?;
+    if claims.kind != "agent" {
+        return Err(AuthError::Invalid("not an agent token".into()));
+    }
+    let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
+    match row {
+        Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Agent => Ok(AgentPrincipal {
+            name: t.name,
+            environment: t.environment.unwrap_or_default(),
+            services: t.services,
+            jti: t.id,
+        }),
+        _ => Err(AuthError::Revoked),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::new(&[7u8; 32]).unwrap()
+    }
+
+    #[test]
+    fn session_verifies_only_for_its_audience() {
+        let k = keys();
+        let (tok, _) = k.session("alice", Role::Operator).unwrap();
+        assert_eq!(k.verify(&tok, AUDIENCE_API).unwrap().sub, "alice");
+        assert!(matches!(k.verify(&tok, AUDIENCE_AGENT), Err(AuthError::Invalid(_))));
+    }
+
+    #[test]
+    fn other_key_and_alg_none_are_refused() {
+        let (tok, _) = keys().session("alice", Role::Admin).unwrap();
+        let other = Keys::new(&[8u8; 32]).unwrap();
+        assert!(matches!(other.verify(&tok, AUDIENCE_API), Err(AuthError::Invalid(_))));
+        // alg=none: header {"alg":"none","typ":"JWT"}, same payload, empty signature.
+        let payload = tok.split('.').nth(1).unwrap();
+        let none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{payload}.");
+        assert!(keys().verify(&none, AUDIENCE_API).is_err());
+    }
+
+    #[test]
+    fn expired_token_is_expired() {
+        let k = keys();
+        let claims = Claims {
+            sub: "a".into(),
+            iss: ISSUER.into(),
+            aud: AUDIENCE_API.into(),
+            exp: 1000,
+            iat: 10,
+            jti: "j".into(),
+            kind: "session".into(),
+            role: Some(Role::Viewer),
+            env: None,
+            services: vec![],
+        };
+        let tok = k.sign(&claims).unwrap();
+        assert_eq!(k.verify(&tok, AUDIENCE_API).unwrap_err(), AuthError::Expired);
+    }
+}

@@ -1,0 +1,283 @@
+//! Layered settings: built-in defaults, then an optional TOML file, then environment
+//! variables (`LEVEE_*`), then command-line flags — later layers win.
+//!
+//! | setting | flag | environment | TOML key | default |
+//! | --- | --- | --- | --- | --- |
+//! | data directory (SQLite file lives there) | `--data-dir` | `LEVEE_DATA_DIR` | `data_dir` | `./levee-data` |
+//! | HTTP address (API + UI) | `--http-addr` | `LEVEE_HTTP_ADDR` | `http_addr` | `127.0.0.1:8080` |
+//! | gRPC address (agent sync) | `--grpc-addr` | `LEVEE_GRPC_ADDR` | `grpc_addr` | `127.0.0.1:8081` |
+//! | database URL | `--database-url` | `LEVEE_DATABASE_URL` | `database_url` | `sqlite://<data_dir>/levee.db` |
+//! | bootstrap admin password | `--admin-password` | `LEVEE_ADMIN_PASSWORD` | `admin_password` | generated, printed once |
+//! | JWT signing secret (≥ 32 bytes) | `--jwt-secret` | `LEVEE_JWT_SECRET` | `jwt_secret` | generated, stored in the database |
+//! | heartbeat interval | `--heartbeat-interval` | `LEVEE_HEARTBEAT_INTERVAL` | `heartbeat_interval` | `15s` |
+//! | maximum agent stream age | `--max-stream-age` | `LEVEE_MAX_STREAM_AGE` | `max_stream_age` | `30m` |
+//! | new agent streams per second | `--new-streams-per-sec` | `LEVEE_NEW_STREAMS_PER_SEC` | `new_streams_per_sec` | `500` |
+//! | request body limit, bytes | `--max-body-bytes` | `LEVEE_MAX_BODY_BYTES` | `max_body_bytes` | `1048576` |
+//! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+/// Default HTTP listen address.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
+/// Default gRPC listen address.
+pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:8081";
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = "levee-data";
+/// Default request body limit.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// A secret string that never prints.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The value, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Command-line / environment layer of `levee serve`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML settings file.
+    #[arg(long, env = "LEVEE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data directory; the SQLite file lives there.
+    #[arg(long, env = "LEVEE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// API and UI address.
+    #[arg(long, env = "LEVEE_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// Agent sync (gRPC) address.
+    #[arg(long, env = "LEVEE_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// Database URL (sqlite:… or postgres://…).
+    #[arg(long, env = "LEVEE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Password of the bootstrap admin user `admin`.
+    #[arg(long, env = "LEVEE_ADMIN_PASSWORD", hide_env_values = true)]
+    pub admin_password: Option<String>,
+    /// JWT signing secret (at least 32 bytes).
+    #[arg(long, env = "LEVEE_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// Heartbeat interval on agent streams (e.g. `15s`).
+    #[arg(long, env = "LEVEE_HEARTBEAT_INTERVAL", value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
+    /// Maximum agent stream age before a reconnect is requested (e.g. `30m`).
+    #[arg(long, env = "LEVEE_MAX_STREAM_AGE", value_parser = humantime::parse_duration)]
+    pub max_stream_age: Option<Duration>,
+    /// New agent streams accepted per second.
+    #[arg(long, env = "LEVEE_NEW_STREAMS_PER_SEC")]
+    pub new_streams_per_sec: Option<u32>,
+    /// Request body limit in bytes.
+    #[arg(long, env = "LEVEE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "LEVEE_LOG")]
+    pub log: Option<String>,
+}
+
+/// The TOML file layer.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLayer {
+    data_dir: Option<PathBuf>,
+    http_addr: Option<SocketAddr>,
+    grpc_addr: Option<SocketAddr>,
+    database_url: Option<String>,
+    admin_password: Option<String>,
+    jwt_secret: Option<String>,
+    #[serde(default, with = "humantime_serde::option")]
+    heartbeat_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde::option")]
+    max_stream_age: Option<Duration>,
+    new_streams_per_sec: Option<u32>,
+    max_body_bytes: Option<usize>,
+    log: Option<String>,
+}
+
+/// Validated settings of a running server.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// API and UI address.
+    pub http_addr: SocketAddr,
+    /// gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// Database URL.
+    pub database_url: Secret,
+    /// Bootstrap admin password, if given.
+    pub admin_password: Option<Secret>,
+    /// JWT secret, if given.
+    pub jwt_secret: Option<Secret>,
+    /// Heartbeat interval.
+    pub heartbeat_interval: Duration,
+    /// Maximum stream age.
+    pub max_stream_age: Duration,
+    /// New streams per second.
+    pub new_streams_per_sec: u32,
+    /// Body limit.
+    pub max_body_bytes: usize,
+    /// Log filter.
+    pub log: String,
+}
+
+impl Settings {
+    /// Settings for a test or embedded server: everything on loopback port 0 in `data_dir`.
+    pub fn for_dir(data_dir: &Path) -> Settings {
+        Settings {
+            data_dir: data_dir.to_path_buf(),
+            http_addr: "127.0.0.1:0".parse().expect("valid"),
+            grpc_addr: "127.0.0.1:0".parse().expect("valid"),
+            database_url: Secret::new(sqlite_url(data_dir)),
+            admin_password: None,
+            jwt_secret: None,
+            heartbeat_interval: crate::sync::HEARTBEAT_INTERVAL,
+            max_stream_age: crate::sync::MAX_STREAM_AGE,
+            new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            log: "info".into(),
+        }
+    }
+
+    /// Merges the layers.
+    ///
+    /// # Errors
+    /// An unreadable or invalid TOML file, or an invalid value, naming the setting.
+    pub fn load(args: ServeArgs) -> anyhow::Result<Settings> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading settings file {}", path.display()))?;
+                toml::from_str::<FileLayer>(&text)
+                    .with_context(|| format!("invalid settings file {}", path.display()))?
+            }
+            None => FileLayer::default(),
+        };
+        let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let http_addr =
+            args.http_addr.or(file.http_addr).unwrap_or_else(|| DEFAULT_HTTP_ADDR.parse().expect("valid"));
+        let grpc_addr =
+            args.grpc_addr.or(file.grpc_addr).unwrap_or_else(|| DEFAULT_GRPC_ADDR.parse().expect("valid"));
+        let database_url = args.database_url.or(file.database_url).unwrap_or_else(|| sqlite_url(&data_dir));
+        let jwt_secret = args.jwt_secret.or(file.jwt_secret);
+        if let Some(s) = &jwt_secret {
+            anyhow::ensure!(s.len() >= 32, "jwt_secret (LEVEE_JWT_SECRET) must be at least 32 bytes long");
+        }
+        let max_body_bytes = args.max_body_bytes.or(file.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        anyhow::ensure!(
+            (1024..=64 * 1024 * 1024).contains(&max_body_bytes),
+            "max_body_bytes (LEVEE_MAX_BODY_BYTES) must be between 1024 and 67108864"
+        );
+        let heartbeat_interval =
+            args.heartbeat_interval.or(file.heartbeat_interval).unwrap_or(crate::sync::HEARTBEAT_INTERVAL);
+        anyhow::ensure!(
+            heartbeat_interval >= Duration::from_millis(10) && heartbeat_interval <= Duration::from_secs(600),
+            "heartbeat_interval (LEVEE_HEARTBEAT_INTERVAL) must be between 10ms and 10m"
+        );
+        let max_stream_age =
+            args.max_stream_age.or(file.max_stream_age).unwrap_or(crate::sync::MAX_STREAM_AGE);
+        anyhow::ensure!(
+            max_stream_age >= Duration::from_secs(1),
+            "max_stream_age (LEVEE_MAX_STREAM_AGE) must be at least 1s"
+        );
+        let new_streams_per_sec =
+            args.new_streams_per_sec.or(file.new_streams_per_sec).unwrap_or(crate::sync::NEW_STREAMS_PER_SEC);
+        anyhow::ensure!(
+            new_streams_per_sec >= 1,
+            "new_streams_per_sec (LEVEE_NEW_STREAMS_PER_SEC) must be at least 1"
+        );
+        Ok(Settings {
+            data_dir,
+            http_addr,
+            grpc_addr,
+            database_url: Secret::new(database_url),
+            admin_password: args.admin_password.or(file.admin_password).map(Secret::new),
+            jwt_secret: jwt_secret.map(Secret::new),
+            heartbeat_interval,
+            max_stream_age,
+            new_streams_per_sec,
+            max_body_bytes,
+            log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
+        })
+    }
+}
+
+/// SQLite URL of the database file in `data_dir`, created when missing.
+pub fn sqlite_url(data_dir: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", data_dir.join("levee.db").display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_file_and_defaults_fill_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("levee.toml");
+        std::fs::write(
+            &path,
+            "http_addr = \"127.0.0.1:9000\"\ngrpc_addr = \"127.0.0.1:9001\"\nheartbeat_interval = \"5s\"\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            http_addr: Some("127.0.0.1:7000".parse().unwrap()),
+            ..Default::default()
+        };
+        let s = Settings::load(args).unwrap();
+        assert_eq!(s.http_addr.port(), 7000);
+        assert_eq!(s.grpc_addr.port(), 9001);
+        assert_eq!(s.heartbeat_interval, Duration::from_secs(5));
+        assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn unknown_file_keys_and_short_secrets_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("levee.toml");
+        std::fs::write(&path, "http_adr = \"127.0.0.1:9000\"\n").unwrap();
+        let err = Settings::load(ServeArgs { config: Some(path), ..Default::default() }).unwrap_err();
+        assert!(format!("{err:#}").contains("http_adr"), "{err:#}");
+        let err =
+            Settings::load(ServeArgs { jwt_secret: Some("short".into()), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("32 bytes"));
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s:?}"), "Secret(***)");
+    }
+}
+
+impl ServeArgs {
+    /// Arguments taken only from the environment (for `levee` run without a subcommand).
+    pub fn default_from_env() -> ServeArgs {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        <Only as clap::Parser>::parse_from(["levee"]).args
+    }
+}

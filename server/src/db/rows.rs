@@ -1,0 +1,439 @@
+//! Row types of the store and their decoding from `AnyRow`.
+
+use anyhow::anyhow;
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+/// Role of a user or API token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Reads everything.
+    Viewer,
+    /// Flips switches, edits policies, applies profiles and faults.
+    Operator,
+    /// Manages users, tokens and environments too.
+    Admin,
+}
+
+impl Role {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Parses a lower-case name.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "viewer" => Some(Role::Viewer),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// Kind of a minted token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenKind {
+    /// For automation against the HTTP API, with a role.
+    Api,
+    /// For an agent's sync stream, scoped to an environment and services.
+    Agent,
+}
+
+impl TokenKind {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Api => "api",
+            TokenKind::Agent => "agent",
+        }
+    }
+}
+
+/// A user.
+#[derive(Clone, Debug)]
+pub struct UserRow {
+    /// Surrogate id.
+    pub id: i64,
+    /// Login name.
+    pub username: String,
+    /// argon2 PHC string.
+    pub password_hash: String,
+    /// Role.
+    pub role: Role,
+    /// Disabled users cannot log in.
+    pub disabled: bool,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+}
+
+impl UserRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let role: String = r.try_get("role")?;
+        Ok(UserRow {
+            id: r.try_get("id")?,
+            username: r.try_get("username")?,
+            password_hash: r.try_get("password_hash")?,
+            role: Role::parse(&role).ok_or_else(|| anyhow!("unknown role {role:?} in users"))?,
+            disabled: r.try_get::<i64, _>("disabled")? != 0,
+            created_at: r.try_get("created_at")?,
+        })
+    }
+}
+
+/// A minted token (the JWT itself is never stored).
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct TokenRow {
+    /// Token id, the JWT's `jti`.
+    pub id: String,
+    /// API or agent.
+    pub kind: TokenKind,
+    /// Human name.
+    pub name: String,
+    /// Role of an API token.
+    pub role: Option<Role>,
+    /// Environment of an agent token.
+    pub environment: Option<String>,
+    /// Services of an agent token.
+    pub services: Vec<String>,
+    /// Who minted it.
+    pub created_by: String,
+    /// Minted at, ms since the epoch.
+    pub created_at: i64,
+    /// Expires at, ms since the epoch.
+    pub expires_at: i64,
+    /// Revoked at, ms since the epoch.
+    pub revoked_at: Option<i64>,
+}
+
+impl TokenRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let kind: String = r.try_get("kind")?;
+        let role: Option<String> = r.try_get("role")?;
+        let services: String = r.try_get("services")?;
+        Ok(TokenRow {
+            id: r.try_get("id")?,
+            kind: match kind.as_str() {
+                "api" => TokenKind::Api,
+                "agent" => TokenKind::Agent,
+                other => return Err(anyhow!("unknown token kind {other:?}")),
+            },
+            name: r.try_get("name")?,
+            role: role.as_deref().and_then(Role::parse),
+            environment: r.try_get("environment")?,
+            services: serde_json::from_str(&services)?,
+            created_by: r.try_get("created_by")?,
+            created_at: r.try_get("created_at")?,
+            expires_at: r.try_get("expires_at")?,
+            revoked_at: r.try_get("revoked_at")?,
+        })
+    }
+}
+
+/// An environment.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct EnvironmentRow {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Whether fault injection is permitted here.
+    pub allow_faults: bool,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+}
+
+impl EnvironmentRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        Ok(EnvironmentRow {
+            name: r.try_get("name")?,
+            description: r.try_get("description")?,
+            allow_faults: r.try_get::<i64, _>("allow_faults")? != 0,
+            created_at: r.try_get("created_at")?,
+        })
+    }
+}
+
+/// A service and its current revision.
+#[derive(Clone, Debug)]
+pub struct ServiceRow {
+    /// Environment.
+    pub environment: String,
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Current revision (the counter row).
+    pub revision: u64,
+    /// Policy JSON.
+    pub policy: String,
+    /// Created at, ms.
+    pub created_at: i64,
+    /// Last change, ms.
+    pub updated_at: i64,
+}
+
+impl ServiceRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let rev: i64 = r.try_get("revision")?;
+        Ok(ServiceRow {
+            environment: r.try_get("environment")?,
+            name: r.try_get("name")?,
+            description: r.try_get("description")?,
+            revision: rev as u64,
+            policy: r.try_get("policy")?,
+            created_at: r.try_get("created_at")?,
+            updated_at: r.try_get("updated_at")?,
+        })
+    }
+}
+
+/// A stored snapshot.
+#[derive(Clone, Debug)]
+pub struct SnapshotRow {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Revision.
+    pub revision: u64,
+    /// SHA-256 hex of `body`.
+    pub hash: String,
+    /// Canonical JSON of the `ServiceConfig`.
+    pub body: String,
+    /// Created at, ms.
+    pub created_at: i64,
+}
+
+impl SnapshotRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let rev: i64 = r.try_get("revision")?;
+        Ok(SnapshotRow {
+            environment: r.try_get("environment")?,
+            service: r.try_get("service")?,
+            revision: rev as u64,
+            hash: r.try_get("hash")?,
+            body: r.try_get("body")?,
+            created_at: r.try_get("created_at")?,
+        })
+    }
+}
+
+/// One entry of a service's history.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct RevisionMeta {
+    /// Revision.
+    pub revision: u64,
+    /// SHA-256 hex of the snapshot body.
+    pub hash: String,
+    /// Created at, ms since the epoch.
+    pub created_at: i64,
+    /// Who made the change.
+    pub actor: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl RevisionMeta {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let rev: i64 = r.try_get("revision")?;
+        Ok(RevisionMeta {
+            revision: rev as u64,
+            hash: r.try_get("hash")?,
+            created_at: r.try_get("created_at")?,
+            actor: r.try_get("actor")?,
+            reason: r.try_get("reason")?,
+        })
+    }
+}
+
+/// One audit entry.
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
+pub struct AuditRow {
+    /// Sequence number (0 before insertion).
+    pub id: i64,
+    /// When, ms since the epoch.
+    pub at: i64,
+    /// Who (username, `token:<name>`, or `levee` for the server itself).
+    pub actor: String,
+    /// From where: `api`, `ui`, `cli` or `server`.
+    pub via: String,
+    /// Request id.
+    pub request_id: String,
+    /// What was attempted, e.g. `policy.update`, `flag.set`.
+    pub action: String,
+    /// Environment.
+    pub environment: Option<String>,
+    /// Service.
+    pub service: Option<String>,
+    /// Target inside the service (flag key, dependency…).
+    pub target: String,
+    /// `ok`, `conflict`, `rejected` or `denied`.
+    pub outcome: String,
+    /// Mandatory reason given by the actor.
+    pub reason: String,
+    /// JSON before the change.
+    pub before: Option<String>,
+    /// JSON after the change.
+    pub after: Option<String>,
+    /// Revision created by the change.
+    pub revision: Option<i64>,
+}
+
+impl AuditRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        Ok(AuditRow {
+            id: r.try_get("id")?,
+            at: r.try_get("at")?,
+            actor: r.try_get("actor")?,
+            via: r.try_get("via")?,
+            request_id: r.try_get("request_id")?,
+            action: r.try_get("action")?,
+            environment: r.try_get("environment")?,
+            service: r.try_get("service")?,
+            target: r.try_get("target")?,
+            outcome: r.try_get("outcome")?,
+            reason: r.try_get("reason")?,
+            before: r.try_get("before")?,
+            after: r.try_get("after")?,
+            revision: r.try_get("revision")?,
+        })
+    }
+}
+
+/// Filter of the audit query; every field optional.
+#[derive(Clone, Debug, Default)]
+pub struct AuditFilter {
+    /// Environment.
+    pub environment: Option<String>,
+    /// Service.
+    pub service: Option<String>,
+    /// Actor.
+    pub actor: Option<String>,
+    /// From, ms.
+    pub since: Option<i64>,
+    /// Until, ms.
+    pub until: Option<i64>,
+    /// Page: rows with a smaller id.
+    pub before_id: Option<i64>,
+    /// Most rows.
+    pub limit: i64,
+}
+
+/// Live state of one agent instance for one service.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct AgentRow {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Instance id the agent sent.
+    pub instance_id: String,
+    /// Agent version.
+    pub agent_version: String,
+    /// Whether a stream is open now.
+    pub connected: bool,
+    /// When the stream opened, ms.
+    pub connected_at: i64,
+    /// Last message, ms.
+    pub last_seen: i64,
+    /// Revision the agent acknowledged.
+    pub applied_revision: u64,
+    /// Hash of that revision.
+    pub applied_hash: String,
+    /// Last status report (JSON).
+    #[schema(value_type = Option<Object>)]
+    pub status: Option<serde_json::Value>,
+}
+
+impl AgentRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let rev: i64 = r.try_get("applied_revision")?;
+        let status: Option<String> = r.try_get("status")?;
+        Ok(AgentRow {
+            environment: r.try_get("environment")?,
+            service: r.try_get("service")?,
+            instance_id: r.try_get("instance_id")?,
+            agent_version: r.try_get("agent_version")?,
+            connected: r.try_get::<i64, _>("connected")? != 0,
+            connected_at: r.try_get("connected_at")?,
+            last_seen: r.try_get("last_seen")?,
+            applied_revision: rev as u64,
+            applied_hash: r.try_get("applied_hash")?,
+            status: status.and_then(|s| serde_json::from_str(&s).ok()),
+        })
+    }
+}
+
+/// A NACK of a revision by an agent instance.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct NackRow {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Instance.
+    pub instance_id: String,
+    /// Rejected revision.
+    pub revision: u64,
+    /// Why the agent rejected it.
+    pub error_detail: String,
+    /// When, ms.
+    pub at: i64,
+}
+
+impl NackRow {
+    pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
+        let rev: i64 = r.try_get("revision")?;
+        Ok(NackRow {
+            environment: r.try_get("environment")?,
+            service: r.try_get("service")?,
+            instance_id: r.try_get("instance_id")?,
+            revision: rev as u64,
+            error_detail: r.try_get("error_detail")?,
+            at: r.try_get("at")?,
+        })
+    }
+}
+
+/// A change of fleet state to persist.
+#[derive(Clone, Debug)]
+pub enum FleetEvent {
+    /// Insert or update an agent row.
+    Upsert(AgentUpsert),
+    /// Record a NACK.
+    Nack(NackRow),
+}
+
+/// Fields of an agent row to write.
+#[derive(Clone, Debug)]
+pub struct AgentUpsert {
+    /// Environment.
+    pub environment: String,
+    /// Service.
+    pub service: String,
+    /// Instance.
+    pub instance_id: String,
+    /// Agent version.
+    pub agent_version: String,
+    /// Stream open.
+    pub connected: bool,
+    /// Stream opened at, ms.
+    pub connected_at: i64,
+    /// Last message, ms.
+    pub last_seen: i64,
+    /// Applied revision.
+    pub applied_revision: u64,
+    /// Applied hash.
+    pub applied_hash: String,
+    /// Last status report JSON (None keeps the stored one).
+    pub status: Option<String>,
+}

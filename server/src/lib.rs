@@ -1,0 +1,19 @@
+//! Levee server: stores resilience policies and kill switches per environment and service,
+//! versions and audits every change, serves the API (and UI), and pushes snapshots to agents
+//! over gRPC.
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod db;
+pub mod diff;
+pub mod error;
+pub mod fleet;
+pub mod hub;
+pub mod listener;
+pub mod sync;
+pub mod ui;
+
+pub use app::Server;
+pub use config::Settings;

@@ -1,0 +1,105 @@
+//! Cross-replica fan-out on PostgreSQL: `LISTEN levee_changes` on a dedicated connection.
+//!
+//! Writers `NOTIFY` inside their transaction (delivered after commit). A notification can
+//! be lost while the listener reconnects, so on every (re)connect the listener first
+//! LISTENs, then catches up by comparing every service's current revision with what this
+//! replica has published; a periodic safety-net poll does the same.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+
+use crate::db::{NOTIFY_CHANNEL, Store};
+use crate::hub::Hub;
+
+/// Period of the safety-net poll.
+pub const SAFETY_POLL: Duration = Duration::from_secs(15);
+
+/// Publishes every service whose stored revision is newer than the hub's.
+pub async fn catch_up(store: &Store, hub: &Hub) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for (env, svc, rev) in store.current_revisions().await? {
+        if hub.current(&env, &svc).is_none_or(|s| s.revision < rev)
+            && let Some(snap) = store.latest_snapshot(&env, &svc).await?
+            && hub.publish(snap)
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+async fn publish_one(store: &Store, hub: &Hub, payload: &str) {
+    let v: serde_json::Value = match serde_json::from_str(payload) {
+        Ok(v) => v,
+        Err(_) => return,
+    };
+    let (Some(env), Some(svc), Some(rev)) =
+        (v["environment"].as_str(), v["service"].as_str(), v["revision"].as_u64())
+    else {
+        return;
+    };
+    if hub.current(env, svc).is_some_and(|s| s.revision >= rev) {
+        return;
+    }
+    match store.latest_snapshot(env, svc).await {
+        Ok(Some(snap)) => {
+            hub.publish(snap);
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = ?e, "loading a notified snapshot"),
+    }
+}
+
+/// Runs the listener until shutdown.
+pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Receiver<bool>) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        if crate::app::is_stopped(&shutdown) {
+            return;
+        }
+        let mut listener = match PgListener::connect(&url).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN connection failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = crate::app::stopped(&mut shutdown) => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(200);
+        if let Err(e) = listener.listen(NOTIFY_CHANNEL).await {
+            tracing::warn!(error = %e, "LISTEN failed; reconnecting");
+            continue;
+        }
+        // LISTEN first, then catch up: nothing committed from here on can be missed.
+        if let Err(e) = catch_up(&store, &hub).await {
+            tracing::warn!(error = ?e, "catch-up after LISTEN failed");
+        }
+        let mut poll = tokio::time::interval(SAFETY_POLL);
+        poll.reset();
+        loop {
+            tokio::select! {
+                n = listener.try_recv() => match n {
+                    Ok(Some(n)) => publish_one(&store, &hub, n.payload()).await,
+                    // The connection dropped: notifications may be lost; catch up after re-LISTEN.
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "LISTEN connection error");
+                        break;
+                    }
+                },
+                _ = poll.tick() => {
+                    if let Err(e) = catch_up(&store, &hub).await {
+                        tracing::warn!(error = ?e, "safety-net poll failed");
+                    }
+                }
+                _ = crate::app::stopped(&mut shutdown) => return,
+            }
+        }
+    }
+}
