@@ -1,0 +1,194 @@
+//! Test harness: a real server on loopback port 0 with a fresh database per test.
+
+use std::time::Duration;
+
+use levee_server::config::{Secret, Settings};
+use levee_server::{Server, db::Store};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+pub const ADMIN_PASSWORD: &str = "admin-password-for-tests";
+pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
+
+/// Which database a test runs against.
+#[derive(Clone, Copy, Debug)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+#[allow(dead_code)]
+pub struct TestApp {
+    pub server: Option<Server>,
+    pub base: String,
+    pub grpc: String,
+    pub client: reqwest::Client,
+    pub token: String,
+    _dir: tempfile::TempDir,
+}
+
+/// PostgreSQL URL for tests, if a server is reachable. With LEVEE_REQUIRE_POSTGRES set (CI),
+/// an unreachable server fails the test instead of skipping it.
+pub async fn postgres_url() -> Option<String> {
+    let base = std::env::var("LEVEE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let admin = format!("{base}/test");
+    sqlx::any::install_default_drivers();
+    let pool = match tokio::time::timeout(
+        Duration::from_secs(3),
+        sqlx::any::AnyPoolOptions::new().max_connections(1).connect(&admin),
+    )
+    .await
+    {
+        Ok(Ok(p)) => p,
+        other => {
+            if std::env::var("LEVEE_REQUIRE_POSTGRES").is_ok() {
+                panic!("LEVEE_REQUIRE_POSTGRES is set but PostgreSQL at {admin} is unreachable: {other:?}");
+            }
+            eprintln!("PostgreSQL not reachable at {admin}: skipping the PostgreSQL variant");
+            return None;
+        }
+    };
+    let name = format!("levee_test_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&pool)
+        .await
+        .expect("create test database");
+    pool.close().await;
+    Some(format!("{base}/{name}"))
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        Self::spawn_on(Db::Sqlite).await.expect("sqlite always available")
+    }
+
+    /// Spawns on the given database; None when PostgreSQL is not available here.
+    pub async fn spawn_on(db: Db) -> Option<TestApp> {
+        if std::env::var("TEST_LOG").is_ok() {
+            let _ = tracing_subscriber::fmt().with_env_filter("info").try_init();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = Settings::for_dir(dir.path());
+        if let Db::Postgres = db {
+            settings.database_url = Secret::new(postgres_url().await?);
+        }
+        settings.admin_password = Some(Secret::new(ADMIN_PASSWORD));
+        settings.jwt_secret = Some(Secret::new(JWT_SECRET));
+        settings.max_body_bytes = 64 * 1024;
+        let server = Server::start(settings, None).await.expect("server starts");
+        let base = format!("http://{}", server.http_addr);
+        let grpc = format!("http://{}", server.grpc_addr);
+        let client = reqwest::Client::new();
+        let mut app = TestApp { server: Some(server), base, grpc, client, token: String::new(), _dir: dir };
+        app.token = app.login("admin", ADMIN_PASSWORD).await;
+        Some(app)
+    }
+
+    #[allow(dead_code)]
+    pub fn store(&self) -> &Store {
+        &self.server.as_ref().unwrap().store
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn login(&self, user: &str, password: &str) -> String {
+        let res = self
+            .client
+            .post(self.url("/api/v1/auth/login"))
+            .json(&json!({"username": user, "password": password}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "login of {user} failed");
+        res.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string()
+    }
+
+    /// Sends a JSON request with the admin token; returns status, headers and body.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        self.call_as(&self.token, method, path, body, &[]).await
+    }
+
+    pub async fn call_as(
+        &self,
+        token: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut req = self.client.request(method, self.url(path)).bearer_auth(token);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, headers, value)
+    }
+
+    /// Creates environment `prod` (faults allowed) and service `checkout` with one flag.
+    pub async fn seed(&self) {
+        let (s, _, b) = self
+            .call(
+                Method::POST,
+                "/api/v1/environments",
+                Some(json!({"name": "prod", "allow_faults": true, "reason": "test"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        let (s, _, b) = self
+            .call(
+                Method::POST,
+                "/api/v1/environments/prod/services",
+                Some(json!({
+                    "name": "checkout",
+                    "reason": "test",
+                    "policy": {"dependencies": {"recommendations": {"criticality": "non_critical",
+                        "enabled_flag": "recommendations.enabled", "attempt_timeout": "80ms", "fallback": "generic"}}},
+                    "flags": {"recommendations.enabled": {"type": "bool", "value": true, "description": "kill switch"}}
+                })),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+
+    /// Mints an agent token for environment `prod` and the given services.
+    pub async fn agent_token(&self, services: &[&str]) -> (String, String) {
+        let (s, _, b) = self
+            .call(
+                Method::POST,
+                "/api/v1/tokens",
+                Some(json!({"kind": "agent", "name": "agent-test", "environment": "prod", "services": services, "reason": "test"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        (b["token"].as_str().unwrap().to_string(), b["id"].as_str().unwrap().to_string())
+    }
+}
+
+/// Asserts a problem+json error with the given status and returns its body.
+pub fn assert_problem(
+    status: StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    body: &Value,
+    expected: StatusCode,
+) {
+    assert_eq!(status, expected, "body: {body}");
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    assert_eq!(ct, "application/problem+json", "body: {body}");
+    assert_eq!(body["status"].as_u64(), Some(u64::from(expected.as_u16())), "body: {body}");
+    assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "problem without detail: {body}");
+}

@@ -1,0 +1,7 @@
+//! API integration tests: a real server on port 0, real HTTP, a fresh database per test.
+
+mod auth;
+mod errors;
+mod helpers;
+mod history;
+mod policy;
