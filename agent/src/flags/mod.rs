@@ -34,7 +34,7 @@ use crate::state::Applied;
 pub mod openfeature;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// Parts of the key space used for rollout buckets (a rollout of `p` percent covers
 /// `p × 10 000` of them).
