@@ -190,3 +190,79 @@ impl FeatureProvider for LeveeProvider {
         self.resolve_undeclared(flag_key, FlagType::Json, |f| as_struct(&f.value)).map(|v| self.details(v))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use open_feature::{EvaluationContext, EvaluationErrorCode, OpenFeature};
+
+    use super::*;
+    use crate::flags::tests::apply;
+
+    const FLAGS: &str = r#"{"flags":{
+        "kill":{"type":"bool","value":false},
+        "undeclared":{"type":"bool","value":true},
+        "limit":{"type":"int","value":7},
+        "ratio":{"type":"float","value":0.25},
+        "color":{"type":"string","value":"red"},
+        "layout":{"type":"json","value":{"columns":3}},
+        "gradual":{"type":"bool","value":true,"rollout":{"percent":50}}
+    }}"#;
+
+    fn agent() -> crate::Agent {
+        let a = crate::Agent::builder("http://127.0.0.1:9", "t", "prod", "checkout").build().unwrap();
+        apply(a.shared(), 1, FLAGS);
+        a
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn provider_answers_as_the_handles_do() {
+        let agent = agent();
+        let kill = agent.flag_bool("kill", true);
+        let gradual = agent.flag_bool("gradual", false);
+        let mut api = OpenFeature::default();
+        api.set_provider(LeveeProvider::new(&agent)).await;
+        let client = api.create_client();
+
+        assert_eq!(client.get_bool_value("kill", None, None).await, Ok(kill.get()));
+        assert!(!kill.get());
+        assert_eq!(client.get_bool_value("undeclared", None, None).await, Ok(true));
+        assert_eq!(client.get_int_value("limit", None, None).await, Ok(7));
+        assert_eq!(client.get_float_value("ratio", None, None).await, Ok(0.25));
+        assert_eq!(client.get_string_value("color", None, None).await.as_deref(), Ok("red"));
+        let layout = client.get_struct_value::<StructValue>("layout", None, None).await.unwrap();
+        assert_eq!(layout.fields.get("columns"), Some(&Value::Int(3)));
+
+        for i in 0..200 {
+            let key = format!("user-{i}");
+            let ctx = EvaluationContext::default().with_targeting_key(key.clone());
+            assert_eq!(
+                client.get_bool_value("gradual", Some(&ctx), None).await,
+                Ok(gradual.get_for(&key)),
+                "{key}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn absent_or_mistyped_flags_leave_the_callers_default() {
+        let agent = agent();
+        let provider = LeveeProvider::new(&agent);
+        let ctx = EvaluationContext::default();
+        let e = provider.resolve_bool_value("missing", &ctx).await.unwrap_err();
+        assert_eq!(e.code, EvaluationErrorCode::FlagNotFound);
+        let e = provider.resolve_int_value("color", &ctx).await.unwrap_err();
+        assert_eq!(e.code, EvaluationErrorCode::TypeMismatch);
+        assert_eq!(provider.status(), ProviderStatus::Ready);
+        assert_eq!(provider.metadata().name, "levee");
+
+        let mut api = OpenFeature::default();
+        api.set_provider(provider).await;
+        let client = api.create_client();
+        assert!(client.get_bool_value("missing", None, None).await.is_err());
+        // Deleted on the server: the declared default answers (CP-9 through OpenFeature).
+        let limit = agent.flag_int("limit", 100);
+        apply(agent.shared(), 2, "{}");
+        assert_eq!(client.get_int_value("limit", None, None).await, Ok(100));
+        assert_eq!(limit.get(), 100);
+    }
+}

@@ -420,3 +420,77 @@ async fn status_reports_and_refuse_until_fresh() {
     assert_eq!(report.breakers[0].state, "OPEN");
     a.shutdown().await;
 }
+
+/// CP-10: an idle stream survives: heartbeats only every 60 s, so the agent's HTTP/2
+/// keepalive pings (every 30 s of silence, 10 s to answer) run in between; ten minutes
+/// pass on one stream without a reconnect.
+#[tokio::test(start_paused = true)]
+async fn cp_10_idle_stream_survives_keepalive() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start().await;
+    let a = agent(&server.url(), dir.path());
+    let (_, _, conn) = server.connected().await;
+    conn.snapshot(1, "{}").await;
+    server.ack().await;
+    for _ in 0..10 {
+        conn.heartbeat(1, Duration::from_secs(60)).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    let events = server.drain();
+    let reconnects = events.iter().filter(|e| matches!(e, Event::Connected { .. } | Event::Closed)).count();
+    assert_eq!(reconnects, 0, "{events:?}");
+    let reports = events.iter().filter(|e| matches!(e, Event::Status(_))).count();
+    assert!((59..=60).contains(&reports), "a status report every 10 s for 600 s: {reports}");
+    let status = a.status();
+    assert!(status.connected && status.last_error.is_none());
+    assert!(status.age.unwrap() < Duration::from_secs(61), "heartbeats keep confirming: {:?}", status.age);
+    a.shutdown().await;
+}
+
+/// Reconnect backoff: while every stream fails before any message (the server answers
+/// UNAVAILABLE), attempt n waits at most min(60 s, 1 s × 1.6ⁿ) — full jitter, growing, never
+/// reset; once a stream delivers a message, the next drop reconnects within 1 s again.
+#[tokio::test(start_paused = true)]
+async fn reconnect_backoff_grows_with_full_jitter_and_resets_after_a_message() {
+    init_tracing();
+    let recorder = prometheus();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start().await;
+    server.unavailable(true);
+    let a = agent(&server.url(), dir.path());
+    let mut attempts = Vec::new();
+    while attempts.len() < 12 {
+        if let Event::Unavailable { at } = server.next("an attempt").await {
+            attempts.push(at);
+        }
+    }
+    let slack = Duration::from_millis(100);
+    for (n, pair) in attempts.windows(2).enumerate() {
+        let ceiling = Duration::from_secs_f64((1.6f64.powi(n as i32)).min(60.0));
+        let gap = pair[1] - pair[0];
+        assert!(gap <= ceiling + slack, "attempt {n}: waited {gap:?}, ceiling {ceiling:?}");
+    }
+    let status = a.status();
+    assert!(!status.connected);
+    assert!(status.last_error.unwrap().contains("Unavailable"));
+    assert_eq!(series(&handle.render(), "levee_sync_connected", &[]), Some(0.0));
+
+    server.unavailable(false);
+    let (_, _, conn) = server.connected().await;
+    conn.heartbeat(0, Duration::from_secs(15)).await;
+    settle().await;
+    assert_eq!(series(&handle.render(), "levee_sync_connected", &[]), Some(1.0));
+    let dropped = Instant::now();
+    drop(conn); // the server ends the stream after a message arrived
+    let (_, at, _) = server.connected().await;
+    assert!(
+        at - dropped <= Duration::from_millis(1_100),
+        "backoff reset: reconnected after {:?}",
+        at - dropped
+    );
+    assert_eq!(series(&handle.render(), "levee_config_revision", &[]), Some(0.0));
+    a.shutdown().await;
+}

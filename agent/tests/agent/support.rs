@@ -37,6 +37,10 @@ pub enum Event {
     Refused {
         at: Instant,
     },
+    /// A stream was answered UNAVAILABLE (overload mode).
+    Unavailable {
+        at: Instant,
+    },
     Ack {
         revision: u64,
         nonce: u64,
@@ -103,6 +107,7 @@ pub fn snapshot(revision: u64, body: &str) -> Snapshot {
 struct Sync {
     events: mpsc::UnboundedSender<Event>,
     refuse: Arc<AtomicBool>,
+    unavailable: Arc<AtomicBool>,
 }
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -116,6 +121,10 @@ impl LeveeSync for Sync {
         if self.refuse.load(Ordering::SeqCst) || auth.as_deref() != Some(&format!("Bearer {TOKEN}")) {
             let _ = self.events.send(Event::Refused { at: Instant::now() });
             return Err(Status::unauthenticated("token revoked"));
+        }
+        if self.unavailable.load(Ordering::SeqCst) {
+            let _ = self.events.send(Event::Unavailable { at: Instant::now() });
+            return Err(Status::unavailable("too many new streams"));
         }
         let (tx, rx) = mpsc::channel(64);
         let conn = Conn { tx, nonce: Arc::new(AtomicUsize::new(0)) };
@@ -149,6 +158,7 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub events: mpsc::UnboundedReceiver<Event>,
     refuse: Arc<AtomicBool>,
+    unavailable: Arc<AtomicBool>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -166,7 +176,8 @@ impl TestServer {
         let addr = listener.local_addr().unwrap();
         let (events_tx, events) = mpsc::unbounded_channel();
         let refuse = Arc::new(AtomicBool::new(false));
-        let svc = Sync { events: events_tx, refuse: refuse.clone() };
+        let unavailable = Arc::new(AtomicBool::new(false));
+        let svc = Sync { events: events_tx, refuse: refuse.clone(), unavailable: unavailable.clone() };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         // No Nagle: a write held back for a delayed ACK waits in *real* time, which the
         // ticking virtual clock would turn into seconds.
@@ -186,7 +197,7 @@ impl TestServer {
                 .await
                 .expect("test server");
         });
-        Self { addr, events, refuse, stop: Some(stop_tx), task: Some(task) }
+        Self { addr, events, refuse, unavailable, stop: Some(stop_tx), task: Some(task) }
     }
 
     pub fn url(&self) -> String {
@@ -196,6 +207,11 @@ impl TestServer {
     /// Refuse every new stream with UNAUTHENTICATED.
     pub fn refuse_all(&self) {
         self.refuse.store(true, Ordering::SeqCst);
+    }
+
+    /// Answer every new stream with UNAVAILABLE (before any message).
+    pub fn unavailable(&self, on: bool) {
+        self.unavailable.store(on, Ordering::SeqCst);
     }
 
     /// The next event, or a panic naming what was awaited (bounded in virtual time).
