@@ -28,6 +28,8 @@
 //! (`arc-swap` loads and atomics only); all time the agent measures is `tokio::time`
 //! (monotonic, pausable in tests).
 
+#![warn(missing_docs)]
+
 mod agent;
 pub mod cache;
 pub mod enforce;
