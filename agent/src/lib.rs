@@ -1,10 +1,55 @@
 //! Levee agent: embed it in a service to receive its resilience policy and kill switches
 //! from a Levee server and enforce them locally.
 //!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use levee_agent::Agent;
+//!
+//! let agent = Agent::builder("http://levee.internal:7070", "<agent token>", "prod", "checkout")
+//!     .cache_dir("/var/cache/levee")
+//!     .build()?; // returns at once: cache or defaults, never waits for the server
+//! let recommendations_on = agent.flag_bool("recommendations.enabled", true);
+//! let recommendations = agent.dependency("recommendations");
+//! if recommendations_on.get() {
+//!     let answer = recommendations
+//!         .call("GET /recommendations/{user}", || async { Ok::<_, std::io::Error>(vec!["book"]) })
+//!         .await;
+//! }
+//! # let _ = agent.wait_for_initial_sync(Duration::from_secs(2)).await;
+//! # Ok(()) }
+//! ```
+//!
 //! The crate holds the [`policy`] model shared with the server, the generated sync
-//! protocol ([`proto`]), and the enforcement and sync machinery.
+//! protocol ([`proto`]), the [`Agent`] runtime (sync client, disk [`cache`], [`flags`]) and
+//! local enforcement ([`enforce`]). Metric names are in [`telemetry`].
+//!
+//! Invariants: enforcement never waits on the network; the hot path takes no lock
+//! (`arc-swap` loads and atomics only); all time the agent measures is `tokio::time`
+//! (monotonic, pausable in tests).
 
+#![warn(missing_docs)]
+
+mod agent;
+pub mod cache;
+pub mod enforce;
+pub mod flags;
 pub mod policy;
+mod state;
+pub mod sync;
+pub mod telemetry;
+
+pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
+pub use enforce::{
+    AttemptTimeout, CallError, Degraded, Dependency, DependencyLayer, DependencyService, KillSwitched,
+    NotReplayable,
+};
+pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
+pub use state::{AgentStatus, Applied, LastNack, Source, StatusContributor};
+pub use sync::SyncSettings;
+
+/// A type-erased error, as tower middleware returns (`Box<dyn Error + Send + Sync>`).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Generated types and stubs of the `levee.sync.v1` gRPC protocol.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]

@@ -1,0 +1,384 @@
+//! The agent: built once per service process, it publishes the configuration to enforce
+//! (live → disk cache → compiled-in defaults) and keeps it current in the background.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::cache::DiskCache;
+use crate::enforce::Dependency;
+use crate::flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
+use crate::policy::{self, ServiceConfig, Timestamp};
+use crate::state::{AgentStatus, Applied, Shared, Source, StatusContributor};
+use crate::sync::{SyncClient, SyncSettings, run_housekeeping};
+
+/// Why [`AgentBuilder::build`] failed. Each is a programming or deployment error, found at
+/// startup rather than at the first call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The environment or service name is not a valid name (`a-z 0-9 . _ -`, 1..=64).
+    #[error("invalid {what} {value:?}: {reason}")]
+    InvalidName {
+        /// `environment` or `service`.
+        what: &'static str,
+        /// The rejected value.
+        value: String,
+        /// What is allowed.
+        reason: &'static str,
+    },
+    /// The server address is not a valid `http://host:port` URI.
+    #[error("invalid server address {address:?}: {source}")]
+    InvalidAddress {
+        /// The rejected address.
+        address: String,
+        /// Why.
+        source: tonic::transport::Error,
+    },
+    /// The token cannot be sent as gRPC metadata (not visible ASCII). The token itself is
+    /// never printed.
+    #[error("the agent token is not valid ASCII header text")]
+    InvalidToken,
+    /// The compiled-in defaults do not validate.
+    #[error("the compiled-in defaults are invalid: {0}")]
+    InvalidDefaults(#[from] policy::ValidationErrors),
+    /// `build` was called outside a tokio runtime.
+    #[error("AgentBuilder::build must be called inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// [`Agent::wait_for_initial_sync`] gave up.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no live configuration from the Levee server within {waited:?}; enforcing the {enforcing} configuration"
+)]
+pub struct InitialSyncTimeout {
+    /// How long it waited.
+    pub waited: Duration,
+    /// Source of what is enforced meanwhile.
+    pub enforcing: Source,
+}
+
+/// Configures and starts an [`Agent`]. Create with [`Agent::builder`].
+pub struct AgentBuilder {
+    server: String,
+    token: String,
+    environment: String,
+    service: String,
+    cache_dir: Option<PathBuf>,
+    defaults: ServiceConfig,
+    refuse_until_fresh: bool,
+    settings: SyncSettings,
+}
+
+impl fmt::Debug for AgentBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentBuilder")
+            .field("server", &self.server)
+            .field("token", &"<redacted>")
+            .field("environment", &self.environment)
+            .field("service", &self.service)
+            .field("cache_dir", &self.cache_dir)
+            .field("refuse_until_fresh", &self.refuse_until_fresh)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentBuilder {
+    /// Directory of the disk cache (files go to `<dir>/<environment>/<service>/`). Without
+    /// one, nothing is persisted and a restart during an outage starts from the defaults.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// The service's compiled-in safe defaults, enforced when neither the server nor the
+    /// cache has a configuration, and for dependencies the applied snapshot does not name.
+    /// Default: [`ServiceConfig::default()`].
+    pub fn defaults(mut self, defaults: ServiceConfig) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// When `true`, [`Agent::readiness`] reports not ready until a configuration has been
+    /// confirmed live by the server (for services that must never serve on stale policy).
+    /// Default `false`.
+    pub fn refuse_until_fresh(mut self, refuse: bool) -> Self {
+        self.refuse_until_fresh = refuse;
+        self
+    }
+
+    /// Timings of the sync client. Default: [`SyncSettings::default()`].
+    pub fn sync_settings(mut self, settings: SyncSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Starts the agent and returns at once: loads the newest valid cache generation (or
+    /// takes the defaults), publishes it, and spawns the sync task on the current tokio
+    /// runtime. Never waits for the server.
+    ///
+    /// # Errors
+    /// See [`BuildError`].
+    pub fn build(self) -> Result<Agent, BuildError> {
+        for (what, value) in [("environment", &self.environment), ("service", &self.service)] {
+            policy::check_name(value).map_err(|reason| BuildError::InvalidName {
+                what,
+                value: value.clone(),
+                reason,
+            })?;
+        }
+        self.defaults.validate()?;
+        let endpoint = SyncClient::endpoint(&self.server, &self.settings)
+            .map_err(|source| BuildError::InvalidAddress { address: self.server.clone(), source })?;
+        let mut authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+            format!("Bearer {}", self.token).parse().map_err(|_| BuildError::InvalidToken)?;
+        authorization.set_sensitive(true);
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+
+        let defaults = Arc::new(self.defaults);
+        let cache = self.cache_dir.map(|dir| DiskCache::new(dir, &self.environment, &self.service));
+        let now = Instant::now();
+        let (initial, confirmed_at) = match cache.as_ref().and_then(|c| c.load().snapshot) {
+            Some(snap) => {
+                let wall_now = Timestamp::now();
+                let age =
+                    u64::try_from(wall_now.unix_ms().saturating_sub(snap.written_at.unix_ms())).unwrap_or(0);
+                tracing::info!(
+                    environment = %self.environment,
+                    service = %self.service,
+                    revision = snap.revision,
+                    written_at = %snap.written_at,
+                    "levee agent starting from its disk cache"
+                );
+                let applied = Applied::new(
+                    snap.config,
+                    snap.revision,
+                    snap.hash,
+                    Source::Cache,
+                    Some(Arc::from(snap.body)),
+                    now,
+                    wall_now,
+                );
+                (applied, now.checked_sub(Duration::from_millis(age)))
+            }
+            None => {
+                tracing::info!(
+                    environment = %self.environment,
+                    service = %self.service,
+                    "levee agent starting from the compiled-in defaults"
+                );
+                (Applied::defaults(defaults.clone(), now), None)
+            }
+        };
+        let shared =
+            Arc::new(Shared::new(self.environment, self.service, defaults, initial, confirmed_at, cache));
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let instance_id = uuid::Uuid::new_v4().to_string();
+        let client = SyncClient {
+            shared: shared.clone(),
+            endpoint,
+            authorization,
+            instance_id: instance_id.clone(),
+            settings: self.settings.clone(),
+            shutdown: shutdown_rx.clone(),
+        };
+        let tasks = vec![
+            runtime.spawn(client.run()),
+            runtime.spawn(run_housekeeping(shared.clone(), self.settings.metrics_interval, shutdown_rx)),
+        ];
+        Ok(Agent {
+            inner: Arc::new(Inner {
+                shared,
+                shutdown_tx,
+                tasks: tokio::sync::Mutex::new(tasks),
+                refuse_until_fresh: self.refuse_until_fresh,
+                instance_id,
+            }),
+        })
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    shutdown_tx: watch::Sender<bool>,
+    tasks: tokio::sync::Mutex<Vec<JoinHandle<()>>>,
+    refuse_until_fresh: bool,
+    instance_id: String,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown_tx.send_replace(true);
+    }
+}
+
+/// The Levee agent of one service. Cheap to clone (all clones share one sync task); the
+/// background tasks stop on [`shutdown`](Self::shutdown) or when the last clone is dropped.
+#[derive(Clone)]
+pub struct Agent {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Agent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Agent")
+            .field("environment", &self.inner.shared.environment)
+            .field("service", &self.inner.shared.service)
+            .field("instance_id", &self.inner.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// Starts configuring an agent.
+    ///
+    /// Inputs: `server`, the `http://host:port` address of the server's gRPC endpoint;
+    /// `token`, the agent's JWT (sent as `authorization: Bearer <token>`); `environment`
+    /// and `service`, the names the token is scoped to.
+    pub fn builder(
+        server: impl Into<String>,
+        token: impl Into<String>,
+        environment: impl Into<String>,
+        service: impl Into<String>,
+    ) -> AgentBuilder {
+        AgentBuilder {
+            server: server.into(),
+            token: token.into(),
+            environment: environment.into(),
+            service: service.into(),
+            cache_dir: None,
+            defaults: ServiceConfig::default(),
+            refuse_until_fresh: false,
+            settings: SyncSettings::default(),
+        }
+    }
+
+    /// The applied configuration: one lock-free load, no copy.
+    pub fn current(&self) -> Arc<Applied> {
+        self.inner.shared.current.load_full()
+    }
+
+    /// The configuration being enforced.
+    pub fn config(&self) -> Arc<ServiceConfig> {
+        self.inner.shared.current.load().config.clone()
+    }
+
+    /// Source, revision, age, connection state and the last error / NACK.
+    pub fn status(&self) -> AgentStatus {
+        self.inner.shared.status()
+    }
+
+    /// Whether the configuration has been confirmed live by the server at least once since
+    /// this agent started.
+    pub fn is_fresh(&self) -> bool {
+        *self.inner.shared.live_tx.borrow()
+    }
+
+    /// Whether the service may report ready as far as its configuration goes: always
+    /// `true`, unless built with [`refuse_until_fresh`](AgentBuilder::refuse_until_fresh),
+    /// then only once [`is_fresh`](Self::is_fresh). Never depends on the current
+    /// connection state (a control-plane outage must not take services out of rotation).
+    pub fn readiness(&self) -> bool {
+        !self.inner.refuse_until_fresh || self.is_fresh()
+    }
+
+    /// Waits at most `timeout` for a configuration confirmed live by the server (a snapshot
+    /// applied, or the cached revision confirmed current). Returns at once when that has
+    /// already happened.
+    ///
+    /// # Errors
+    /// [`InitialSyncTimeout`] after `timeout`; the agent keeps enforcing its cache or
+    /// defaults and keeps trying in the background.
+    pub async fn wait_for_initial_sync(&self, timeout: Duration) -> Result<(), InitialSyncTimeout> {
+        let mut rx = self.inner.shared.live_tx.subscribe();
+        match tokio::time::timeout(timeout, rx.wait_for(|live| *live)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(InitialSyncTimeout { waited: timeout, enforcing: self.current().source }),
+        }
+    }
+
+    fn declare<R>(&self, f: impl FnOnce(&Shared, &crate::flags::ResolveCtx<'_>) -> R) -> R {
+        let shared = &self.inner.shared;
+        let r = shared.with_ctx(|ctx| f(shared, ctx));
+        // Kill switches of dependencies may be keyed to the new flag, and its expiry may
+        // be the next timer.
+        shared.refresh();
+        r
+    }
+
+    /// Declares a bool flag with its compiled-in default; see [`FlagBool`]. Declare once
+    /// and clone the handle: every declaration gets its own slot.
+    pub fn flag_bool(&self, key: &str, default: bool) -> FlagBool {
+        self.declare(|s, ctx| s.flags.declare_bool(key, default, ctx))
+    }
+
+    /// Declares an integer flag with its compiled-in default; see [`FlagInt`].
+    pub fn flag_int(&self, key: &str, default: i64) -> FlagInt {
+        self.declare(|s, ctx| s.flags.declare_int(key, default, ctx))
+    }
+
+    /// Declares a float flag with its compiled-in default; see [`FlagFloat`].
+    pub fn flag_float(&self, key: &str, default: f64) -> FlagFloat {
+        self.declare(|s, ctx| s.flags.declare_float(key, default, ctx))
+    }
+
+    /// Declares a string flag with its compiled-in default; see [`FlagString`].
+    pub fn flag_string(&self, key: &str, default: impl Into<String>) -> FlagString {
+        let default = default.into();
+        self.declare(|s, ctx| s.flags.declare_string(key, default, ctx))
+    }
+
+    /// Declares a JSON flag with its compiled-in default; see [`FlagJson`].
+    pub fn flag_json(&self, key: &str, default: serde_json::Value) -> FlagJson {
+        self.declare(|s, ctx| s.flags.declare_json(key, default, ctx))
+    }
+
+    /// The handle of an outgoing dependency; handles of the same name share state.
+    pub fn dependency(&self, name: &str) -> Dependency {
+        let shared = &self.inner.shared;
+        shared.with_ctx(|ctx| shared.deps.handle(name, ctx, &shared.defaults, &shared.flags))
+    }
+
+    /// Adds a contributor to the periodic status report (breakers, features, bulkheads).
+    pub fn add_status_contributor(&self, contributor: Arc<dyn StatusContributor>) {
+        self.inner.shared.add_contributor(contributor);
+    }
+
+    /// The random id this process announces in `Hello`.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance_id
+    }
+
+    /// Environment this agent runs in.
+    pub fn environment(&self) -> &str {
+        &self.inner.shared.environment
+    }
+
+    /// Service this agent serves.
+    pub fn service(&self) -> &str {
+        &self.inner.shared.service
+    }
+
+    #[cfg(feature = "openfeature")]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// Stops the sync and timer tasks and waits for them to end. The applied configuration
+    /// and every handle keep working, frozen at their current values (expiry and stale
+    /// timers stop too). Idempotent.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown_tx.send_replace(true);
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().await);
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}

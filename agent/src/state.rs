@@ -1,0 +1,397 @@
+//! The agent's shared state: the applied snapshot, staleness, and the slots that flag and
+//! dependency handles read.
+//!
+//! One writer changes the applied snapshot (the builder at startup, then the sync task);
+//! readers only load. Every change ends in [`Shared::refresh`], which rewrites the flag and
+//! dependency slots and tells the timer task when the next time-driven change is due.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::cache::DiskCache;
+use crate::enforce::DepRegistry;
+use crate::flags::{FlagRegistry, ResolveCtx};
+use crate::policy::{ServiceConfig, Timestamp};
+use crate::proto::StatusReport;
+use crate::telemetry;
+
+/// Where the applied configuration came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A snapshot from the server, or a cached one the server has since confirmed current.
+    Live,
+    /// The last good snapshot on disk, not (yet) confirmed by the server.
+    Cache,
+    /// The safe defaults compiled into the service.
+    Default,
+}
+
+impl Source {
+    /// Lower-case label: `live`, `cache` or `default` (metrics and status reports).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Source::Live => "live",
+            Source::Cache => "cache",
+            Source::Default => "default",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An applied configuration: immutable, swapped atomically as a whole.
+#[derive(Debug)]
+pub struct Applied {
+    /// The configuration being enforced.
+    pub config: Arc<ServiceConfig>,
+    /// Its revision; 0 for the compiled-in defaults.
+    pub revision: u64,
+    /// Lower-case hex SHA-256 of the snapshot body; empty for the compiled-in defaults.
+    pub hash: String,
+    /// Where it came from.
+    pub source: Source,
+    /// When it was applied (monotonic clock).
+    pub applied_at: Instant,
+    /// The body text it was decoded from (what the cache stores); `None` for defaults.
+    pub(crate) body: Option<Arc<str>>,
+    /// Per flag with `expires_at`: the monotonic instant it expires.
+    expiries: HashMap<String, Instant>,
+}
+
+impl Applied {
+    /// Builds an applied configuration, converting each flag's wall-clock `expires_at`
+    /// into a monotonic instant relative to `now` / `wall_now` (so expiry timers run on
+    /// the tokio clock and a later wall-clock jump changes nothing).
+    pub(crate) fn new(
+        config: ServiceConfig,
+        revision: u64,
+        hash: String,
+        source: Source,
+        body: Option<Arc<str>>,
+        now: Instant,
+        wall_now: Timestamp,
+    ) -> Self {
+        Self::from_arc(Arc::new(config), revision, hash, source, body, now, wall_now)
+    }
+
+    fn from_arc(
+        config: Arc<ServiceConfig>,
+        revision: u64,
+        hash: String,
+        source: Source,
+        body: Option<Arc<str>>,
+        now: Instant,
+        wall_now: Timestamp,
+    ) -> Self {
+        let expiries = config
+            .flags
+            .iter()
+            .filter_map(|(key, flag)| {
+                let at = flag.expires_at?;
+                let left = u64::try_from(at.unix_ms().saturating_sub(wall_now.unix_ms())).unwrap_or(0);
+                Some((key.clone(), now + Duration::from_millis(left)))
+            })
+            .collect();
+        Self { config, revision, hash, source, applied_at: now, body, expiries }
+    }
+
+    /// The compiled-in defaults as an applied configuration (revision 0, no hash).
+    pub(crate) fn defaults(config: Arc<ServiceConfig>, now: Instant) -> Self {
+        Self::from_arc(config, 0, String::new(), Source::Default, None, now, Timestamp::now())
+    }
+
+    /// The same configuration with another source (used when the server confirms a
+    /// cached snapshot).
+    fn with_source(&self, source: Source) -> Self {
+        Self {
+            config: self.config.clone(),
+            revision: self.revision,
+            hash: self.hash.clone(),
+            source,
+            applied_at: self.applied_at,
+            body: self.body.clone(),
+            expiries: self.expiries.clone(),
+        }
+    }
+
+    /// The monotonic instant at which the flag `key` expires, if it has an expiry.
+    pub fn flag_expiry(&self, key: &str) -> Option<Instant> {
+        self.expiries.get(key).copied()
+    }
+}
+
+/// The last snapshot the agent rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastNack {
+    /// Revision that was rejected.
+    pub revision: u64,
+    /// The reason sent to the server.
+    pub detail: String,
+}
+
+/// What the agent enforces and how fresh it is; see [`Agent::status`](crate::Agent::status).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStatus {
+    /// Where the applied configuration came from.
+    pub source: Source,
+    /// Revision of the applied configuration (0 = compiled-in defaults).
+    pub revision: u64,
+    /// Hash of the applied snapshot body (empty for defaults).
+    pub hash: String,
+    /// Time since the configuration was last confirmed live (applied from the server or
+    /// named current by a heartbeat; for a cached snapshot, at least since it was written).
+    /// `None` when it never was (compiled-in defaults).
+    pub age: Option<Duration>,
+    /// Whether a sync stream is established right now.
+    pub connected: bool,
+    /// The last sync error (connection, stream or authorization), cleared when a stream
+    /// is established.
+    pub last_error: Option<String>,
+    /// The last snapshot rejected, if any.
+    pub last_nack: Option<LastNack>,
+}
+
+/// Adds the resilience layer's state (breakers, features, bulkheads, counters) to the
+/// periodic status report the agent sends the server.
+///
+/// Register with [`Agent::add_status_contributor`](crate::Agent::add_status_contributor).
+/// `contribute` runs on the sync task every report interval (~10 s); keep it short and
+/// non-blocking.
+pub trait StatusContributor: Send + Sync + 'static {
+    /// Appends entries to `report` (its `service`, `applied_revision` and `source` are
+    /// already filled in).
+    fn contribute(&self, report: &mut StatusReport);
+}
+
+pub(crate) struct Shared {
+    pub(crate) environment: String,
+    pub(crate) service: String,
+    pub(crate) defaults: Arc<ServiceConfig>,
+    pub(crate) current: ArcSwap<Applied>,
+    pub(crate) flags: FlagRegistry,
+    pub(crate) deps: DepRegistry,
+    pub(crate) cache: Option<DiskCache>,
+    pub(crate) started_at: Instant,
+    confirmed_at: ArcSwapOption<Instant>,
+    connected: AtomicBool,
+    last_error: ArcSwapOption<String>,
+    last_nack: ArcSwapOption<LastNack>,
+    /// `true` once the configuration has been confirmed live at least once.
+    pub(crate) live_tx: watch::Sender<bool>,
+    contributors: ArcSwap<Vec<Arc<dyn StatusContributor>>>,
+    refresh_busy: AtomicBool,
+    refresh_dirty: AtomicBool,
+    next_wake: ArcSwapOption<Instant>,
+    /// Wakes the timer task when `next_wake` changed.
+    pub(crate) wake: Notify,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("environment", &self.environment)
+            .field("service", &self.service)
+            .field("revision", &self.current.load().revision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        environment: String,
+        service: String,
+        defaults: Arc<ServiceConfig>,
+        initial: Applied,
+        confirmed_at: Option<Instant>,
+        cache: Option<DiskCache>,
+    ) -> Self {
+        let (live_tx, _) = watch::channel(false);
+        let shared = Self {
+            environment,
+            service,
+            defaults,
+            current: ArcSwap::from_pointee(initial),
+            flags: FlagRegistry::default(),
+            deps: DepRegistry::default(),
+            cache,
+            started_at: Instant::now(),
+            confirmed_at: ArcSwapOption::new(confirmed_at.map(Arc::new)),
+            connected: AtomicBool::new(false),
+            last_error: ArcSwapOption::empty(),
+            last_nack: ArcSwapOption::empty(),
+            live_tx,
+            contributors: ArcSwap::from_pointee(Vec::new()),
+            refresh_busy: AtomicBool::new(false),
+            refresh_dirty: AtomicBool::new(false),
+            next_wake: ArcSwapOption::empty(),
+            wake: Notify::new(),
+        };
+        shared.refresh();
+        shared.update_metrics();
+        shared
+    }
+
+    pub(crate) fn confirmed_at(&self) -> Option<Instant> {
+        self.confirmed_at.load().as_deref().copied()
+    }
+
+    /// Runs `f` with a resolution context over the current state.
+    pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&ResolveCtx<'_>) -> R) -> R {
+        let applied = self.current.load_full();
+        let ctx = ResolveCtx { applied: &applied, now: Instant::now(), confirmed_at: self.confirmed_at() };
+        f(&ctx)
+    }
+
+    /// Rewrites every flag and dependency slot from the current state. Lock-free: when
+    /// another thread is already refreshing, it is asked to run once more instead.
+    pub(crate) fn refresh(&self) {
+        self.refresh_dirty.store(true, Ordering::SeqCst);
+        loop {
+            if self.refresh_busy.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                return;
+            }
+            while self.refresh_dirty.swap(false, Ordering::SeqCst) {
+                let next = self.with_ctx(|ctx| {
+                    let a = self.flags.refresh(ctx);
+                    let b = self.deps.refresh(ctx, &self.defaults, &self.flags);
+                    match (a, b) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                });
+                self.next_wake.store(next.map(Arc::new));
+            }
+            self.refresh_busy.store(false, Ordering::SeqCst);
+            self.wake.notify_one();
+            if !self.refresh_dirty.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// When the next time-driven flag change is due.
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        self.next_wake.load().as_deref().copied()
+    }
+
+    /// Installs a newly applied snapshot from the server: swaps it in, marks it confirmed
+    /// live, and rewrites the slots.
+    pub(crate) fn install_live(&self, applied: Applied) {
+        let at = applied.applied_at;
+        self.current.store(Arc::new(applied));
+        self.confirmed_at.store(Some(Arc::new(at)));
+        self.live_tx.send_replace(true);
+        self.refresh();
+        self.update_metrics();
+    }
+
+    /// The server named `revision` as current for this service (a heartbeat): when it is
+    /// what the agent enforces, the configuration is confirmed live.
+    pub(crate) fn confirm(&self, revision: u64) -> bool {
+        let current = self.current.load_full();
+        if current.revision != revision {
+            return false;
+        }
+        if current.source == Source::Cache {
+            self.current.store(Arc::new(current.with_source(Source::Live)));
+        }
+        self.confirmed_at.store(Some(Arc::new(Instant::now())));
+        self.live_tx.send_replace(true);
+        self.refresh();
+        self.update_metrics();
+        true
+    }
+
+    pub(crate) fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::SeqCst);
+        if connected {
+            self.last_error.store(None);
+        }
+        self.update_metrics();
+    }
+
+    pub(crate) fn set_error(&self, error: String) {
+        self.last_error.store(Some(Arc::new(error)));
+    }
+
+    pub(crate) fn set_nack(&self, revision: u64, detail: String) {
+        self.last_nack.store(Some(Arc::new(LastNack { revision, detail })));
+        metrics::counter!(
+            telemetry::SNAPSHOTS_REJECTED_TOTAL,
+            "environment" => self.environment.clone(),
+            "service" => self.service.clone(),
+        )
+        .increment(1);
+    }
+
+    pub(crate) fn add_contributor(&self, c: Arc<dyn StatusContributor>) {
+        self.contributors.rcu(|v| {
+            let mut v = Vec::clone(v);
+            v.push(c.clone());
+            v
+        });
+    }
+
+    /// The periodic status report for the server.
+    pub(crate) fn status_report(&self) -> StatusReport {
+        let current = self.current.load();
+        let mut report = StatusReport {
+            service: self.service.clone(),
+            applied_revision: current.revision,
+            source: current.source.as_str().to_string(),
+            ..StatusReport::default()
+        };
+        for c in self.contributors.load().iter() {
+            c.contribute(&mut report);
+        }
+        report
+    }
+
+    pub(crate) fn status(&self) -> AgentStatus {
+        let current = self.current.load();
+        AgentStatus {
+            source: current.source,
+            revision: current.revision,
+            hash: current.hash.clone(),
+            age: self.confirmed_at().map(|c| Instant::now().saturating_duration_since(c)),
+            connected: self.connected.load(Ordering::SeqCst),
+            last_error: self.last_error.load_full().map(|e| e.to_string()),
+            last_nack: self.last_nack.load_full().map(|n| LastNack::clone(&n)),
+        }
+    }
+
+    /// Publishes the staleness gauges (also called periodically by the sync task so the
+    /// age keeps growing while nothing happens).
+    pub(crate) fn update_metrics(&self) {
+        let current = self.current.load();
+        let env = self.environment.clone();
+        let svc = self.service.clone();
+        metrics::gauge!(telemetry::CONFIG_REVISION, "environment" => env.clone(), "service" => svc.clone())
+            .set(current.revision as f64);
+        let age = self.confirmed_at().unwrap_or(self.started_at);
+        metrics::gauge!(telemetry::CONFIG_AGE_SECONDS, "environment" => env.clone(), "service" => svc.clone())
+            .set(Instant::now().saturating_duration_since(age).as_secs_f64());
+        for s in [Source::Live, Source::Cache, Source::Default] {
+            metrics::gauge!(
+                telemetry::CONFIG_SOURCE,
+                "environment" => env.clone(),
+                "service" => svc.clone(),
+                "source" => s.as_str(),
+            )
+            .set(if s == current.source { 1.0 } else { 0.0 });
+        }
+        metrics::gauge!(telemetry::SYNC_CONNECTED, "environment" => env, "service" => svc)
+            .set(if self.connected.load(Ordering::SeqCst) { 1.0 } else { 0.0 });
+    }
+}

@@ -1,0 +1,338 @@
+//! The sync client: one bidirectional gRPC stream to the Levee server that receives
+//! snapshots and heartbeats and answers with ACK / NACK and status reports.
+//!
+//! # Lifecycle
+//! Connect (fresh channel, HTTP/2 and TCP keepalive) → send `Hello` with the applied
+//! revision → for each message: `Snapshot` is judged, applied, persisted and ACKed (or
+//! NACKed, keeping the last good configuration); `Heartbeat` sets the expected interval and
+//! confirms the applied revision; `GoAway` ends the stream. The stream is dead when
+//! nothing arrives for `missed_heartbeats` intervals (CP-5). Then reconnect:
+//! * after a stream on which a message arrived: backoff reset, random delay in
+//!   `[0, reconnect_jitter]`;
+//! * after a failure before any message: exponential backoff with full jitter;
+//! * after `UNAUTHENTICATED` / `PERMISSION_DENIED`: the long `unauthorized_backoff`,
+//!   logged once per distinct error (CP-7).
+
+mod apply;
+mod settings;
+
+pub use settings::*;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior, sleep, sleep_until};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::policy::Timestamp;
+use crate::proto::levee_sync_client::LeveeSyncClient;
+use crate::proto::{Ack, AgentMessage, Hello, Nack, ServiceState, agent_message, server_message};
+use crate::state::Shared;
+use apply::{Verdict, judge};
+
+/// Capacity of the outbound message queue of one stream.
+const OUTBOUND_QUEUE: usize = 64;
+
+/// How one stream ended.
+#[derive(Debug)]
+enum Ended {
+    Shutdown,
+    /// The server refused the token.
+    Unauthorized(String),
+    /// Anything else; `received` = a message arrived on this stream.
+    Dropped {
+        received: bool,
+        error: String,
+    },
+}
+
+pub(crate) struct SyncClient {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    pub(crate) instance_id: String,
+    pub(crate) settings: SyncSettings,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+impl SyncClient {
+    /// Builds the endpoint with the keepalive policy of `settings`.
+    ///
+    /// # Errors
+    /// When `address` is not a valid URI.
+    pub(crate) fn endpoint(address: &str, s: &SyncSettings) -> Result<Endpoint, tonic::transport::Error> {
+        Endpoint::from_shared(address.to_string())?
+            .connect_timeout(s.connect_timeout)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(s.tcp_keepalive))
+            .http2_keep_alive_interval(s.http2_keepalive_interval)
+            .keep_alive_timeout(s.http2_keepalive_timeout)
+            .keep_alive_while_idle(true)
+            .user_agent(concat!("levee-agent/", env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Runs until shutdown.
+    pub(crate) async fn run(mut self) {
+        let mut backoff = Backoff::new(&self.settings);
+        let mut last_logged: Option<String> = None;
+        loop {
+            let ended = self.session().await;
+            self.shared.set_connected(false);
+            let delay = match ended {
+                Ended::Shutdown => return,
+                Ended::Unauthorized(error) => {
+                    if last_logged.as_deref() != Some(error.as_str()) {
+                        tracing::error!(
+                            environment = %self.shared.environment,
+                            service = %self.shared.service,
+                            error = %error,
+                            retry_in = ?self.settings.unauthorized_backoff,
+                            "the Levee server refused this agent's token; check the token's environment and services. \
+                             Enforcement continues with the last good configuration"
+                        );
+                    }
+                    self.shared.set_error(error.clone());
+                    last_logged = Some(error);
+                    unauthorized_delay(self.settings.unauthorized_backoff)
+                }
+                Ended::Dropped { received, error } => {
+                    if last_logged.as_deref() != Some(error.as_str()) {
+                        tracing::warn!(
+                            environment = %self.shared.environment,
+                            service = %self.shared.service,
+                            error = %error,
+                            "levee sync stream lost; reconnecting. Enforcement continues with the last good configuration"
+                        );
+                    } else {
+                        tracing::debug!(error = %error, "levee sync stream lost again");
+                    }
+                    self.shared.set_error(error.clone());
+                    last_logged = Some(error);
+                    if received {
+                        backoff.reset();
+                        uniform(Duration::ZERO, self.settings.reconnect_jitter)
+                    } else {
+                        backoff.next_delay()
+                    }
+                }
+            };
+            tokio::select! {
+                _ = sleep(delay) => {}
+                _ = self.shutdown.changed() => return,
+            }
+            if *self.shutdown.borrow() {
+                return;
+            }
+        }
+    }
+
+    fn hello(&self) -> AgentMessage {
+        let current = self.shared.current.load();
+        AgentMessage {
+            kind: Some(agent_message::Kind::Hello(Hello {
+                instance_id: self.instance_id.clone(),
+                agent_version: env!("CARGO_PKG_VERSION").to_string(),
+                environment: self.shared.environment.clone(),
+                services: vec![ServiceState {
+                    name: self.shared.service.clone(),
+                    applied_revision: current.revision,
+                    hash: current.hash.clone(),
+                }],
+            })),
+        }
+    }
+
+    fn dead_after(&self, interval: Duration) -> Duration {
+        interval.saturating_mul(self.settings.missed_heartbeats.max(1))
+    }
+
+    async fn connect(&mut self) -> Result<Channel, String> {
+        tokio::select! {
+            r = self.endpoint.connect() => r.map_err(|e| {
+                let mut msg = format!("cannot connect to {}: {e}", self.endpoint.uri());
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                msg
+            }),
+            _ = self.shutdown.changed() => Err(String::new()),
+        }
+    }
+
+    /// One stream, from connecting to its end.
+    async fn session(&mut self) -> Ended {
+        let channel = match self.connect().await {
+            Ok(c) => c,
+            Err(_) if *self.shutdown.borrow() => return Ended::Shutdown,
+            Err(error) => return Ended::Dropped { received: false, error },
+        };
+        let mut client = LeveeSyncClient::new(channel);
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        tx.try_send(self.hello()).expect("a fresh queue has room for the hello");
+        let mut request = Request::new(ReceiverStream::new(rx));
+        request.metadata_mut().insert("authorization", self.authorization.clone());
+
+        let mut interval = self.settings.heartbeat_interval;
+        let opened = Instant::now();
+        let answer_by = opened + self.dead_after(interval);
+        let response = tokio::select! {
+            r = client.sync(request) => r,
+            _ = self.shutdown.changed() => return Ended::Shutdown,
+            _ = sleep_until(answer_by) => {
+                return Ended::Dropped { received: false, error: "the server did not answer the sync request".into() };
+            }
+        };
+        let mut stream = match response {
+            Ok(r) => r.into_inner(),
+            Err(status) => return ended_by(status, false),
+        };
+        self.shared.set_connected(true);
+        tracing::info!(
+            environment = %self.shared.environment,
+            service = %self.shared.service,
+            revision = self.shared.current.load().revision,
+            "levee sync stream established"
+        );
+
+        let mut received = false;
+        let mut last_message = opened;
+        let mut status_tick =
+            tokio::time::interval_at(opened + self.settings.status_interval, self.settings.status_interval);
+        status_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+
+        loop {
+            let dead_at = last_message + self.dead_after(interval);
+            tokio::select! {
+                biased;
+                _ = self.shutdown.changed() => return Ended::Shutdown,
+                message = stream.message() => {
+                    let message = match message {
+                        Ok(Some(m)) => m,
+                        Ok(None) => return Ended::Dropped { received, error: "the server closed the sync stream".into() },
+                        Err(status) => return ended_by(status, received),
+                    };
+                    received = true;
+                    last_message = Instant::now();
+                    match message.kind {
+                        Some(server_message::Kind::Snapshot(snap)) => {
+                            if let Err(error) = self.on_snapshot(&tx, snap).await {
+                                return Ended::Dropped { received, error };
+                            }
+                        }
+                        Some(server_message::Kind::Heartbeat(hb)) => {
+                            if hb.interval_ms > 0 {
+                                interval = Duration::from_millis(hb.interval_ms).min(MAX_HEARTBEAT_INTERVAL);
+                            }
+                            for s in hb.services.iter().filter(|s| s.service == self.shared.service) {
+                                self.shared.confirm(s.revision);
+                            }
+                        }
+                        Some(server_message::Kind::GoAway(g)) => {
+                            tracing::info!(reason = %g.reason, "the Levee server asked this agent to reconnect");
+                            return Ended::Dropped { received, error: format!("server sent GoAway: {}", g.reason) };
+                        }
+                        None => {}
+                    }
+                }
+                _ = sleep_until(dead_at) => {
+                    return Ended::Dropped {
+                        received,
+                        error: format!(
+                            "no message from the server for {:?} ({} missed heartbeats); the stream is considered dead",
+                            self.dead_after(interval),
+                            self.settings.missed_heartbeats
+                        ),
+                    };
+                }
+                _ = status_tick.tick() => {
+                    let report = AgentMessage { kind: Some(agent_message::Kind::Status(self.shared.status_report())) };
+                    if tx.try_send(report).is_err() {
+                        tracing::debug!("status report dropped: the outbound queue is full");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Judges, applies, persists and answers one snapshot. An `Err` ends the stream (the
+    /// answer could not be queued).
+    async fn on_snapshot(
+        &self,
+        tx: &mpsc::Sender<AgentMessage>,
+        snap: crate::proto::Snapshot,
+    ) -> Result<(), String> {
+        let (service, revision, nonce) = (snap.service.clone(), snap.revision, snap.nonce);
+        let answer = match judge(&self.shared, &snap, Instant::now(), Timestamp::now()) {
+            Verdict::Apply(applied) => {
+                let body = applied.body.clone();
+                let hash = applied.hash.clone();
+                self.shared.install_live(applied);
+                tracing::info!(service = %service, revision, "levee configuration applied");
+                if let (Some(cache), Some(body)) = (self.shared.cache.clone(), body) {
+                    let written = tokio::task::spawn_blocking(move || {
+                        cache.store(revision, &hash, &body, Timestamp::now()).map(|_| ())
+                    })
+                    .await;
+                    if let Ok(Err(e)) = written {
+                        // Already logged and counted; the configuration is applied in memory.
+                        tracing::debug!(error = %e, "snapshot applied but not persisted");
+                    }
+                }
+                agent_message::Kind::Ack(Ack { service, revision, nonce })
+            }
+            Verdict::AlreadyApplied => {
+                self.shared.confirm(revision);
+                agent_message::Kind::Ack(Ack { service, revision, nonce })
+            }
+            Verdict::Reject(error_detail) => {
+                tracing::warn!(service = %service, revision, reason = %error_detail, "levee snapshot rejected; keeping the last good configuration");
+                self.shared.set_nack(revision, error_detail.clone());
+                agent_message::Kind::Nack(Nack { service, revision, nonce, error_detail })
+            }
+        };
+        tx.try_send(AgentMessage { kind: Some(answer) })
+            .map_err(|_| "the outbound queue is full: the server is not reading the stream".to_string())
+    }
+}
+
+fn ended_by(status: Status, received: bool) -> Ended {
+    match status.code() {
+        Code::Unauthenticated | Code::PermissionDenied => {
+            Ended::Unauthorized(format!("{:?}: {}", status.code(), status.message()))
+        }
+        code => {
+            Ended::Dropped { received, error: format!("sync stream failed: {code:?}: {}", status.message()) }
+        }
+    }
+}
+
+/// Keeps the flag and kill-switch slots current as time passes (sleeps until the next
+/// expiry or stale deadline, then re-resolves; woken early whenever the state changed) and
+/// refreshes the staleness gauges every `metrics_interval`, connected or not.
+pub(crate) async fn run_housekeeping(
+    shared: Arc<Shared>,
+    metrics_interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut metrics_tick = tokio::time::interval_at(Instant::now() + metrics_interval, metrics_interval);
+    metrics_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        let next = shared.next_wake();
+        tokio::select! {
+            _ = async {
+                match next {
+                    Some(at) => sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => shared.refresh(),
+            _ = shared.wake.notified() => {}
+            _ = metrics_tick.tick() => shared.update_metrics(),
+            _ = shutdown.changed() => return,
+        }
+    }
+}

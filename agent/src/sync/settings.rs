@@ -1,0 +1,175 @@
+//! Timings of the sync client, each a named default.
+
+use std::time::Duration;
+
+/// Heartbeat interval assumed until the server announces its own (`Heartbeat.interval_ms`).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
+/// Heartbeat intervals without any message after which the stream is considered dead.
+pub const DEFAULT_MISSED_HEARTBEATS: u32 = 3;
+/// Largest heartbeat interval accepted from a server (a larger announced value is capped).
+pub const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(600);
+/// First reconnect backoff ceiling (attempt 0 waits uniform(0, 1 s)).
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Growth of the backoff ceiling per failed attempt.
+pub const DEFAULT_BACKOFF_FACTOR: f64 = 1.6;
+/// Largest backoff ceiling.
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// Upper bound of the random delay before reconnecting after an established stream drops
+/// or the server says `GoAway`, so a server restart does not bring every agent back in
+/// the same second.
+pub const DEFAULT_RECONNECT_JITTER: Duration = Duration::from_secs(1);
+/// Wait after the server refuses the agent's token (`UNAUTHENTICATED` /
+/// `PERMISSION_DENIED`); the actual wait is uniform in ±[`UNAUTHORIZED_JITTER`] of it.
+pub const DEFAULT_UNAUTHORIZED_BACKOFF: Duration = Duration::from_secs(300);
+/// Relative jitter of the unauthorized backoff (0.2 = ±20 %).
+pub const UNAUTHORIZED_JITTER: f64 = 0.2;
+/// Interval of the status reports sent to the server.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// Interval at which the staleness gauges are refreshed while nothing happens.
+pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
+/// Time limit of establishing a connection (TCP + HTTP/2).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 PING interval (CP-10: the server's keepalive policy must accept it).
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// Time to wait for a PING acknowledgement before closing the connection.
+pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keepalive idle time.
+pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// Timings of the sync client. Every field has a named default (see the constants of
+/// this module); tests shrink them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncSettings {
+    /// Heartbeat interval assumed until the server announces one.
+    pub heartbeat_interval: Duration,
+    /// Intervals without any message after which the stream is dead (CP-5).
+    pub missed_heartbeats: u32,
+    /// First backoff ceiling; attempt `n` waits uniform(0, min(cap, base × factorⁿ)).
+    pub backoff_base: Duration,
+    /// Growth of the ceiling per failed attempt.
+    pub backoff_factor: f64,
+    /// Largest ceiling.
+    pub backoff_cap: Duration,
+    /// Upper bound of the random delay after an established stream drops or `GoAway`.
+    pub reconnect_jitter: Duration,
+    /// Wait after an authorization failure (jittered ±[`UNAUTHORIZED_JITTER`]) (CP-7).
+    pub unauthorized_backoff: Duration,
+    /// Interval of status reports.
+    pub status_interval: Duration,
+    /// Interval of staleness-gauge refreshes.
+    pub metrics_interval: Duration,
+    /// Time limit of establishing a connection.
+    pub connect_timeout: Duration,
+    /// HTTP/2 PING interval; pings are sent while idle too.
+    pub http2_keepalive_interval: Duration,
+    /// HTTP/2 PING acknowledgement timeout.
+    pub http2_keepalive_timeout: Duration,
+    /// TCP keepalive idle time.
+    pub tcp_keepalive: Duration,
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            missed_heartbeats: DEFAULT_MISSED_HEARTBEATS,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            backoff_factor: DEFAULT_BACKOFF_FACTOR,
+            backoff_cap: DEFAULT_BACKOFF_CAP,
+            reconnect_jitter: DEFAULT_RECONNECT_JITTER,
+            unauthorized_backoff: DEFAULT_UNAUTHORIZED_BACKOFF,
+            status_interval: DEFAULT_STATUS_INTERVAL,
+            metrics_interval: DEFAULT_METRICS_INTERVAL,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            http2_keepalive_interval: DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
+            http2_keepalive_timeout: DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
+            tcp_keepalive: DEFAULT_TCP_KEEPALIVE,
+        }
+    }
+}
+
+/// Exponential backoff with full jitter: failed attempt `n` (from 0) waits
+/// uniform(0, min(cap, base × factorⁿ)). Reset only after a message arrived on a stream.
+#[derive(Clone, Debug)]
+pub(crate) struct Backoff {
+    base: Duration,
+    factor: f64,
+    cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(s: &SyncSettings) -> Self {
+        Self { base: s.backoff_base, factor: s.backoff_factor.max(1.0), cap: s.backoff_cap, attempt: 0 }
+    }
+
+    /// Ceiling of the next delay.
+    pub(crate) fn ceiling(&self) -> Duration {
+        let grown = self.base.as_secs_f64() * self.factor.powi(self.attempt.min(1000) as i32);
+        Duration::from_secs_f64(grown.min(self.cap.as_secs_f64()))
+    }
+
+    /// The next delay (uniform in [0, ceiling]); counts the attempt.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let ceiling = self.ceiling();
+        self.attempt = self.attempt.saturating_add(1);
+        uniform(Duration::ZERO, ceiling)
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// A uniformly random duration in `[lo, hi]`.
+pub(crate) fn uniform(lo: Duration, hi: Duration) -> Duration {
+    use rand::Rng;
+    if hi <= lo {
+        return lo;
+    }
+    let x: f64 = rand::rng().random_range(0.0..=1.0);
+    lo + (hi - lo).mul_f64(x)
+}
+
+/// The wait after an authorization failure: `base` ± [`UNAUTHORIZED_JITTER`].
+pub(crate) fn unauthorized_delay(base: Duration) -> Duration {
+    uniform(base.mul_f64(1.0 - UNAUTHORIZED_JITTER), base.mul_f64(1.0 + UNAUTHORIZED_JITTER))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_ceiling_grows_by_factor_up_to_cap_and_resets() {
+        let mut b = Backoff::new(&SyncSettings::default());
+        let mut ceilings = Vec::new();
+        for _ in 0..12 {
+            ceilings.push(b.ceiling().as_millis());
+            let d = b.next_delay();
+            assert!(d <= Duration::from_millis(*ceilings.last().unwrap() as u64 + 1), "{d:?}");
+        }
+        assert_eq!(&ceilings[..5], &[1000, 1600, 2560, 4096, 6553]);
+        assert_eq!(ceilings[11], 60_000, "{ceilings:?}");
+        b.reset();
+        assert_eq!(b.ceiling(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn full_jitter_spreads_over_the_whole_range() {
+        let s = SyncSettings { backoff_base: Duration::from_secs(10), ..SyncSettings::default() };
+        let delays: Vec<Duration> = (0..400).map(|_| Backoff::new(&s).next_delay()).collect();
+        assert!(delays.iter().all(|d| *d <= Duration::from_secs(10)));
+        // Full jitter: some land in the bottom and some in the top tenth.
+        assert!(delays.iter().any(|d| *d < Duration::from_secs(1)));
+        assert!(delays.iter().any(|d| *d > Duration::from_secs(9)));
+    }
+
+    #[test]
+    fn unauthorized_delay_stays_within_twenty_percent() {
+        for _ in 0..200 {
+            let d = unauthorized_delay(Duration::from_secs(300));
+            assert!(d >= Duration::from_secs(240) && d <= Duration::from_secs(360), "{d:?}");
+        }
+    }
+}
