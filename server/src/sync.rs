@@ -403,7 +403,9 @@ async fn run_session(
     let mut shutdown = inner.shutdown.clone();
     let age = tokio::time::sleep(jitter(inner.settings.max_stream_age, 0.1));
     tokio::pin!(age);
-    let mut next_heartbeat = tokio::time::Instant::now() + jitter(inner.settings.heartbeat_interval, 0.2);
+    // The first heartbeat goes out at once: it tells an agent whose revision is current
+    // that its configuration is confirmed live, without waiting a whole interval.
+    let mut next_heartbeat = tokio::time::Instant::now();
     loop {
         tokio::select! {
             msg = incoming.message() => match msg {

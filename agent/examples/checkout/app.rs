@@ -22,7 +22,8 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use levee_agent::policy::{
-    Dependency as DependencyPolicy, DependencyCriticality, FallbackLevel, Flag, FlagType, Policy, ServiceConfig,
+    Dependency as DependencyPolicy, DependencyCriticality, FallbackLevel, Flag, FlagType, Policy,
+    ServiceConfig,
 };
 use levee_agent::{Agent, Dependency};
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,10 @@ pub const TOP_SELLERS: [&str; 3] = ["bestseller-1", "bestseller-2", "bestseller-
 /// The checkout service's compiled-in safe defaults: used before the first sync and
 /// whenever neither the server nor the disk cache has a configuration.
 pub fn safe_defaults() -> ServiceConfig {
-    let mut cfg = ServiceConfig { policy: Policy { default_deadline: Duration::from_millis(800), ..Policy::default() }, ..Default::default() };
+    let mut cfg = ServiceConfig {
+        policy: Policy { default_deadline: Duration::from_millis(800), ..Policy::default() },
+        ..Default::default()
+    };
     cfg.policy.dependencies.insert(
         "pricing".into(),
         DependencyPolicy {
@@ -108,7 +112,10 @@ pub async fn start_pricing(addr: SocketAddr) -> std::io::Result<SocketAddr> {
 }
 
 /// Starts `recommendations` on `addr`, steered by `control`.
-pub async fn start_recommendations(addr: SocketAddr, control: Arc<RecsControl>) -> std::io::Result<SocketAddr> {
+pub async fn start_recommendations(
+    addr: SocketAddr,
+    control: Arc<RecsControl>,
+) -> std::io::Result<SocketAddr> {
     let router = Router::new()
         .route(
             "/recommendations/{user}",
@@ -168,7 +175,10 @@ enum UpstreamError {
     Status(StatusCode),
 }
 
-async fn get_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: &str) -> Result<T, UpstreamError> {
+async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<T, UpstreamError> {
     let res = http.get(url).send().await?;
     if !res.status().is_success() {
         return Err(UpstreamError::Status(res.status()));
@@ -176,7 +186,10 @@ async fn get_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: &
     Ok(res.json().await?)
 }
 
-async fn checkout(State(c): State<Checkout>, Path(user): Path<String>) -> Result<Json<CheckoutPage>, (StatusCode, Json<serde_json::Value>)> {
+async fn checkout(
+    State(c): State<Checkout>,
+    Path(user): Path<String>,
+) -> Result<Json<CheckoutPage>, (StatusCode, Json<serde_json::Value>)> {
     // Critical: no price, no checkout page; say so clearly.
     let price_url = format!("{}/price/{user}", c.pricing_url);
     let total = c
@@ -184,7 +197,10 @@ async fn checkout(State(c): State<Checkout>, Path(user): Path<String>) -> Result
         .call("GET /price/{user}", || get_json::<serde_json::Value>(&c.http, &price_url))
         .await
         .map_err(|e| {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "pricing unavailable", "detail": e.to_string()})))
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": "pricing unavailable", "detail": e.to_string()})),
+            )
         })?;
     // Non-critical: degrade to top sellers.
     let recs_url = format!("{}/recommendations/{user}", c.recs_url);
@@ -210,7 +226,12 @@ async fn checkout(State(c): State<Checkout>, Path(user): Path<String>) -> Result
 }
 
 /// Starts `checkout` on `addr`, calling pricing and recommendations through `agent`.
-pub async fn start_checkout(addr: SocketAddr, agent: &Agent, pricing: SocketAddr, recs: SocketAddr) -> std::io::Result<SocketAddr> {
+pub async fn start_checkout(
+    addr: SocketAddr,
+    agent: &Agent,
+    pricing: SocketAddr,
+    recs: SocketAddr,
+) -> std::io::Result<SocketAddr> {
     let state = Checkout {
         http: reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("client"),
         pricing_url: format!("http://{pricing}"),
@@ -219,15 +240,12 @@ pub async fn start_checkout(addr: SocketAddr, agent: &Agent, pricing: SocketAddr
         recommendations: agent.dependency("recommendations"),
     };
     let status_agent = agent.clone();
-    let router = Router::new()
-        .route("/checkout/{user}", get(checkout))
-        .with_state(state)
-        .route(
-            "/levee/status",
-            get(move || {
-                let a = status_agent.clone();
-                async move { Json(json!(format!("{:?}", a.status()))) }
-            }),
-        );
+    let router = Router::new().route("/checkout/{user}", get(checkout)).with_state(state).route(
+        "/levee/status",
+        get(move || {
+            let a = status_agent.clone();
+            async move { Json(json!(format!("{:?}", a.status()))) }
+        }),
+    );
     serve(router, addr).await
 }

@@ -65,6 +65,49 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PolicyError> {
     })
 }
 
+/// Refuses a struct written as a JSON array. serde's derived structs accept the sequence
+/// form (`[]` decodes to an all-defaults value), which would let an empty or truncated
+/// payload silently clear rules; every place the model has an object must be an object
+/// (or absent) in the input.
+fn check_objects(
+    input: &serde_json::Value,
+    output: &serde_json::Value,
+    path: &str,
+) -> Result<(), PolicyError> {
+    use serde_json::Value;
+    match (input, output) {
+        (Value::Object(i), Value::Object(o)) => {
+            for (k, ov) in o {
+                if let Some(iv) = i.get(k) {
+                    let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    check_objects(iv, ov, &p)?;
+                }
+            }
+            Ok(())
+        }
+        (Value::Array(i), Value::Array(o)) => {
+            for (n, (iv, ov)) in i.iter().zip(o).enumerate() {
+                check_objects(iv, ov, &format!("{path}[{n}]"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(_), Value::Object(_)) => Err(PolicyError::Malformed {
+            path: if path.is_empty() { ".".into() } else { path.to_string() },
+            message: "expected an object, found an array".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn decode_strict<T: DeserializeOwned + serde::Serialize>(bytes: &[u8]) -> Result<T, PolicyError> {
+    let value: T = decode(bytes)?;
+    let input: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| PolicyError::Malformed { path: ".".into(), message: e.to_string() })?;
+    let output = serde_json::to_value(&value).expect("the policy model always serializes");
+    check_objects(&input, &output, "")?;
+    Ok(value)
+}
+
 /// Decodes and validates a snapshot body (JSON).
 ///
 /// # Errors
@@ -74,7 +117,7 @@ pub fn decode_config(bytes: &[u8]) -> Result<ServiceConfig, PolicyError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(PolicyError::Malformed { path: ".".into(), message: "empty body".into() });
     }
-    let cfg: ServiceConfig = decode(bytes)?;
+    let cfg: ServiceConfig = decode_strict(bytes)?;
     cfg.validate()?;
     Ok(cfg)
 }
@@ -84,17 +127,21 @@ pub fn decode_config(bytes: &[u8]) -> Result<ServiceConfig, PolicyError> {
 /// # Errors
 /// As [`decode_config`].
 pub fn decode_policy(bytes: &[u8]) -> Result<Policy, PolicyError> {
-    let p: Policy = decode(bytes)?;
+    let p: Policy = decode_strict(bytes)?;
     p.validate()?;
     Ok(p)
 }
 
-/// Decodes any model type with path-aware errors, without range validation.
+/// Decodes any JSON request type with path-aware errors, without range validation. The
+/// document must be a JSON object.
 ///
 /// # Errors
 /// [`PolicyError::Malformed`].
 pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PolicyError> {
-    decode(bytes)
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => decode(bytes),
+        _ => Err(PolicyError::Malformed { path: ".".into(), message: "expected a JSON object".into() }),
+    }
 }
 
 /// Canonical JSON bytes of a configuration (maps are ordered, so equal configs give equal

@@ -17,6 +17,26 @@ fn empty_body_is_malformed_not_defaults() {
     assert!(matches!(check("null"), Err(PolicyError::Malformed { .. })));
 }
 
+/// CP-3: serde accepts a struct written as an array (`[]` → all defaults); an empty or
+/// truncated payload of that shape must not clear the rules.
+#[test]
+fn cp_3_structs_written_as_arrays_are_malformed() {
+    for (body, path) in [
+        ("[]", "."),
+        (r#"{"policy": []}"#, "policy"),
+        (r#"{"policy": {"dependencies": {"p": []}}}"#, "policy.dependencies.p"),
+        (r#"{"policy": {"dependencies": {"p": {"retry": []}}}}"#, "policy.dependencies.p.retry"),
+        (r#"{"flags": {"f": ["bool", true]}}"#, "flags.f"),
+    ] {
+        match check(body) {
+            Err(PolicyError::Malformed { path: p, .. }) => assert_eq!(p, path, "{body}"),
+            other => panic!("{body} → {other:?}"),
+        }
+    }
+    // Arrays where the model has arrays, and JSON flag values, are fine.
+    check(r#"{"flags": {"f": {"type": "json", "value": []}}, "faults": []}"#).unwrap();
+}
+
 #[test]
 fn durations_take_units_and_dependency_defaults_fill_in() {
     let cfg = check(

@@ -1,0 +1,206 @@
+//! Helpers: agents with test-sized timings, the `levee` binary as a child process, waits.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use levee_agent::{Agent, SyncSettings};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Sync timings shrunk so reconnects happen within a test's patience, in real time.
+pub fn fast_sync() -> SyncSettings {
+    SyncSettings {
+        backoff_base: Duration::from_millis(50),
+        backoff_cap: Duration::from_millis(300),
+        reconnect_jitter: Duration::from_millis(50),
+        connect_timeout: Duration::from_secs(2),
+        ..SyncSettings::default()
+    }
+}
+
+/// Starts an agent for `prod/checkout` with the example's safe defaults.
+pub fn agent(grpc: &str, token: &str, cache: &Path) -> Agent {
+    Agent::builder(grpc, token, "prod", "checkout")
+        .cache_dir(cache)
+        .defaults(crate::checkout_app::safe_defaults())
+        .sync_settings(fast_sync())
+        .build()
+        .expect("agent builds")
+}
+
+/// Polls `cond` every 5 ms until it holds; panics with `what` after `timeout`.
+/// Returns how long it took.
+pub async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    start.elapsed()
+}
+
+/// The `levee` binary running as a child process (so it can be killed with SIGKILL).
+pub struct BinServer {
+    pub child: Child,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+}
+
+impl BinServer {
+    /// Starts `levee serve` on the given addresses (port 0 picks free ones).
+    pub async fn start(data_dir: &Path, http: &str, grpc: &str) -> BinServer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_levee"))
+            .arg("serve")
+            .env("LEVEE_DATA_DIR", data_dir)
+            .env("LEVEE_HTTP_ADDR", http)
+            .env("LEVEE_GRPC_ADDR", grpc)
+            .env("LEVEE_ADMIN_PASSWORD", crate::helpers::ADMIN_PASSWORD)
+            .env("LEVEE_HEARTBEAT_INTERVAL", "1s")
+            .env("LEVEE_LOG", "warn")
+            .env_remove("LEVEE_DATABASE_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("levee binary starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(l) = lines.next_line().await.unwrap() {
+                if l.starts_with("levee listening:") {
+                    return l;
+                }
+            }
+            panic!("levee exited before listening");
+        })
+        .await
+        .expect("levee prints its addresses");
+        // "levee listening: http://A (API, UI)  grpc://B (agent sync)"
+        let http = line.split("http://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        let grpc = line.split("grpc://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        BinServer { child, http, grpc }
+    }
+
+    /// SIGKILL: no graceful shutdown, no GoAway.
+    pub async fn kill(mut self) {
+        self.child.kill().await.expect("kill");
+        let _ = self.child.wait().await;
+    }
+}
+
+/// A thin API client for a server at `base`, logged in as admin.
+pub struct Api {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub token: String,
+}
+
+impl Api {
+    pub async fn login(base: &str) -> Api {
+        let client = reqwest::Client::new();
+        let res = client
+            .post(format!("{base}/api/v1/auth/login"))
+            .json(&serde_json::json!({"username": "admin", "password": crate::helpers::ADMIN_PASSWORD}))
+            .send()
+            .await
+            .unwrap();
+        assert!(res.status().is_success());
+        let token = res.json::<serde_json::Value>().await.unwrap()["token"].as_str().unwrap().to_string();
+        Api { base: base.to_string(), client, token }
+    }
+
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> serde_json::Value {
+        self.send_with(method, path, body, &[]).await
+    }
+
+    pub async fn send_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> serde_json::Value {
+        let mut req = self
+            .client
+            .request(method.clone(), format!("{}/api/v1{path}", self.base))
+            .bearer_auth(&self.token);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        let v: serde_json::Value = res.json().await.unwrap_or(serde_json::Value::Null);
+        assert!(status.is_success(), "{method} {path} → {status}: {v}");
+        v
+    }
+
+    /// Environment `prod` and service `checkout` with the kill switch on.
+    pub async fn seed(&self) {
+        use reqwest::Method;
+        self.send(Method::POST, "/environments", Some(serde_json::json!({"name": "prod", "reason": "e2e"})))
+            .await;
+        self.send(
+            Method::POST,
+            "/environments/prod/services",
+            Some(serde_json::json!({
+                "name": "checkout", "reason": "e2e",
+                "policy": {"dependencies": {
+                    "pricing": {"criticality": "critical", "attempt_timeout": "300ms"},
+                    "recommendations": {"criticality": "non_critical", "attempt_timeout": "80ms", "fallback": "generic",
+                                        "enabled_flag": "recommendations.enabled"}}},
+                "flags": {"recommendations.enabled": {"type": "bool", "value": true}}
+            })),
+        )
+        .await;
+    }
+
+    pub async fn agent_token(&self, env: &str, services: &[&str]) -> String {
+        let v = self
+            .send(
+                reqwest::Method::POST,
+                "/tokens",
+                Some(serde_json::json!({"kind": "agent", "name": "e2e", "environment": env, "services": services, "reason": "e2e"})),
+            )
+            .await;
+        v["token"].as_str().unwrap().to_string()
+    }
+
+    /// Sets the kill switch; returns the new revision.
+    pub async fn set_recommendations(&self, on: bool) -> u64 {
+        let v = self
+            .send(
+                reqwest::Method::PATCH,
+                "/environments/prod/services/checkout/flags/recommendations.enabled",
+                Some(serde_json::json!({"value": on, "reason": "e2e flip"})),
+            )
+            .await;
+        v["revision"].as_u64().unwrap()
+    }
+}
+
+/// Starts the example's dependencies and checkout around `agent`; returns the checkout URL
+/// and the recommendations control.
+pub async fn start_example(agent: &Agent) -> (String, std::sync::Arc<crate::checkout_app::RecsControl>) {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let control = std::sync::Arc::new(crate::checkout_app::RecsControl::default());
+    let pricing = crate::checkout_app::start_pricing(any).await.unwrap();
+    let recs = crate::checkout_app::start_recommendations(any, control.clone()).await.unwrap();
+    let checkout = crate::checkout_app::start_checkout(any, agent, pricing, recs).await.unwrap();
+    (format!("http://{checkout}"), control)
+}
+
+pub async fn page(url: &str) -> crate::checkout_app::CheckoutPage {
+    let res = reqwest::get(format!("{url}/checkout/alice")).await.unwrap();
+    assert!(res.status().is_success(), "checkout answered {}", res.status());
+    res.json().await.unwrap()
+}
