@@ -4,6 +4,7 @@
 //! The crate holds the [`policy`] model shared with the server, the generated sync
 //! protocol ([`proto`]), and the enforcement and sync machinery.
 
+pub mod deadline;
 pub mod policy;
 
 /// Generated types and stubs of the `levee.sync.v1` gRPC protocol.
