@@ -4,7 +4,9 @@
 //! The crate holds the [`policy`] model shared with the server, the generated sync
 //! protocol ([`proto`]), and the enforcement and sync machinery.
 
+pub mod breaker;
 pub mod deadline;
+pub mod metrics_names;
 pub mod policy;
 
 /// Generated types and stubs of the `levee.sync.v1` gRPC protocol.
