@@ -5,6 +5,7 @@
 //! protocol ([`proto`]), and the enforcement and sync machinery.
 
 pub mod breaker;
+pub mod bulkhead;
 pub mod deadline;
 pub mod metrics_names;
 pub mod policy;
