@@ -9,6 +9,7 @@ pub mod bulkhead;
 pub mod deadline;
 pub mod metrics_names;
 pub mod policy;
+pub mod retry;
 
 /// Generated types and stubs of the `levee.sync.v1` gRPC protocol.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
