@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod bulkhead;
 pub mod deadline;
 pub mod metrics_names;
+pub mod outlier;
 pub mod policy;
 pub mod retry;
 
