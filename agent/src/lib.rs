@@ -7,6 +7,7 @@
 pub mod breaker;
 pub mod bulkhead;
 pub mod deadline;
+pub mod fallback;
 pub mod metrics_names;
 pub mod outlier;
 pub mod policy;
