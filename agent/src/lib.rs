@@ -8,6 +8,7 @@ pub mod breaker;
 pub mod bulkhead;
 pub mod deadline;
 pub mod fallback;
+pub mod fault;
 pub mod metrics_names;
 pub mod outlier;
 pub mod policy;
