@@ -111,15 +111,22 @@ fn ppm(ratio: f64) -> u64 {
 /// (from, to) and per reason ([`CircuitBreaker::snapshot`]), and emitted as metrics and a
 /// `tracing` event.
 ///
-/// Concurrency: the CLOSED path is lock-free and allocation-free: `try_acquire` is one
-/// atomic load; `record` is an `ArcSwap` load, one `fetch_add` and one load in the steady
-/// state (a window of successes). Transitions are single CAS operations on one word.
+/// Concurrency: the CLOSED path is lock-free and allocation-free. `try_acquire` is one
+/// atomic load. `record` of a success into a count window full of successes (the steady
+/// state of a healthy dependency) is two atomic loads and writes nothing, so threads do
+/// not contend; any other record loads the window (`ArcSwap`), advances its position
+/// (`fetch_add`) and, only when the outcome in that slot changes, updates the totals and
+/// evaluates the thresholds. Transitions are single CAS operations on one word.
 #[derive(Debug)]
 pub struct CircuitBreaker {
     word: AtomicU64,
     enabled: AtomicBool,
     timer: AtomicU64,
     window: ArcSwap<SlidingWindow>,
+    /// Set (bit 0) while the count window is full of plain successes, so recording another
+    /// one is a no-op that needs no access to the window; the upper bits are a version
+    /// bumped around every other write, so a stale "all successes" is never published.
+    quiet: AtomicU64,
     window_shape: ArcSwap<policy::Window>,
     origin: Instant,
     consecutive_opens: AtomicU32,
@@ -167,6 +174,7 @@ impl CircuitBreaker {
             enabled: AtomicBool::new(true),
             timer: AtomicU64::new(timer(0, NEVER)),
             window: ArcSwap::from_pointee(SlidingWindow::new(settings.window)),
+            quiet: AtomicU64::new(0),
             window_shape: ArcSwap::from_pointee(settings.window),
             origin: Instant::now(),
             consecutive_opens: AtomicU32::new(0),
@@ -213,6 +221,7 @@ impl CircuitBreaker {
         if **self.window_shape.load() != settings.window {
             self.window_shape.store(Arc::new(settings.window));
             self.window.store(Arc::new(SlidingWindow::new(settings.window)));
+            self.unquiet();
             tracing::info!(window = ?settings.window, "circuit breaker window reshaped; window emptied");
         }
     }
@@ -356,6 +365,7 @@ impl CircuitBreaker {
             // filtered by generation).
             let shape = **self.window_shape.load();
             self.window.store(Arc::new(SlidingWindow::new(shape)));
+            self.unquiet();
         }
         self.edges[from.index() * 6 + to.index()].fetch_add(1, Ordering::Relaxed);
         self.reasons[reason.index()].fetch_add(1, Ordering::Relaxed);
@@ -462,8 +472,40 @@ impl CircuitBreaker {
             return; // taken in an earlier state: decides nothing (CB-3, CB-7)
         }
         let code = self.code(outcome, elapsed);
+        if code == OK && self.quiet.load(Ordering::Acquire) & 1 == 1 {
+            // The last N calls all succeeded: one more success changes nothing (it would
+            // replace a success), so there is nothing to write.
+            return;
+        }
+        self.record_in_window(w, code);
+    }
+
+    /// Clears the "window full of successes" flag and bumps its version.
+    fn unquiet(&self) {
+        let _ = self.quiet.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some((q | 1) + 1));
+    }
+
+    #[inline(never)]
+    fn record_in_window(&self, w: u64, code: u8) {
+        if code != OK {
+            self.unquiet(); // before the write: nobody may skip past it from now on
+        }
+        let version = self.quiet.load(Ordering::Acquire);
         let window = self.window.load();
-        if window.record(code) == Change::Changed && state_of(w) == State::Closed {
+        let change = window.record(code);
+        if code != OK {
+            // After the write too: a success that saw "all successes" in between and
+            // published the flag with the bumped version has its flag cleared here.
+            self.unquiet();
+        } else if let SlidingWindow::Count(count) = &**window {
+            let c = count.counts();
+            if c.calls == count.len() && c.failures == 0 && c.slow == 0 {
+                // Fails when any other write bumped the version since `version` was read.
+                let _ =
+                    self.quiet.compare_exchange(version, version | 1, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+        if change == Change::Changed && state_of(w) == State::Closed {
             self.evaluate(w, &window);
         }
     }

@@ -426,6 +426,31 @@ fn naive(codes: impl Iterator<Item = u8>) -> WindowCounts {
 }
 
 proptest! {
+    /// The breaker's own bookkeeping (including the "window full of successes" shortcut)
+    /// always matches a naive model of the last N calls.
+    #[test]
+    fn breaker_count_window_always_equals_a_naive_model(
+        size in 1u32..40,
+        outcomes in prop::collection::vec((any::<bool>(), any::<bool>()), 0..400),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let mut s = settings(count(size), 10_000); // never trips
+            s.slow_call_duration = Some(100 * MS);
+            let b = CircuitBreaker::new(&s, ATTEMPT_TIMEOUT);
+            let mut model = VecDeque::new();
+            for (fail, slow) in outcomes {
+                let outcome = if fail { Outcome::Failure } else { Outcome::Success };
+                b.try_acquire().unwrap().record(outcome, if slow { 100 * MS } else { MS });
+                model.push_back(if fail { FAIL } else { OK } | if slow { SLOW } else { 0 });
+                if model.len() > size as usize {
+                    model.pop_front();
+                }
+                assert_eq!(b.snapshot().window, naive(model.iter().copied()));
+            }
+        });
+    }
+
     #[test]
     fn count_window_always_equals_a_naive_model(size in 1u32..40, codes in prop::collection::vec(code_strategy(), 0..300)) {
         let w = CountWindow::new(size);

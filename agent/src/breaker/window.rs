@@ -229,4 +229,9 @@ impl CountWindow {
     pub(super) fn counts(&self) -> WindowCounts {
         self.totals.read()
     }
+
+    /// Calls the window holds when full.
+    pub(super) fn len(&self) -> u64 {
+        self.slots.len() as u64
+    }
 }
