@@ -6,7 +6,7 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::metrics::BreakerMetrics;
-use super::window::{Change, FAIL, OK, SLOW, SlidingWindow};
+use super::window::{Change, CountWindow, FAIL, OK, SLOW, SlidingWindow, WindowCounts};
 use super::{BreakerOpen, BreakerSnapshot, State, Transition, TransitionReason};
 use crate::metrics_names::Labels;
 use crate::policy::{self, BreakerOverrideState};
@@ -122,6 +122,11 @@ pub struct CircuitBreaker {
     word: AtomicU64,
     enabled: AtomicBool,
     timer: AtomicU64,
+    /// The count window in place (no pointer to chase), active while `inline` is set:
+    /// the default shape, and any count shape of the size the breaker was built with.
+    count: CountWindow,
+    inline: AtomicBool,
+    /// Any other window (time-based, or a count window reshaped to another size).
     window: ArcSwap<SlidingWindow>,
     /// Set (bit 0) while the count window is full of plain successes, so recording another
     /// one is a no-op that needs no access to the window; the upper bits are a version
@@ -173,6 +178,11 @@ impl CircuitBreaker {
             word: AtomicU64::new(word(State::Closed, 0, 0, 0)),
             enabled: AtomicBool::new(true),
             timer: AtomicU64::new(timer(0, NEVER)),
+            count: CountWindow::new(match settings.window {
+                policy::Window::Count { size } => size,
+                policy::Window::Time { .. } => 1,
+            }),
+            inline: AtomicBool::new(matches!(settings.window, policy::Window::Count { .. })),
             window: ArcSwap::from_pointee(SlidingWindow::new(settings.window)),
             quiet: AtomicU64::new(0),
             window_shape: ArcSwap::from_pointee(settings.window),
@@ -220,8 +230,7 @@ impl CircuitBreaker {
         self.refresh_half_open_wait();
         if **self.window_shape.load() != settings.window {
             self.window_shape.store(Arc::new(settings.window));
-            self.window.store(Arc::new(SlidingWindow::new(settings.window)));
-            self.unquiet();
+            self.reset_window();
             tracing::info!(window = ?settings.window, "circuit breaker window reshaped; window emptied");
         }
     }
@@ -363,9 +372,7 @@ impl CircuitBreaker {
             // it may decide what comes after. HALF_OPEN → CLOSED keeps the window emptied
             // on entering HALF_OPEN, which only stale results could have reached (they are
             // filtered by generation).
-            let shape = **self.window_shape.load();
-            self.window.store(Arc::new(SlidingWindow::new(shape)));
-            self.unquiet();
+            self.reset_window();
         }
         self.edges[from.index() * 6 + to.index()].fetch_add(1, Ordering::Relaxed);
         self.reasons[reason.index()].fetch_add(1, Ordering::Relaxed);
@@ -378,6 +385,28 @@ impl CircuitBreaker {
             generation = g,
             "circuit breaker transition"
         );
+    }
+
+    /// Empties the window for the current shape: in place when it is a count window of
+    /// the inline size, else by swapping in a new one.
+    fn reset_window(&self) {
+        let shape = **self.window_shape.load();
+        match shape {
+            policy::Window::Count { size } if u64::from(size.max(1)) == self.count.len() => {
+                self.count.reset();
+                self.inline.store(true, Ordering::Release);
+            }
+            _ => {
+                self.window.store(Arc::new(SlidingWindow::new(shape)));
+                self.inline.store(false, Ordering::Release);
+            }
+        }
+        self.unquiet();
+    }
+
+    /// The window's counts now.
+    fn counts(&self) -> WindowCounts {
+        if self.inline.load(Ordering::Acquire) { self.count.counts() } else { self.window.load().counts() }
     }
 
     /// The open period for the `n`-th consecutive open: `wait_in_open × 2^(n−1)`, capped.
@@ -491,28 +520,33 @@ impl CircuitBreaker {
             self.unquiet(); // before the write: nobody may skip past it from now on
         }
         let version = self.quiet.load(Ordering::Acquire);
-        let window = self.window.load();
-        let change = window.record(code);
+        let (change, counts, full) = if self.inline.load(Ordering::Acquire) {
+            let change = self.count.record(code);
+            (change, self.count.counts(), self.count.len())
+        } else {
+            let window = self.window.load();
+            let change = window.record(code);
+            let full = match &**window {
+                SlidingWindow::Count(c) => c.len(),
+                SlidingWindow::Time(_) => u64::MAX, // never "full of successes"
+            };
+            (change, window.counts(), full)
+        };
         if code != OK {
             // After the write too: a success that saw "all successes" in between and
             // published the flag with the bumped version has its flag cleared here.
             self.unquiet();
-        } else if let SlidingWindow::Count(count) = &**window {
-            let c = count.counts();
-            if c.calls == count.len() && c.failures == 0 && c.slow == 0 {
-                // Fails when any other write bumped the version since `version` was read.
-                let _ =
-                    self.quiet.compare_exchange(version, version | 1, Ordering::AcqRel, Ordering::Relaxed);
-            }
+        } else if counts.calls == full && counts.failures == 0 && counts.slow == 0 {
+            // Fails when any other write bumped the version since `version` was read.
+            let _ = self.quiet.compare_exchange(version, version | 1, Ordering::AcqRel, Ordering::Relaxed);
         }
         if change == Change::Changed && state_of(w) == State::Closed {
-            self.evaluate(w, &window);
+            self.evaluate(w, counts);
         }
     }
 
     #[cold]
-    fn evaluate(&self, w: u64, window: &SlidingWindow) {
-        let c = window.counts();
+    fn evaluate(&self, w: u64, c: WindowCounts) {
         if c.calls < self.minimum_calls.load(Ordering::Relaxed) {
             return;
         }
@@ -584,7 +618,7 @@ impl CircuitBreaker {
     /// Allocates; meant for status reports, not the call path.
     pub fn snapshot(&self) -> BreakerSnapshot {
         let w = self.word.load(Ordering::Acquire);
-        let window = self.window.load().counts();
+        let window = self.counts();
         let rate = |n: u64| if window.calls == 0 { 0.0 } else { n as f64 / window.calls as f64 };
         let mut transitions = Vec::new();
         for from in State::ALL {

@@ -361,6 +361,18 @@ async fn update_keeps_the_window_when_its_shape_is_unchanged_and_resets_it_when_
     s.window = count(20);
     b.update(&s);
     assert_eq!(b.snapshot().window, WindowCounts::default(), "new shape: window emptied");
+    call(&b, Outcome::Failure).unwrap();
+    s.window = Window::Time { seconds: 5 };
+    b.update(&s);
+    assert_eq!(b.snapshot().window, WindowCounts::default());
+    call(&b, Outcome::Failure).unwrap();
+    s.window = count(10);
+    b.update(&s);
+    assert_eq!(b.snapshot().window, WindowCounts::default(), "back to the original shape: emptied too");
+    call(&b, Outcome::Failure).unwrap();
+    assert_eq!(b.snapshot().window.failures, 1);
+    s.window = count(20);
+    b.update(&s);
     trip(&b, 5);
     s.minimum_calls = 100;
     b.update(&s);
@@ -451,15 +463,28 @@ proptest! {
         });
     }
 
+    /// `None` resets the window (as entering HALF_OPEN does); more than 32 resets exercise
+    /// the wrap of the epoch tags.
     #[test]
-    fn count_window_always_equals_a_naive_model(size in 1u32..40, codes in prop::collection::vec(code_strategy(), 0..300)) {
+    fn count_window_always_equals_a_naive_model(
+        size in 1u32..40,
+        ops in prop::collection::vec(prop_oneof![20 => code_strategy().prop_map(Some), 1 => Just(None)], 0..2000),
+    ) {
         let w = CountWindow::new(size);
         let mut model = VecDeque::new();
-        for code in codes {
-            w.record(code);
-            model.push_back(code);
-            if model.len() > size as usize {
-                model.pop_front();
+        for op in ops {
+            match op {
+                Some(code) => {
+                    w.record(code);
+                    model.push_back(code);
+                    if model.len() > size as usize {
+                        model.pop_front();
+                    }
+                }
+                None => {
+                    w.reset();
+                    model.clear();
+                }
             }
             prop_assert_eq!(w.counts(), naive(model.iter().copied()));
         }

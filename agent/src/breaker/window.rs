@@ -68,26 +68,71 @@ pub(super) enum Change {
 
 /// The last `size` calls in a ring of one-byte slots.
 ///
-/// Record: one `fetch_add` for the position, one load of the slot, and — only when the
-/// slot's old outcome differs from the new one — a swap and the totals' updates. In the
-/// steady state (a full window of successes) a success writes nothing but the position.
+/// Each slot holds an outcome code (low 3 bits) tagged with the window's epoch (high 5
+/// bits); the totals are one word holding the epoch and the three counts, so a reader
+/// always sees a consistent triple. Resetting is O(1): bump the epoch and zero the
+/// counts; slots of older epochs then read as empty. (Every 32 resets the tags would
+/// repeat, so the slots are also cleared then; resets happen at most once per open
+/// period, when no current-generation call writes the window.)
+///
+/// Record: a load of the totals, one `fetch_add` for the position and one load of the
+/// slot; only when the slot's outcome changes, a swap and a CAS of the totals. A write
+/// that raced with a reset is dropped (its epoch is stale) and an evicted newer value is
+/// put back.
 #[derive(Debug)]
 pub(super) struct CountWindow {
     slots: Box<[AtomicU8]>,
     /// Lemire's fastmod constant for `slots.len()`.
     magic: u64,
     pos: AtomicU32,
-    totals: Totals,
+    /// epoch (bits 0..5) | calls (5..24) | failures (24..44) | slow (44..64)
+    totals: AtomicU64,
+}
+
+const EPOCH_MASK: u64 = 0x1f;
+const CALLS_SHIFT: u32 = 5;
+const FAILURES_SHIFT: u32 = 24;
+const SLOW_SHIFT: u32 = 44;
+const CALLS_MASK: u64 = (1 << 19) - 1;
+const TWENTY_MASK: u64 = (1 << 20) - 1;
+
+fn decode(t: u64) -> WindowCounts {
+    WindowCounts {
+        calls: (t >> CALLS_SHIFT) & CALLS_MASK,
+        failures: (t >> FAILURES_SHIFT) & TWENTY_MASK,
+        slow: (t >> SLOW_SHIFT) & TWENTY_MASK,
+    }
+}
+
+fn encode(epoch: u64, c: WindowCounts) -> u64 {
+    epoch
+        | (c.calls.min(CALLS_MASK) << CALLS_SHIFT)
+        | (c.failures.min(TWENTY_MASK) << FAILURES_SHIFT)
+        | (c.slow.min(TWENTY_MASK) << SLOW_SHIFT)
+}
+
+/// The totals after replacing outcome `old` (0 = empty) by `new`.
+fn replace(t: u64, new: u8, old: u8) -> u64 {
+    let mut c = decode(t);
+    let add = |n: &mut u64, on: bool| *n = n.saturating_add(u64::from(on));
+    let sub = |n: &mut u64, on: bool| *n = n.saturating_sub(u64::from(on));
+    add(&mut c.calls, new != 0);
+    add(&mut c.failures, new & FAIL != 0);
+    add(&mut c.slow, new & SLOW != 0);
+    sub(&mut c.calls, old != 0);
+    sub(&mut c.failures, old & FAIL != 0);
+    sub(&mut c.slow, old & SLOW != 0);
+    encode(t & EPOCH_MASK, c)
 }
 
 impl CountWindow {
     pub(super) fn new(size: u32) -> Self {
-        let size = size.max(1);
+        let size = size.clamp(1, CALLS_MASK as u32);
         Self {
             slots: (0..size).map(|_| AtomicU8::new(0)).collect(),
             magic: (u64::MAX / u64::from(size)).wrapping_add(1),
             pos: AtomicU32::new(0),
-            totals: Totals::default(),
+            totals: AtomicU64::new(0),
         }
     }
 
@@ -99,19 +144,55 @@ impl CountWindow {
 
     #[inline]
     pub(super) fn record(&self, code: u8) -> Change {
-        let i = self.index(self.pos.fetch_add(1, Ordering::Relaxed));
-        let slot = &self.slots[i];
+        let epoch = self.totals.load(Ordering::Acquire) & EPOCH_MASK;
+        let tagged = ((epoch as u8) << 3) | code;
+        let slot = &self.slots[self.index(self.pos.fetch_add(1, Ordering::Relaxed))];
         // Writing the value a slot already holds changes nothing: linearize at the load.
-        if slot.load(Ordering::Relaxed) == code {
+        if slot.load(Ordering::Relaxed) == tagged {
             return Change::Unchanged;
         }
-        let old = slot.swap(code, Ordering::Relaxed);
-        if old == code {
+        let old = slot.swap(tagged, Ordering::AcqRel);
+        let old_epoch = u64::from(old >> 3);
+        let old_code = if old_epoch == epoch { old & 0b111 } else { 0 };
+        if old_code == code {
             return Change::Unchanged;
         }
-        self.totals.apply(code, 1);
-        self.totals.apply(old, -1);
+        let updated = self.totals.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+            (t & EPOCH_MASK == epoch).then(|| replace(t, code, old_code))
+        });
+        if updated.is_err() {
+            // A reset happened after we read the epoch: our write belongs to the old
+            // window and reads as empty; if we evicted a value of the new window, put it
+            // back.
+            if old_epoch == (epoch + 1) & EPOCH_MASK {
+                let _ = slot.compare_exchange(tagged, old, Ordering::AcqRel, Ordering::Relaxed);
+            }
+            return Change::Unchanged;
+        }
         Change::Changed
+    }
+
+    /// Empties the window in O(1) (see the type's docs).
+    pub(super) fn reset(&self) {
+        if self.totals.load(Ordering::Acquire) & EPOCH_MASK == EPOCH_MASK {
+            // The next epoch is 0 again: clear the tags first, while values written now
+            // still carry the old epoch and are dropped by the bump below.
+            for slot in &self.slots[..] {
+                slot.store(0, Ordering::Release);
+            }
+        }
+        let _ = self
+            .totals
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(((t & EPOCH_MASK) + 1) & EPOCH_MASK));
+    }
+
+    pub(super) fn counts(&self) -> WindowCounts {
+        decode(self.totals.load(Ordering::Acquire))
+    }
+
+    /// Calls the window holds when full.
+    pub(super) fn len(&self) -> u64 {
+        self.slots.len() as u64
     }
 }
 
@@ -222,16 +303,5 @@ impl SlidingWindow {
             SlidingWindow::Count(w) => w.counts(),
             SlidingWindow::Time(w) => w.counts(Instant::now()),
         }
-    }
-}
-
-impl CountWindow {
-    pub(super) fn counts(&self) -> WindowCounts {
-        self.totals.read()
-    }
-
-    /// Calls the window holds when full.
-    pub(super) fn len(&self) -> u64 {
-        self.slots.len() as u64
     }
 }
