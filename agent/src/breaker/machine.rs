@@ -699,6 +699,7 @@ impl BreakerPermit<'_> {
 }
 
 impl Drop for BreakerPermit<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.done && self.kind == Kind::Probe {
             self.breaker.release_probe(self.generation);
