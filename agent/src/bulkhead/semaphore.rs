@@ -1,8 +1,10 @@
+use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::Duration;
 
+use futures::future::Either;
 use metrics::{Counter, Gauge};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -161,15 +163,31 @@ impl Bulkhead {
     /// Takes a slot, waiting for one at most `max_wait` and never past `deadline`; the
     /// deadline is checked again once the slot is held.
     ///
+    /// A free slot is taken synchronously and the returned future is ready at once (no
+    /// allocation); only a caller that has to wait gets a boxed waiting future.
+    ///
     /// # Errors
     /// [`BulkheadError::Full`] when no slot freed up within `max_wait` (counted as a
     /// rejection); [`BulkheadError::DeadlineExceeded`] when the deadline passed first or
     /// had passed when the slot came (the slot is given back).
-    pub async fn acquire(&self, deadline: Option<Deadline>) -> Result<BulkheadPermit<'_>, BulkheadError> {
-        let permit = match self.try_acquire() {
-            Ok(p) => p,
-            Err(_) => self.wait(deadline).await?,
-        };
+    pub fn acquire(
+        &self,
+        deadline: Option<Deadline>,
+    ) -> impl Future<Output = Result<BulkheadPermit<'_>, BulkheadError>> + Send + '_ {
+        match self.try_acquire() {
+            Ok(permit) => Either::Left(std::future::ready(Self::recheck(permit, deadline))),
+            Err(_) => Either::Right(Box::pin(async move {
+                let permit = self.wait(deadline).await?;
+                Self::recheck(permit, deadline)
+            })),
+        }
+    }
+
+    #[inline]
+    fn recheck(
+        permit: BulkheadPermit<'_>,
+        deadline: Option<Deadline>,
+    ) -> Result<BulkheadPermit<'_>, BulkheadError> {
         if deadline.is_some_and(Deadline::is_expired) {
             return Err(BulkheadError::DeadlineExceeded(DeadlineExceeded::new()));
         }
