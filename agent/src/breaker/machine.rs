@@ -1,5 +1,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+/// The atomic of the state word and the timer word: loom's under the `loom` feature, so the
+/// model in `breaker::tests::loom_model` explores every interleaving of the permit logic.
+#[cfg(feature = "loom")]
+use loom::sync::atomic::AtomicU64 as WordAtomic;
+#[cfg(not(feature = "loom"))]
+use std::sync::atomic::AtomicU64 as WordAtomic;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -119,9 +126,9 @@ fn ppm(ratio: f64) -> u64 {
 /// evaluates the thresholds. Transitions are single CAS operations on one word.
 #[derive(Debug)]
 pub struct CircuitBreaker {
-    word: AtomicU64,
+    word: WordAtomic,
     enabled: AtomicBool,
-    timer: AtomicU64,
+    timer: WordAtomic,
     /// The count window in place (no pointer to chase), active while `inline` is set:
     /// the default shape, and any count shape of the size the breaker was built with.
     count: CountWindow,
@@ -175,9 +182,9 @@ impl CircuitBreaker {
 
     fn build(settings: &policy::CircuitBreaker, attempt_timeout: Duration, metrics: BreakerMetrics) -> Self {
         let b = Self {
-            word: AtomicU64::new(word(State::Closed, 0, 0, 0)),
+            word: WordAtomic::new(word(State::Closed, 0, 0, 0)),
             enabled: AtomicBool::new(true),
-            timer: AtomicU64::new(timer(0, NEVER)),
+            timer: WordAtomic::new(timer(0, NEVER)),
             count: CountWindow::new(match settings.window {
                 policy::Window::Count { size } => size,
                 policy::Window::Time { .. } => 1,
@@ -291,9 +298,19 @@ impl CircuitBreaker {
             match state_of(w) {
                 State::Closed => return permit(Kind::Normal),
                 State::Open => {
-                    let until = timer_for(self.timer.load(Ordering::Acquire), g);
+                    let Some(until) = timer_for(self.timer.load(Ordering::Acquire), g) else {
+                        // The timer is another generation's: either this OPEN period's is not
+                        // published yet (reject: it has just begun), or the breaker moved on
+                        // since `w` was read (found by the loom model: retry with the new word).
+                        let cur = self.word.load(Ordering::Acquire);
+                        if cur != w {
+                            w = cur;
+                            continue;
+                        }
+                        return self.reject();
+                    };
                     let now = self.now_ms();
-                    if until.is_none_or(|u| now < u) {
+                    if now < until {
                         return self.reject();
                     }
                     let probes = self.half_open_probes.load(Ordering::Relaxed);

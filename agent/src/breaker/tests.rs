@@ -509,3 +509,97 @@ proptest! {
         }
     }
 }
+
+/// CB-2 under every interleaving loom can find of the state word's CAS operations:
+/// `cargo test -p levee-agent --release --features loom --lib loom_`.
+#[cfg(feature = "loom")]
+mod loom_model {
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Every interleaving with at most 2 preemptions (loom's usual bound; unbounded, the
+    /// 3-thread models take many minutes).
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(2);
+        builder.check(f);
+    }
+
+    fn open_breaker(probes: u32) -> CircuitBreaker {
+        let mut s = settings(count(1), 1);
+        s.wait_in_open = Duration::ZERO; // the open period is over: callers race the transition
+        s.half_open_probes = probes;
+        let b = CircuitBreaker::new(&s, ATTEMPT_TIMEOUT);
+        call(&b, Outcome::Failure).unwrap();
+        assert_eq!(b.state(), State::Open);
+        b
+    }
+
+    #[test]
+    fn loom_cb_2_exactly_half_open_probes_and_all_succeeding_closes() {
+        model(|| {
+            let b = Arc::new(open_breaker(2));
+            let probes = Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..3)
+                .map(|_| {
+                    let (b, probes) = (b.clone(), probes.clone());
+                    loom::thread::spawn(move || match b.try_acquire() {
+                        Ok(p) => {
+                            let probe = p.is_probe();
+                            if probe {
+                                probes.fetch_add(1, Ordering::SeqCst);
+                            }
+                            p.record(Outcome::Success, MS);
+                            if probe { "probe" } else { "normal" }
+                        }
+                        Err(_) => "rejected",
+                    })
+                })
+                .collect();
+            let seen: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            assert_eq!(probes.load(Ordering::SeqCst), 2, "{seen:?} {:?}", b.snapshot());
+            assert_eq!(b.state(), State::Closed);
+        });
+    }
+
+    #[test]
+    fn loom_cb_4_cancelled_probe_frees_its_permit_and_never_decides() {
+        model(|| {
+            let b = Arc::new(open_breaker(1));
+            let outstanding = Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..3)
+                .map(|i| {
+                    let (b, outstanding) = (b.clone(), outstanding.clone());
+                    loom::thread::spawn(move || {
+                        if let Ok(p) = b.try_acquire() {
+                            let probe = p.is_probe();
+                            if probe {
+                                // Never more probes out at once than the breaker allows.
+                                assert_eq!(outstanding.fetch_add(1, Ordering::SeqCst), 0);
+                            }
+                            loom::thread::yield_now();
+                            if probe {
+                                outstanding.fetch_sub(1, Ordering::SeqCst); // still held until below
+                            }
+                            if i == 0 {
+                                drop(p); // the client went away
+                            } else {
+                                p.record(Outcome::Success, MS);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let state = b.state();
+            assert!(matches!(state, State::HalfOpen | State::Closed), "{state:?}");
+            if state == State::HalfOpen {
+                assert_eq!(b.snapshot().half_open_free, 1, "a cancelled probe's permit is back");
+            }
+        });
+    }
+}
