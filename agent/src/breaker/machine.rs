@@ -1,11 +1,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
-/// The atomic of the state word and the timer word: loom's under the `loom` feature, so the
+/// The atomic of the state word and the timer word: loom's under `--cfg loom`, so the
 /// model in `breaker::tests::loom_model` explores every interleaving of the permit logic.
-#[cfg(feature = "loom")]
+#[cfg(loom)]
 use loom::sync::atomic::AtomicU64 as WordAtomic;
-#[cfg(not(feature = "loom"))]
+#[cfg(not(loom))]
 use std::sync::atomic::AtomicU64 as WordAtomic;
 use std::time::Duration;
 

@@ -510,9 +510,17 @@ proptest! {
     }
 }
 
-/// CB-2 under every interleaving loom can find of the state word's CAS operations:
-/// `cargo test -p levee-agent --release --features loom --lib loom_`.
-#[cfg(feature = "loom")]
+/// CB-2 and CB-4 under every interleaving loom finds of the state and timer words (at most
+/// 2 preemptions). Only this crate needs `--cfg loom`, so pass it with `cargo rustc`:
+///
+/// ```text
+/// cargo rustc -p levee-agent --lib --profile test --message-format short -- --cfg loom
+/// target/debug/deps/levee_agent-<hash> loom_      # the binary cargo just built
+/// ```
+///
+/// (`RUSTFLAGS="--cfg loom" cargo test -p levee-agent --lib loom_` works too, but rebuilds
+/// every dependency.)
+#[cfg(loom)]
 mod loom_model {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicUsize, Ordering};
