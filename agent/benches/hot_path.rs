@@ -347,6 +347,27 @@ fn summary() {
         allocs_per_call(&bh, 100_000, bulkhead_call)
     );
 
+    // Memory of 1,000 dependencies, each with a breaker, a bulkhead and a retry budget
+    // (default settings), as heap bytes still allocated plus the values' own size.
+    let region = Region::new(GLOBAL);
+    let deps: Vec<_> = (0..1000)
+        .map(|_| {
+            (
+                levee_breaker(),
+                levee_bulkhead(),
+                levee_agent::retry::RetryBudget::new(&policy::RetryBudget::default()),
+            )
+        })
+        .collect();
+    let stats = region.change();
+    let heap = stats.bytes_allocated as i64 - stats.bytes_deallocated as i64;
+    println!(
+        "\n== memory: 1,000 x (breaker + bulkhead + retry budget) = {:.2} MB (heap incl. the Vec), {} B per dependency ==",
+        heap as f64 / 1e6,
+        heap / 1000
+    );
+    drop(deps);
+
     // Allocations per call through the tower-style service wrappers (success path).
     let rt = runtime();
     let inner = tower::service_fn(|_: ()| std::future::ready(Ok::<(), std::io::Error>(())));

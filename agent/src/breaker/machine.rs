@@ -190,7 +190,12 @@ impl CircuitBreaker {
                 policy::Window::Time { .. } => 1,
             }),
             inline: AtomicBool::new(matches!(settings.window, policy::Window::Count { .. })),
-            window: ArcSwap::from_pointee(SlidingWindow::new(settings.window)),
+            // A count shape lives inline; the swappable window then only holds a 1-slot
+            // placeholder until a reshape needs it.
+            window: ArcSwap::from_pointee(SlidingWindow::new(match settings.window {
+                policy::Window::Count { .. } => policy::Window::Count { size: 1 },
+                time => time,
+            })),
             quiet: AtomicU64::new(0),
             window_shape: ArcSwap::from_pointee(settings.window),
             origin: Instant::now(),

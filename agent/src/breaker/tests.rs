@@ -515,10 +515,10 @@ proptest! {
 ///
 /// ```text
 /// cargo rustc -p levee-agent --lib --profile test --message-format short -- --cfg loom
-/// target/debug/deps/levee_agent-<hash> loom_      # the binary cargo just built
+/// target/debug/deps/levee_agent-<hash> loom_model   # the binary cargo just built
 /// ```
 ///
-/// (`RUSTFLAGS="--cfg loom" cargo test -p levee-agent --lib loom_` works too, but rebuilds
+/// (`RUSTFLAGS="--cfg loom" cargo test -p levee-agent --lib loom_model` works too, but rebuilds
 /// every dependency.)
 #[cfg(loom)]
 mod loom_model {
@@ -546,7 +546,7 @@ mod loom_model {
     }
 
     #[test]
-    fn loom_cb_2_exactly_half_open_probes_and_all_succeeding_closes() {
+    fn cb_2_loom_exactly_half_open_probes_and_all_succeeding_closes() {
         model(|| {
             let b = Arc::new(open_breaker(2));
             let probes = Arc::new(AtomicUsize::new(0));
@@ -573,7 +573,7 @@ mod loom_model {
     }
 
     #[test]
-    fn loom_cb_4_cancelled_probe_frees_its_permit_and_never_decides() {
+    fn cb_4_loom_cancelled_probe_frees_its_permit_and_never_decides() {
         model(|| {
             let b = Arc::new(open_breaker(1));
             let outstanding = Arc::new(AtomicUsize::new(0));
