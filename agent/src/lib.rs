@@ -31,10 +31,18 @@
 #![warn(missing_docs)]
 
 mod agent;
+pub mod breaker;
+pub mod bulkhead;
 pub mod cache;
+pub mod deadline;
 pub mod enforce;
+pub mod fallback;
+pub mod fault;
 pub mod flags;
+pub mod metrics_names;
+pub mod outlier;
 pub mod policy;
+pub mod retry;
 mod state;
 pub mod sync;
 pub mod telemetry;

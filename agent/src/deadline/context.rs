@@ -1,0 +1,58 @@
+use std::future::Future;
+
+use crate::policy::Criticality;
+
+use super::Deadline;
+
+tokio::task_local! {
+    static CONTEXT: RequestContext;
+}
+
+/// Carries what an inbound request hands down to the outgoing calls made for it.
+///
+/// Installed for a future with [`with_context`] / [`with_deadline`] and read anywhere
+/// inside it with [`current`]; outgoing layers propagate it as headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestContext {
+    /// The request's deadline.
+    pub deadline: Deadline,
+    /// The request's criticality (SRE names), propagated downstream.
+    pub criticality: Criticality,
+    /// Whether the inbound request was marked as retried by its caller
+    /// ([`RETRIED_HEADER`](crate::retry::RETRIED_HEADER)); outgoing calls then do not retry
+    /// (retry on one layer).
+    pub inbound_retried: bool,
+}
+
+impl RequestContext {
+    /// A context with `deadline`, criticality CRITICAL and no retry marker.
+    pub fn new(deadline: Deadline) -> Self {
+        Self { deadline, criticality: Criticality::default(), inbound_retried: false }
+    }
+}
+
+/// Runs `fut` with `ctx` as its request context (visible through [`current`]).
+pub async fn with_context<F: Future>(ctx: RequestContext, fut: F) -> F::Output {
+    CONTEXT.scope(ctx, fut).await
+}
+
+/// Runs `fut` with `deadline`, keeping the rest of the enclosing context (criticality,
+/// retry marker) when there is one. A deadline later than the enclosing one is ignored:
+/// a callee never gets more time than its caller.
+pub async fn with_deadline<F: Future>(deadline: Deadline, fut: F) -> F::Output {
+    let ctx = match current() {
+        Some(outer) => RequestContext { deadline: outer.deadline.min(deadline), ..outer },
+        None => RequestContext::new(deadline),
+    };
+    CONTEXT.scope(ctx, fut).await
+}
+
+/// The request context of the running task, if one was installed.
+pub fn current() -> Option<RequestContext> {
+    CONTEXT.try_with(|c| *c).ok()
+}
+
+/// The deadline of the running task's request, if any.
+pub fn current_deadline() -> Option<Deadline> {
+    current().map(|c| c.deadline)
+}

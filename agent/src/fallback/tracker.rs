@@ -1,0 +1,171 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use metrics::{Counter, Gauge, Label};
+use tokio::time::Instant;
+
+use crate::metrics_names::{self as names, LABEL_FEATURE, LABEL_LEVEL};
+use crate::policy::{FallbackLevel, Timestamp};
+
+/// Name under which features past the tracker's capacity are counted together.
+pub const OVERFLOW_FEATURE: &str = "_overflow";
+
+const LEVELS: [FallbackLevel; 5] = [
+    FallbackLevel::Fresh,
+    FallbackLevel::Stale,
+    FallbackLevel::Generic,
+    FallbackLevel::EmptyMarked,
+    FallbackLevel::FeatureError,
+];
+
+#[derive(Debug)]
+struct FeatureState {
+    name: Arc<str>,
+    level: AtomicU8,
+    /// ms since the tracker's origin + 1 when degradation began; 0 = fresh.
+    since_mono: AtomicU64,
+    since_wall_ms: AtomicI64,
+    results: [Counter; 5],
+    degraded_seconds: Gauge,
+}
+
+/// A feature's degradation, as reported to the server (which alerts on long fallback).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureStatus {
+    /// The feature.
+    pub feature: String,
+    /// Level of its latest result.
+    pub level: FallbackLevel,
+    /// When it started living on fallbacks (wall clock, for people); `None` when fresh.
+    pub degraded_since: Option<Timestamp>,
+    /// How long it has been degraded (monotonic); zero when fresh.
+    pub degraded_for: Duration,
+}
+
+/// Records each result of one feature; cheap to clone (an `Arc`).
+#[derive(Clone, Debug)]
+pub struct FeatureHandle {
+    state: Arc<FeatureState>,
+    origin: Instant,
+}
+
+impl FeatureHandle {
+    /// Records that a result of the feature came from `level`: counts it in
+    /// [`FEATURE_RESULTS`](crate::metrics_names::FEATURE_RESULTS) and starts or ends the
+    /// "degraded since" period. A fresh result ends it; only the first degraded result of
+    /// a period sets its start. Lock-free; reads the clock only when the period starts.
+    pub fn record(&self, level: FallbackLevel) {
+        let s = &*self.state;
+        s.results[level as usize].increment(1);
+        s.level.store(level as u8, Ordering::Relaxed);
+        if level == FallbackLevel::Fresh {
+            if s.since_mono.load(Ordering::Relaxed) != 0 {
+                s.since_mono.store(0, Ordering::Relaxed);
+                s.degraded_seconds.set(0.0);
+            }
+            return;
+        }
+        if s.since_mono.load(Ordering::Relaxed) == 0 {
+            let mono = u64::try_from(Instant::now().saturating_duration_since(self.origin).as_millis())
+                .unwrap_or(0)
+                + 1;
+            if s.since_mono.compare_exchange(0, mono, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                s.since_wall_ms.store(Timestamp::now().unix_ms(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn status(&self) -> FeatureStatus {
+        let s = &*self.state;
+        let since = s.since_mono.load(Ordering::Relaxed);
+        let level = LEVELS[usize::from(s.level.load(Ordering::Relaxed)).min(4)];
+        let (degraded_since, degraded_for) = if since == 0 {
+            (None, Duration::ZERO)
+        } else {
+            let now = u64::try_from(Instant::now().saturating_duration_since(self.origin).as_millis())
+                .unwrap_or(0)
+                + 1;
+            (
+                Some(Timestamp::from_unix_ms(s.since_wall_ms.load(Ordering::Relaxed))),
+                Duration::from_millis(now.saturating_sub(since)),
+            )
+        };
+        s.degraded_seconds.set(degraded_for.as_secs_f64());
+        FeatureStatus { feature: s.name.to_string(), level, degraded_since, degraded_for }
+    }
+}
+
+/// Tracks, per product feature, the level of its latest result and since when it has been
+/// degraded (monotonic for the duration, wall clock for reporting).
+///
+/// Bounded: at most `max_features` features; further names share one
+/// [`OVERFLOW_FEATURE`] entry (explicit, visible in reports) instead of growing without
+/// bound. Registering copies the name table (cold); recording is lock-free.
+#[derive(Debug)]
+pub struct FeatureTracker {
+    features: ArcSwap<HashMap<Arc<str>, FeatureHandle>>,
+    max_features: usize,
+    origin: Instant,
+}
+
+impl FeatureTracker {
+    /// A tracker for at most `max_features` named features.
+    pub fn new(max_features: usize) -> Self {
+        Self { features: ArcSwap::from_pointee(HashMap::new()), max_features, origin: Instant::now() }
+    }
+
+    /// The handle of `feature`, registering it (and its metrics) on first use. Keep the
+    /// handle; do not look it up per call.
+    pub fn feature(&self, feature: &str) -> FeatureHandle {
+        if let Some(h) = self.features.load().get(feature) {
+            return h.clone();
+        }
+        let mut created = None;
+        self.features.rcu(|map| {
+            let mut map = HashMap::clone(map);
+            let name: &str = if map.len() >= self.max_features && !map.contains_key(feature) {
+                OVERFLOW_FEATURE
+            } else {
+                feature
+            };
+            let handle = map.entry(Arc::from(name)).or_insert_with(|| self.handle(name)).clone();
+            created = Some(handle);
+            map
+        });
+        created.expect("rcu runs its closure at least once")
+    }
+
+    fn handle(&self, name: &str) -> FeatureHandle {
+        let label = |level: FallbackLevel| {
+            metrics::counter!(
+                names::FEATURE_RESULTS,
+                vec![Label::new(LABEL_FEATURE, name.to_string()), Label::new(LABEL_LEVEL, level.as_str())]
+            )
+        };
+        FeatureHandle {
+            state: Arc::new(FeatureState {
+                name: Arc::from(name),
+                level: AtomicU8::new(0),
+                since_mono: AtomicU64::new(0),
+                since_wall_ms: AtomicI64::new(0),
+                results: LEVELS.map(label),
+                degraded_seconds: metrics::gauge!(
+                    names::FEATURE_DEGRADED_SECONDS,
+                    vec![Label::new(LABEL_FEATURE, name.to_string())]
+                ),
+            }),
+            origin: self.origin,
+        }
+    }
+
+    /// Every tracked feature's status, sorted by name; also refreshes the
+    /// [`FEATURE_DEGRADED_SECONDS`](crate::metrics_names::FEATURE_DEGRADED_SECONDS) gauges.
+    pub fn report(&self) -> Vec<FeatureStatus> {
+        let mut out: Vec<_> = self.features.load().values().map(FeatureHandle::status).collect();
+        out.sort_by(|a, b| a.feature.cmp(&b.feature));
+        out
+    }
+}

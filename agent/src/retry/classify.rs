@@ -1,0 +1,237 @@
+use std::error::Error as StdError;
+use std::io;
+use std::time::Duration;
+
+use http::{HeaderMap, Method};
+
+use crate::breaker::BreakerOpen;
+use crate::bulkhead::BulkheadFull;
+use crate::deadline::DeadlineExceeded;
+
+/// Header carrying an idempotency key; a POST that has one may be retried.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Whether repeating an operation is safe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idempotency {
+    /// Repeating it has the same effect as doing it once: may be retried.
+    Idempotent,
+    /// May have effects each time: never retried.
+    NonIdempotent,
+}
+
+impl Idempotency {
+    /// Decides from an HTTP method (agent-semantics §2): GET, HEAD, OPTIONS, PUT, DELETE
+    /// (and TRACE) are idempotent; POST only with an idempotency key; other methods (PATCH,
+    /// CONNECT, extensions) are not. `explicit` — the operation's configured `idempotent`
+    /// flag — wins when set.
+    pub fn for_method(method: &Method, has_idempotency_key: bool, explicit: Option<bool>) -> Self {
+        let yes = match explicit {
+            Some(v) => v,
+            None => {
+                matches!(
+                    *method,
+                    Method::GET
+                        | Method::HEAD
+                        | Method::OPTIONS
+                        | Method::PUT
+                        | Method::DELETE
+                        | Method::TRACE
+                ) || (*method == Method::POST && has_idempotency_key)
+            }
+        };
+        if yes { Idempotency::Idempotent } else { Idempotency::NonIdempotent }
+    }
+
+    /// As [`Idempotency::for_method`], looking for [`IDEMPOTENCY_KEY_HEADER`] in `headers`.
+    pub fn for_request(method: &Method, headers: &HeaderMap, explicit: Option<bool>) -> Self {
+        Self::for_method(method, headers.contains_key(IDEMPOTENCY_KEY_HEADER), explicit)
+    }
+
+    /// Whether a retry is allowed by idempotency.
+    pub const fn is_idempotent(self) -> bool {
+        matches!(self, Idempotency::Idempotent)
+    }
+}
+
+/// What kind of failure an attempt ended with, as far as retries and breakers care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The connection could not be established (refused, DNS, TLS handshake): the peer
+    /// never saw the request.
+    Connect,
+    /// The connection broke during the exchange (reset, aborted, closed early): the peer
+    /// may have seen the request.
+    Reset,
+    /// The per-attempt timeout fired.
+    AttemptTimeout,
+    /// The peer answered with this HTTP status (only failures are classified).
+    HttpStatus(u16),
+    /// The peer answered with this gRPC status code; `pushback` is true when the server
+    /// sent retry pushback allowing a retry (`grpc-retry-pushback-ms` ≥ 0).
+    Grpc {
+        /// The status code.
+        code: tonic::Code,
+        /// Server pushback allows a retry.
+        pushback: bool,
+    },
+    /// Rejected locally by an open circuit breaker.
+    BreakerOpen,
+    /// Rejected locally by a full bulkhead or an overloaded limiter.
+    BulkheadFull,
+    /// Rejected locally because a kill switch turned the dependency off.
+    KillSwitched,
+    /// The request's deadline has passed (or left no budget for an attempt).
+    DeadlineExceeded,
+    /// Anything else: not retried, counted as a dependency failure.
+    Other,
+}
+
+impl ErrorKind {
+    /// Whether an error of this kind may be retried (given an idempotent operation):
+    /// connect and reset errors, attempt timeouts, HTTP 408, 429, 502, 503, 504, gRPC
+    /// UNAVAILABLE, and RESOURCE_EXHAUSTED with server pushback. Never the local
+    /// rejections (`BreakerOpen`, `BulkheadFull`, `KillSwitched`), `DeadlineExceeded`, other
+    /// 4xx, or anything unknown.
+    pub const fn is_retryable(&self) -> bool {
+        match self {
+            ErrorKind::Connect | ErrorKind::Reset | ErrorKind::AttemptTimeout => true,
+            ErrorKind::HttpStatus(s) => matches!(*s, 408 | 429 | 502 | 503 | 504),
+            ErrorKind::Grpc { code, pushback } => {
+                matches!(code, tonic::Code::Unavailable)
+                    || (*pushback && matches!(code, tonic::Code::ResourceExhausted))
+            }
+            ErrorKind::BreakerOpen
+            | ErrorKind::BulkheadFull
+            | ErrorKind::KillSwitched
+            | ErrorKind::DeadlineExceeded
+            | ErrorKind::Other => false,
+        }
+    }
+
+    /// Whether the request certainly never reached the peer (a retry cannot duplicate
+    /// work): only [`ErrorKind::Connect`].
+    pub const fn never_reached_peer(&self) -> bool {
+        matches!(self, ErrorKind::Connect)
+    }
+
+    /// Whether a circuit breaker should count this as a failure of the dependency (the
+    /// default of agent-semantics §3): transport errors, attempt timeouts, 5xx, 408, 429,
+    /// gRPC UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED and
+    /// DATA_LOSS, and unknown errors. Client errors (other 4xx, gRPC client-side codes) and
+    /// local rejections are not the dependency's fault.
+    pub const fn is_dependency_failure(&self) -> bool {
+        match self {
+            ErrorKind::Connect | ErrorKind::Reset | ErrorKind::AttemptTimeout | ErrorKind::Other => true,
+            ErrorKind::HttpStatus(s) => *s >= 500 || *s == 408 || *s == 429,
+            ErrorKind::Grpc { code, .. } => matches!(
+                code,
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Internal
+                    | tonic::Code::Unknown
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::DataLoss
+            ),
+            ErrorKind::BreakerOpen
+            | ErrorKind::BulkheadFull
+            | ErrorKind::KillSwitched
+            | ErrorKind::DeadlineExceeded => false,
+        }
+    }
+}
+
+/// Classifies an error for the retry loop.
+pub trait Classify {
+    /// The kind of failure.
+    fn error_kind(&self) -> ErrorKind;
+
+    /// A server-requested delay before the next attempt (`Retry-After`, gRPC pushback).
+    fn retry_after(&self) -> Option<Duration> {
+        None
+    }
+}
+
+impl Classify for ErrorKind {
+    fn error_kind(&self) -> ErrorKind {
+        *self
+    }
+}
+
+impl Classify for Box<dyn StdError + Send + Sync> {
+    fn error_kind(&self) -> ErrorKind {
+        classify_error(self.as_ref())
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        let mut cur: Option<&(dyn StdError + 'static)> = Some(self.as_ref());
+        while let Some(e) = cur {
+            if let Some(status) = e.downcast_ref::<tonic::Status>() {
+                return grpc_pushback(status).filter(|d| *d <= super::MAX_RETRY_AFTER);
+            }
+            cur = e.source();
+        }
+        None
+    }
+}
+
+fn grpc_pushback(status: &tonic::Status) -> Option<Duration> {
+    let v = status.metadata().get("grpc-retry-pushback-ms")?.to_str().ok()?;
+    v.parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// Classifies any error by walking its `source()` chain: Levee's own rejections
+/// ([`BreakerOpen`], [`BulkheadFull`], [`DeadlineExceeded`]), tokio's timeout `Elapsed`
+/// (attempt timeout), `std::io::Error` kinds, and `tonic::Status`. Unknown errors are
+/// [`ErrorKind::Other`].
+pub fn classify_error(err: &(dyn StdError + 'static)) -> ErrorKind {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<BreakerOpen>() {
+            return ErrorKind::BreakerOpen;
+        }
+        if e.is::<BulkheadFull>() {
+            return ErrorKind::BulkheadFull;
+        }
+        if e.is::<DeadlineExceeded>() {
+            return ErrorKind::DeadlineExceeded;
+        }
+        if e.is::<tokio::time::error::Elapsed>() {
+            return ErrorKind::AttemptTimeout;
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            use io::ErrorKind as K;
+            match io.kind() {
+                K::ConnectionRefused
+                | K::NotFound
+                | K::AddrNotAvailable
+                | K::HostUnreachable
+                | K::NetworkUnreachable => {
+                    return ErrorKind::Connect;
+                }
+                K::ConnectionReset
+                | K::ConnectionAborted
+                | K::BrokenPipe
+                | K::UnexpectedEof
+                | K::NotConnected => {
+                    return ErrorKind::Reset;
+                }
+                K::TimedOut => return ErrorKind::AttemptTimeout,
+                _ => {}
+            }
+            // A custom io::Error hides its payload from `source()`; look inside.
+            if let Some(inner) = io.get_ref() {
+                let kind = classify_error(inner);
+                if kind != ErrorKind::Other {
+                    return kind;
+                }
+            }
+        }
+        if let Some(status) = e.downcast_ref::<tonic::Status>() {
+            let pushback = grpc_pushback(status).is_some();
+            return ErrorKind::Grpc { code: status.code(), pushback };
+        }
+        cur = e.source();
+    }
+    ErrorKind::Other
+}
