@@ -281,12 +281,14 @@ impl Agent {
         *self.inner.shared.live_tx.borrow()
     }
 
-    /// Whether the service may report ready as far as its configuration goes: always
-    /// `true`, unless built with [`refuse_until_fresh`](AgentBuilder::refuse_until_fresh),
-    /// then only once [`is_fresh`](Self::is_fresh). Never depends on the current
-    /// connection state (a control-plane outage must not take services out of rotation).
+    /// Whether the service should report ready: every **critical** dependency it has
+    /// called is switched on and its circuit breaker is not open, and — only when built
+    /// with [`refuse_until_fresh`](AgentBuilder::refuse_until_fresh) — a configuration was
+    /// confirmed live ([`is_fresh`](Self::is_fresh)). Never depends on non-critical
+    /// dependencies nor on the control-plane connection (an outage of either must not take
+    /// services out of rotation).
     pub fn readiness(&self) -> bool {
-        !self.inner.refuse_until_fresh || self.is_fresh()
+        (!self.inner.refuse_until_fresh || self.is_fresh()) && self.inner.shared.deps.critical_ready()
     }
 
     /// Waits at most `timeout` for a configuration confirmed live by the server (a snapshot
@@ -338,6 +340,13 @@ impl Agent {
     /// Declares a JSON flag with its compiled-in default; see [`FlagJson`].
     pub fn flag_json(&self, key: &str, default: serde_json::Value) -> FlagJson {
         self.declare(|s, ctx| s.flags.declare_json(key, default, ctx))
+    }
+
+    /// A tower layer for the service's inbound side (axum, hyper, tonic): gives each
+    /// request its deadline, criticality and retry marker from its headers and this
+    /// agent's policy (see [`crate::inbound`]).
+    pub fn inbound_layer(&self) -> crate::InboundContextLayer {
+        crate::InboundContextLayer::new(self.clone())
     }
 
     /// The handle of an outgoing dependency; handles of the same name share state.

@@ -39,6 +39,7 @@ pub mod enforce;
 pub mod fallback;
 pub mod fault;
 pub mod flags;
+pub mod inbound;
 pub mod metrics_names;
 pub mod outlier;
 pub mod policy;
@@ -49,10 +50,11 @@ pub mod telemetry;
 
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
 pub use enforce::{
-    AttemptTimeout, CallError, Degraded, Dependency, DependencyLayer, DependencyService, KillSwitched,
-    NotReplayable,
+    AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,
+    HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayRequest,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
+pub use inbound::{InboundContext, InboundContextLayer};
 pub use state::{AgentStatus, Applied, LastNack, Source, StatusContributor};
 pub use sync::SyncSettings;
 

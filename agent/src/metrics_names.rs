@@ -25,7 +25,14 @@ pub const LABEL_LEVEL: &str = "level";
 pub const LABEL_FEATURE: &str = "feature";
 /// Label key: kind of injected fault (`delay`, `abort`, `connection_error`).
 pub const LABEL_FAULT: &str = "fault";
+/// Label: how a call ended (`ok`, `failed`, `timeout`, `kill_switched`, `breaker_open`,
+/// `bulkhead_full`, `deadline_exceeded`, `injected`).
+pub const LABEL_OUTCOME: &str = "outcome";
 
+/// Counter: calls through the enforcement stack, labelled `dependency`, `operation` and
+/// `outcome`. A call answered by a fallback counts here by why the primary failed; the
+/// fallback's level is counted in [`FEATURE_RESULTS`] (degraded is not success).
+pub const CALLS: &str = "levee_calls_total";
 /// Gauge: breaker state, 0 CLOSED, 1 OPEN, 2 HALF_OPEN, 3 FORCED_OPEN, 4 FORCED_CLOSED,
 /// 5 DISABLED.
 pub const BREAKER_STATE: &str = "levee_breaker_state";

@@ -352,6 +352,7 @@ impl Shared {
             source: current.source.as_str().to_string(),
             ..StatusReport::default()
         };
+        self.deps.contribute(&mut report);
         for c in self.contributors.load().iter() {
             c.contribute(&mut report);
         }

@@ -1,60 +1,205 @@
-//! Tower middleware that enforces a dependency's policy around a service.
+//! Tower middleware that enforces a dependency's policy around a client service (hyper,
+//! tonic, a tower-wrapped reqwest, …): the same stages in the same order as
+//! [`Dependency::call`](super::Dependency::call).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
-use tower::{Layer, Service};
+use http::{HeaderMap, HeaderValue};
+use tower::{Layer, Service, ServiceExt};
 
-use super::{Dependency, NotReplayable, run};
+use super::{Dependency, Judgement, NotReplayable, run};
 use crate::BoxError;
+use crate::deadline::{self, CRITICALITY_HEADER, DEADLINE_MS_HEADER, GRPC_TIMEOUT_HEADER};
+use crate::retry::{ErrorKind, Idempotency, RETRIED_HEADER, classify_error, parse_retry_after};
 
-/// Applies [`DependencyService`] to a service: the tower form of
-/// [`Dependency::call`](super::Dependency::call), same stages, same order.
+/// A request that can be sent again for a retry.
+pub trait ReplayRequest: Sized {
+    /// A copy for another attempt, or `None` when this request cannot be replayed (then
+    /// the call gets exactly one attempt).
+    fn replay(&self) -> Option<Self>;
+}
+
+impl<B: Clone> ReplayRequest for http::Request<B> {
+    fn replay(&self) -> Option<Self> {
+        let mut r = http::Request::new(self.body().clone());
+        *r.method_mut() = self.method().clone();
+        *r.uri_mut() = self.uri().clone();
+        *r.version_mut() = self.version();
+        *r.headers_mut() = self.headers().clone();
+        Some(r)
+    }
+}
+
+macro_rules! replay_by_clone {
+    ($($t:ty),* $(,)?) => {
+        $(impl ReplayRequest for $t {
+            fn replay(&self) -> Option<Self> {
+                Some(self.clone())
+            }
+        })*
+    };
+}
+
+replay_by_clone!((), bool, u8, u16, u32, u64, i32, i64, usize, String, Vec<u8>, bytes::Bytes);
+
+/// Decides, per request and per result, what the enforcement stack makes of them.
+pub trait Judge<Req, Res>: Clone + Send + Sync + 'static {
+    /// Whether the request may be repeated; `None` = decide by the operation name and
+    /// policy.
+    fn idempotent(&self, _req: &Req) -> Option<bool> {
+        None
+    }
+
+    /// Called on each outgoing attempt (after any replay) to add propagation headers.
+    fn prepare(&self, _req: &mut Req, _will_retry: bool) {}
+
+    /// `None` = success; `Some((kind, retry_after))` = a failure of that kind.
+    fn judge(&self, result: &Result<Res, BoxError>) -> Judgement;
+}
+
+/// The default judge: `Ok` is success; errors are classified by walking their source
+/// chain ([`classify_error`]: Levee's own rejections, timeouts, I/O errors, gRPC status).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ErrorJudge;
+
+impl<Req, Res> Judge<Req, Res> for ErrorJudge {
+    fn judge(&self, result: &Result<Res, BoxError>) -> Judgement {
+        match result {
+            Ok(_) => None,
+            Err(e) => Some((classify_error(e.as_ref()), None)),
+        }
+    }
+}
+
+/// Judge for HTTP clients (`http::Request` → `http::Response`): idempotency from the
+/// method and an `Idempotency-Key` header; a response with status 408, 429 or 5xx is a
+/// failure (its `Retry-After` honoured); errors are classified by their source chain. Each
+/// attempt carries the remaining deadline (`levee-deadline-ms`), the criticality
+/// (`levee-criticality`) and, when the stack will retry it, the `levee-retried` marker so
+/// the service called does not retry again (retry on one layer).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpJudge;
+
+/// Adds the propagation headers to an outgoing request's headers: the remaining deadline
+/// as `levee-deadline-ms` (and `grpc-timeout`), the criticality, and the retry marker when
+/// `will_retry`.
+pub fn propagate(headers: &mut HeaderMap, will_retry: bool) {
+    if let Some(ctx) = deadline::current() {
+        if let Ok(v) = HeaderValue::from_str(&ctx.deadline.to_header_ms()) {
+            headers.insert(DEADLINE_MS_HEADER, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&ctx.deadline.to_grpc_timeout()) {
+            headers.insert(GRPC_TIMEOUT_HEADER, v);
+        }
+        headers.insert(
+            CRITICALITY_HEADER,
+            HeaderValue::from_static(deadline::format_criticality(ctx.criticality)),
+        );
+    }
+    if will_retry {
+        headers.insert(RETRIED_HEADER, HeaderValue::from_static("1"));
+    }
+}
+
+impl<B, RB> Judge<http::Request<B>, http::Response<RB>> for HttpJudge
+where
+    B: 'static,
+    RB: 'static,
+{
+    fn idempotent(&self, req: &http::Request<B>) -> Option<bool> {
+        Some(Idempotency::for_request(req.method(), req.headers(), None).is_idempotent())
+    }
+
+    fn prepare(&self, req: &mut http::Request<B>, will_retry: bool) {
+        propagate(req.headers_mut(), will_retry);
+    }
+
+    fn judge(&self, result: &Result<http::Response<RB>, BoxError>) -> Judgement {
+        match result {
+            Ok(res) => {
+                let s = res.status().as_u16();
+                if s >= 500 || s == 408 || s == 429 {
+                    let ra = res
+                        .headers()
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
+                    Some((ErrorKind::HttpStatus(s), ra))
+                } else {
+                    None
+                }
+            }
+            Err(e) => Some((classify_error(e.as_ref()), None)),
+        }
+    }
+}
+
+/// Applies [`DependencyService`] to a service.
 #[derive(Clone, Debug)]
-pub struct DependencyLayer {
+pub struct DependencyLayer<J = ErrorJudge> {
     dependency: Dependency,
     operation: Option<Arc<str>>,
+    judge: J,
 }
 
 impl DependencyLayer {
-    /// A layer for `dependency`, enforcing the dependency-level policy.
+    /// A layer for `dependency` with the default [`ErrorJudge`], enforcing the
+    /// dependency-level policy.
     pub fn new(dependency: Dependency) -> Self {
-        Self { dependency, operation: None }
+        Self { dependency, operation: None, judge: ErrorJudge }
     }
+}
 
+impl<J> DependencyLayer<J> {
     /// Enforces the per-operation overrides of `operation` (a route template or method
     /// name) instead of the dependency-level policy.
     pub fn operation(mut self, operation: impl Into<Arc<str>>) -> Self {
         self.operation = Some(operation.into());
         self
     }
-}
 
-impl<S> Layer<S> for DependencyLayer {
-    type Service = DependencyService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        DependencyService { inner, dependency: self.dependency.clone(), operation: self.operation.clone() }
+    /// Uses `judge` to classify requests and results (e.g. [`HttpJudge`]).
+    pub fn judge<J2>(self, judge: J2) -> DependencyLayer<J2> {
+        DependencyLayer { dependency: self.dependency, operation: self.operation, judge }
     }
 }
 
-/// Enforces a dependency's policy (kill switch, per-attempt timeout, and the stages to
-/// come) around every request to the inner service.
+impl<S, J: Clone> Layer<S> for DependencyLayer<J> {
+    type Service = DependencyService<S, J>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DependencyService {
+            inner,
+            dependency: self.dependency.clone(),
+            operation: self.operation.clone(),
+            judge: self.judge.clone(),
+        }
+    }
+}
+
+/// Enforces a dependency's policy (kill switch, deadline, bulkhead, retry, circuit
+/// breaker, per-attempt timeout, injected faults) around every request to the inner
+/// service.
 ///
-/// Errors are boxed: [`KillSwitched`](super::KillSwitched) and
-/// [`AttemptTimeout`](super::AttemptTimeout) are found with `downcast_ref`; the inner
-/// service's errors pass through unchanged.
+/// Errors are boxed, tower style: [`KillSwitched`](super::KillSwitched),
+/// [`BreakerOpen`](crate::breaker::BreakerOpen), [`BulkheadFull`](crate::bulkhead::BulkheadFull),
+/// [`DeadlineError`](super::DeadlineError), [`AttemptTimeout`](super::AttemptTimeout) and
+/// [`InjectedFault`](super::InjectedFault) are found with `downcast_ref`; the inner
+/// service's errors pass through unchanged. Retries need the request to implement
+/// [`ReplayRequest`].
 #[derive(Clone)]
-pub struct DependencyService<S> {
+pub struct DependencyService<S, J = ErrorJudge> {
     inner: S,
     dependency: Dependency,
     operation: Option<Arc<str>>,
+    judge: J,
 }
 
-impl<S: fmt::Debug> fmt::Debug for DependencyService<S> {
+impl<S: fmt::Debug, J> fmt::Debug for DependencyService<S, J> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DependencyService")
             .field("inner", &self.inner)
@@ -65,11 +210,13 @@ impl<S: fmt::Debug> fmt::Debug for DependencyService<S> {
 }
 
 impl<S> DependencyService<S> {
-    /// Wraps `inner` with the policy of `dependency`.
+    /// Wraps `inner` with the policy of `dependency` and the default judge.
     pub fn new(inner: S, dependency: Dependency) -> Self {
-        Self { inner, dependency, operation: None }
+        Self { inner, dependency, operation: None, judge: ErrorJudge }
     }
+}
 
+impl<S, J> DependencyService<S, J> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -89,40 +236,61 @@ impl<S> DependencyService<S> {
 /// The response future of [`DependencyService`].
 pub type ResponseFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
 
-impl<S, Req> Service<Req> for DependencyService<S>
+impl<S, J, Req> Service<Req> for DependencyService<S, J>
 where
-    S: Service<Req> + Clone + Send + 'static,
+    S: Service<Req> + Clone + Send + Sync + 'static,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
     S::Error: Into<BoxError>,
-    Req: Send + 'static,
+    J: Judge<Req, S::Response>,
+    Req: ReplayRequest + Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
     type Future = ResponseFuture<S::Response>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is awaited per attempt (on a clone), inside the enforcement stages, so
+        // a saturated inner service is bounded by the bulkhead and the attempt timeout.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let operation = self.operation.as_deref().unwrap_or(self.dependency.name());
-        let plan = self.dependency.plan(operation);
-        // Call the instance that was driven to readiness; leave a fresh clone in its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let mut req = Some(req);
+        let dependency = self.dependency.clone();
+        let operation = self.operation.clone();
+        let judge = self.judge.clone();
+        let inner = self.inner.clone();
         Box::pin(async move {
+            let view = dependency.view();
+            let op: &str = operation.as_deref().unwrap_or(dependency.name());
+            let idempotent = judge.idempotent(&req);
+            let will_retry = idempotent.unwrap_or_else(|| super::idempotent_by_name(op))
+                && view.scope(op).guards.retrier.policy().max_attempts() > 1
+                && !view.retries_paused;
+            let mut first = Some(req);
+            let mut original: Option<Req> = None;
             let attempt = || {
-                let fut = req.take().map(|r| inner.call(r));
-                async move {
-                    match fut {
-                        Some(f) => f.await.map_err(Into::into),
-                        None => Err(Box::new(NotReplayable::new()) as BoxError),
+                let next = match first.take() {
+                    Some(r) => {
+                        // Keep a pristine copy for later attempts before this one goes out.
+                        original = if will_retry { r.replay() } else { None };
+                        Some(r)
                     }
+                    None => original.as_ref().and_then(ReplayRequest::replay),
+                };
+                let mut svc = inner.clone();
+                let judge = judge.clone();
+                async move {
+                    let Some(mut req) = next else {
+                        return Err(Box::new(NotReplayable::new()) as BoxError);
+                    };
+                    judge.prepare(&mut req, will_retry);
+                    let svc = svc.ready().await.map_err(Into::into)?;
+                    svc.call(req).await.map_err(Into::into)
                 }
             };
-            run(plan, attempt).await.map_err(super::CallError::into_box)
+            let judge_fn = |r: &Result<S::Response, BoxError>| judge.judge(r);
+            run::run(&view, op, idempotent, attempt, judge_fn).await.map_err(super::CallError::into_box)
         })
     }
 }

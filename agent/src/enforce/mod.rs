@@ -10,11 +10,16 @@
 //! changes.
 
 mod error;
+mod guards;
 mod layer;
+mod run;
 
+#[cfg(test)]
+mod stack_tests;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -23,36 +28,64 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-pub use error::{AttemptTimeout, CallError, KillSwitched, NotReplayable};
-pub use layer::{DependencyLayer, DependencyService};
+pub use error::{AttemptTimeout, CallError, DeadlineError, InjectedFault, KillSwitched, NotReplayable};
+pub use layer::{DependencyLayer, DependencyService, ErrorJudge, HttpJudge, Judge, ReplayRequest, propagate};
+pub use run::idempotent_by_name;
 
+pub(crate) use guards::DepState;
+use guards::Guards;
+pub(crate) use run::Judgement;
+
+use crate::breaker::BreakerSnapshot;
 use crate::flags::{FlagRegistry, ResolveCtx};
-use crate::policy::{self, FallbackLevel, FlagType, ServiceConfig};
+use crate::policy::{
+    self, BreakerOverrideState, DependencyCriticality, FallbackLevel, FlagType, ServiceConfig, Timestamp,
+};
+use crate::retry::Classify;
 
-/// A dependency's policy as resolved for the hot path.
+/// Per-call settings of one (dependency, operation) scope and its guards.
+#[derive(Debug)]
+pub(crate) struct Scope {
+    pub(crate) attempt_timeout: Duration,
+    pub(crate) idempotent: Option<bool>,
+    pub(crate) guards: Arc<Guards>,
+}
+
+/// A dependency's policy as resolved for the hot path: rebuilt on every apply, while the
+/// guards it points to live on in [`DepState`].
 #[derive(Debug)]
 pub(crate) struct DepView {
+    pub(crate) name: Arc<str>,
     pub(crate) policy: Arc<policy::Dependency>,
     /// Whether the kill switch lets calls through.
     pub(crate) enabled: bool,
+    pub(crate) criticality: DependencyCriticality,
+    pub(crate) reserve: Duration,
+    pub(crate) non_critical_cap: Duration,
+    pub(crate) retries_paused: bool,
+    pub(crate) faults_active: bool,
+    pub(crate) state: Arc<DepState>,
+    default_scope: Scope,
+    ops: HashMap<Box<str>, Scope>,
+}
+
+/// Wall-clock expiry → monotonic instant (None when absent; now when already past).
+fn expiry_instant(at: Option<Timestamp>, now_wall: Timestamp, now: Instant) -> Option<Instant> {
+    at.map(|t| now + Duration::from_millis(t.unix_ms().saturating_sub(now_wall.unix_ms()).max(0) as u64))
 }
 
 impl DepView {
     fn resolve(
-        name: &str,
+        name: &Arc<str>,
+        state: &Arc<DepState>,
         ctx: &ResolveCtx<'_>,
         defaults: &ServiceConfig,
         flags: &FlagRegistry,
     ) -> (Self, Option<Instant>) {
-        let policy = ctx
-            .applied
-            .config
-            .policy
-            .dependencies
-            .get(name)
-            .or_else(|| defaults.policy.dependencies.get(name))
-            .cloned()
-            .unwrap_or_default();
+        let config = &ctx.applied.config;
+        let from_server = config.policy.dependencies.get(&**name);
+        let policy =
+            from_server.or_else(|| defaults.policy.dependencies.get(&**name)).cloned().unwrap_or_default();
         let (enabled, wake) = match &policy.enabled_flag {
             None => (true, None),
             Some(key) => match flags.bool_handle(key) {
@@ -69,17 +102,96 @@ impl DepView {
                 }
             },
         };
-        (Self { policy: Arc::new(policy), enabled }, wake)
+        // Service-wide settings come from whichever config supplied the dependency.
+        let service_policy = if from_server.is_some() { &config.policy } else { &defaults.policy };
+        let dep_guards = state.dependency_guards(&policy);
+        let mut ops = HashMap::new();
+        for (op, o) in &policy.operations {
+            let timeout = o.attempt_timeout.unwrap_or(policy.attempt_timeout);
+            let guards = if o.retry.is_some() || o.circuit_breaker.is_some() || o.bulkhead.is_some() {
+                state.operation_guards(
+                    op,
+                    o.retry.as_ref().unwrap_or(&policy.retry),
+                    o.circuit_breaker.as_ref().unwrap_or(&policy.circuit_breaker),
+                    o.bulkhead.as_ref().unwrap_or(&policy.bulkhead),
+                    timeout,
+                )
+            } else {
+                dep_guards.clone()
+            };
+            ops.insert(
+                op.as_str().into(),
+                Scope { attempt_timeout: timeout, idempotent: o.idempotent, guards },
+            );
+        }
+        // Operator overrides of breakers (with their expiry, enforced by the breaker itself).
+        let now_wall = Timestamp::now();
+        let mut overridden: Vec<*const Guards> = Vec::new();
+        for o in config.breaker_overrides.iter().filter(|o| *o.dependency == **name) {
+            let g = match &o.operation {
+                Some(op) => ops
+                    .get(op.as_str())
+                    .map(|s: &Scope| s.guards.clone())
+                    .unwrap_or_else(|| dep_guards.clone()),
+                None => dep_guards.clone(),
+            };
+            let until = expiry_instant(o.expires_at, now_wall, ctx.now);
+            if until.is_none_or(|u| u > ctx.now) {
+                g.breaker.set_override(Some(o.state), until);
+                overridden.push(Arc::as_ptr(&g));
+            }
+        }
+        let all_guards = std::iter::once(dep_guards.clone()).chain(ops.values().map(|s| s.guards.clone()));
+        for g in all_guards {
+            if !overridden.contains(&Arc::as_ptr(&g)) {
+                g.breaker.set_override(None::<BreakerOverrideState>, None);
+            }
+        }
+        let rules: Vec<_> = config
+            .faults
+            .iter()
+            .filter(|f| *f.dependency == **name && f.expires_at > now_wall)
+            .cloned()
+            .collect();
+        let faults_active = config.faults_allowed && !rules.is_empty();
+        state.faults.update(rules, config.faults_allowed);
+        let view = DepView {
+            name: name.clone(),
+            criticality: policy.criticality,
+            reserve: service_policy.reserve,
+            non_critical_cap: service_policy.non_critical_cap,
+            retries_paused: service_policy.inbound.retries_paused,
+            faults_active,
+            state: state.clone(),
+            default_scope: Scope {
+                attempt_timeout: policy.attempt_timeout,
+                idempotent: None,
+                guards: dep_guards,
+            },
+            ops,
+            policy: Arc::new(policy),
+            enabled,
+        };
+        (view, wake)
     }
 
-    /// The per-attempt timeout of `operation`: the operation's override, else the
-    /// dependency's.
-    fn attempt_timeout(&self, operation: &str) -> Duration {
-        self.policy
-            .operations
-            .get(operation)
-            .and_then(|o| o.attempt_timeout)
-            .unwrap_or(self.policy.attempt_timeout)
+    /// The scope of `operation`: its own when the policy names it, else the dependency's.
+    #[inline]
+    pub(crate) fn scope(&self, operation: &str) -> &Scope {
+        if self.ops.is_empty() {
+            return &self.default_scope;
+        }
+        self.ops.get(operation).unwrap_or(&self.default_scope)
+    }
+
+    /// The per-attempt timeout without a request deadline: the configured one, capped for
+    /// a non-critical dependency.
+    #[inline]
+    pub(crate) fn cap(&self, configured: Duration) -> Duration {
+        match self.criticality {
+            DependencyCriticality::NonCritical => configured.min(self.non_critical_cap),
+            DependencyCriticality::Critical => configured,
+        }
     }
 }
 
@@ -97,6 +209,13 @@ impl fmt::Debug for DepRegistry {
     }
 }
 
+/// Most dependencies one agent tracks; past it, further names share one `_overflow`
+/// dependency (its own guards, default policy), counted in `levee_calls_total` under that
+/// name — never a silent bypass of protection.
+pub const MAX_TRACKED_DEPENDENCIES: usize = 1024;
+/// The name under which dependencies past [`MAX_TRACKED_DEPENDENCIES`] are tracked.
+pub const OVERFLOW_DEPENDENCY: &str = "_overflow";
+
 impl DepRegistry {
     /// The slot of `name`, created (and resolved) on first use.
     pub(crate) fn handle(
@@ -109,8 +228,21 @@ impl DepRegistry {
         if let Some((n, slot)) = self.slots.load().iter().find(|(n, _)| &**n == name) {
             return Dependency { name: n.clone(), slot: slot.clone() };
         }
-        let (view, _) = DepView::resolve(name, ctx, defaults, flags);
+        let name = if self.slots.load().len() >= MAX_TRACKED_DEPENDENCIES {
+            tracing::warn!(
+                dependency = name,
+                "too many dependencies tracked; sharing the overflow dependency"
+            );
+            if let Some((n, slot)) = self.slots.load().iter().find(|(n, _)| &**n == OVERFLOW_DEPENDENCY) {
+                return Dependency { name: n.clone(), slot: slot.clone() };
+            }
+            OVERFLOW_DEPENDENCY
+        } else {
+            name
+        };
         let name: Arc<str> = name.into();
+        let state = Arc::new(DepState::new(name.clone()));
+        let (view, _) = DepView::resolve(&name, &state, ctx, defaults, flags);
         let slot = Arc::new(ArcSwap::from_pointee(view));
         let mut out = None;
         self.slots.rcu(|v| {
@@ -135,13 +267,67 @@ impl DepRegistry {
     ) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         for (name, slot) in self.slots.load().iter() {
-            let (view, wake) = DepView::resolve(name, ctx, defaults, flags);
+            let state = slot.load().state.clone();
+            let (view, wake) = DepView::resolve(name, &state, ctx, defaults, flags);
             slot.store(Arc::new(view));
             if let Some(w) = wake {
                 next = Some(next.map_or(w, |n| n.min(w)));
             }
         }
         next
+    }
+
+    /// Every tracked dependency (for status reports and readiness).
+    pub(crate) fn all(&self) -> Vec<Dependency> {
+        self.slots.load().iter().map(|(n, s)| Dependency { name: n.clone(), slot: s.clone() }).collect()
+    }
+
+    /// Adds every breaker and bulkhead (dependency-level and per operation) to a status
+    /// report, with the Little's-law bulkhead size suggestion.
+    pub(crate) fn contribute(&self, report: &mut crate::proto::StatusReport) {
+        for dep in self.all() {
+            let view = dep.view();
+            let mut scopes: Vec<(String, Arc<Guards>)> =
+                vec![(String::new(), view.default_scope.guards.clone())];
+            for (op, scope) in &view.ops {
+                if !Arc::ptr_eq(&scope.guards, &view.default_scope.guards) {
+                    scopes.push((op.to_string(), scope.guards.clone()));
+                }
+            }
+            for (op, g) in scopes {
+                let b = g.breaker.snapshot();
+                report.breakers.push(crate::proto::BreakerStatus {
+                    dependency: dep.name().to_string(),
+                    operation: op.clone(),
+                    state: b.state.as_str().to_string(),
+                    transitions: b.transitions.iter().map(|t| t.count).sum(),
+                    last_transition_reason: b.last_reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
+                    failure_rate: b.failure_rate,
+                    slow_call_rate: b.slow_call_rate,
+                });
+                let est = g.bulkhead.estimate();
+                report.bulkheads.push(crate::proto::BulkheadStatus {
+                    dependency: dep.name().to_string(),
+                    operation: op,
+                    max_concurrent: g.bulkhead.max_concurrent(),
+                    in_use: g.bulkhead.in_flight(),
+                    suggested_size: f64::from(est.suggested),
+                });
+            }
+        }
+    }
+
+    /// Whether every **critical** dependency can be called now: switched on and its
+    /// breaker not open. Non-critical dependencies never affect readiness.
+    pub(crate) fn critical_ready(&self) -> bool {
+        self.all().iter().all(|d| {
+            let view = d.view();
+            if view.criticality != DependencyCriticality::Critical {
+                return true;
+            }
+            let state = view.default_scope.guards.breaker.state();
+            view.enabled && !matches!(state, crate::breaker::State::Open | crate::breaker::State::ForcedOpen)
+        })
     }
 }
 
@@ -160,14 +346,6 @@ impl fmt::Debug for Dependency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dependency").field("name", &self.name).field("enabled", &self.is_enabled()).finish()
     }
-}
-
-/// What one call will enforce, read once from the current policy at the call's start.
-#[derive(Clone, Debug)]
-pub(crate) struct CallPlan {
-    pub(crate) dependency: Arc<str>,
-    pub(crate) enabled: bool,
-    pub(crate) attempt_timeout: Duration,
 }
 
 impl Dependency {
@@ -189,48 +367,110 @@ impl Dependency {
         self.slot.load().enabled
     }
 
-    /// The per-attempt timeout `operation` gets now: the operation's override, else the
-    /// dependency's `attempt_timeout`.
+    /// The configured per-attempt timeout of `operation`: the operation's override, else
+    /// the dependency's (before deadline, reserve and non-critical cap are applied).
     pub fn attempt_timeout(&self, operation: &str) -> Duration {
-        self.slot.load().attempt_timeout(operation)
+        self.slot.load().scope(operation).attempt_timeout
     }
 
-    pub(crate) fn plan(&self, operation: &str) -> CallPlan {
+    /// A point-in-time view of the circuit breaker of `operation`'s scope (the
+    /// dependency's unless the operation has its own breaker).
+    pub fn breaker(&self, operation: &str) -> BreakerSnapshot {
+        self.slot.load().scope(operation).guards.breaker.snapshot()
+    }
+
+    /// Calls in flight in the bulkhead of `operation`'s scope, and its current size.
+    pub fn bulkhead_usage(&self, operation: &str) -> (u32, u32) {
         let view = self.slot.load();
-        CallPlan {
-            dependency: self.name.clone(),
-            enabled: view.enabled,
-            attempt_timeout: view.attempt_timeout(operation),
-        }
+        let b = &view.scope(operation).guards.bulkhead;
+        (b.in_flight(), b.max_concurrent())
     }
 
-    /// Calls the dependency under its policy.
+    /// Little's-law size suggestion of the bulkhead of `operation`'s scope.
+    pub fn bulkhead_estimate(&self, operation: &str) -> crate::bulkhead::LittleEstimate {
+        self.slot.load().scope(operation).guards.bulkhead.estimate()
+    }
+
+    /// Tokens left in the retry budget of `operation`'s scope.
+    pub fn retry_budget_tokens(&self, operation: &str) -> f64 {
+        self.slot.load().scope(operation).guards.retrier.budget().tokens()
+    }
+
+    /// Whether a call of `operation` would be retried on failure now (idempotent by name
+    /// or policy, more than one attempt configured, retries not paused). Services using
+    /// [`call`](Self::call) with their own HTTP client pass this to
+    /// [`propagate`](crate::enforce::propagate) so the service called does not retry again.
+    pub fn will_retry(&self, operation: &str) -> bool {
+        let view = self.slot.load();
+        let scope = view.scope(operation);
+        scope.idempotent.unwrap_or_else(|| idempotent_by_name(operation))
+            && scope.guards.retrier.policy().max_attempts() > 1
+            && !view.retries_paused
+    }
+
+    pub(crate) fn view(&self) -> Arc<DepView> {
+        self.slot.load_full()
+    }
+
+    /// Calls the dependency under its whole policy, in the order fixed by the enforcement
+    /// function (see the crate docs, `# Order`): kill switch → deadline → bulkhead → retry
+    /// → circuit breaker → per-attempt timeout → `attempt()`.
     ///
-    /// Inputs: `operation` (a route template or method name; selects per-operation
-    /// overrides; use the dependency name when there is only one), and `attempt`, which
-    /// makes the future of one attempt (it may be called again by later retry stages).
+    /// Inputs: `operation` (a route template or method name such as
+    /// `"GET /recommendations/{user}"`; selects per-operation overrides and decides
+    /// idempotency by its HTTP method unless the policy says otherwise), and `attempt`,
+    /// which makes the future of one attempt and is called again for each retry. Errors are
+    /// classified by their [`Classify`] implementation (retryable? a dependency failure?).
+    /// The deadline comes from the task's request context
+    /// ([`deadline::with_deadline`](crate::deadline::with_deadline)).
     ///
     /// # Errors
-    /// * [`CallError::KillSwitched`] — the kill switch is off; `attempt` was not called
-    ///   and no future was polled.
-    /// * [`CallError::Timeout`] — the attempt ran past the per-attempt timeout; its future
-    ///   was dropped.
-    /// * [`CallError::Inner`] — the dependency's own error.
+    /// * [`CallError::KillSwitched`] — the kill switch is off; `attempt` was not called.
+    /// * [`CallError::DeadlineExceeded`] — no time left (before the call, while waiting for
+    ///   the bulkhead, or for the next retry), chained to the last error.
+    /// * [`CallError::BulkheadFull`] — no slot within `max_wait`.
+    /// * [`CallError::BreakerOpen`] — the breaker rejects calls; no attempt was made.
+    /// * [`CallError::Timeout`] — the last attempt ran past its per-attempt timeout.
+    /// * [`CallError::Injected`] — a fault-injection rule failed the last attempt.
+    /// * [`CallError::Inner`] — the dependency's own error, after any retries.
     pub async fn call<T, E, F, Fut>(&self, operation: &str, attempt: F) -> Result<T, CallError<E>>
     where
+        E: Classify,
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        run(self.plan(operation), attempt).await
+        let view = self.slot.load_full();
+        run::run(&view, operation, None, attempt, run::judge_classify).await
     }
 
-    /// Calls the dependency and, when that fails for any reason (including the kill
-    /// switch), answers from `fallback` instead.
+    /// As [`call`](Self::call), with the caller judging each attempt's result (for
+    /// answers that are failures although they are `Ok`, such as an HTTP 503 response) and
+    /// stating idempotency when the operation name cannot (`None` = by name and policy).
+    /// When retries end on such an answer, it is returned as `Ok`.
+    pub async fn call_judged<T, E, F, Fut, J>(
+        &self,
+        operation: &str,
+        idempotent: Option<bool>,
+        attempt: F,
+        judge: J,
+    ) -> Result<T, CallError<E>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        J: Fn(&Result<T, E>) -> Option<(crate::retry::ErrorKind, Option<Duration>)>,
+    {
+        let view = self.slot.load_full();
+        run::run(&view, operation, idempotent, attempt, judge).await
+    }
+
+    /// Calls the dependency and, when that fails for any reason (kill switch, open
+    /// breaker, full bulkhead, deadline, timeout, error), answers from `fallback` instead.
     ///
     /// Returns the value and where it came from: [`Degraded::level`] is
     /// [`FallbackLevel::Fresh`] for the dependency's answer and the dependency's configured
     /// `fallback` level otherwise, with the cause in [`Degraded::cause`]. The fallback gets
-    /// the error by reference and is not subject to the primary's policy.
+    /// the error by reference, runs outside the primary's bulkhead, retries and breaker,
+    /// and should be cheap (a cached or static value).
     pub async fn call_or_fallback<T, E, F, Fut, G, GFut>(
         &self,
         operation: &str,
@@ -238,13 +478,15 @@ impl Dependency {
         fallback: G,
     ) -> Degraded<T, E>
     where
+        E: Classify,
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         G: FnOnce(&CallError<E>) -> GFut,
         GFut: Future<Output = T>,
     {
-        let level = self.slot.load().policy.fallback;
-        match self.call(operation, attempt).await {
+        let view = self.slot.load_full();
+        let level = view.policy.fallback;
+        match run::run(&view, operation, None, attempt, run::judge_classify).await {
             Ok(value) => Degraded { value, level: FallbackLevel::Fresh, cause: None },
             Err(e) => {
                 let value = fallback(&e).await;
@@ -276,43 +518,5 @@ impl<T, E> Degraded<T, E> {
     /// Whether the value came from the fallback.
     pub fn is_degraded(&self) -> bool {
         self.cause.is_some()
-    }
-}
-
-/// Runs one call through every enforcement stage, in order. This is the only place that
-/// decides the order; [`Dependency::call`], [`Dependency::call_or_fallback`] and
-/// [`DependencyService`] all come through here.
-///
-/// # Order
-/// Outside → in, each stage wrapping the next:
-///
-/// 1. **kill switch** — an off switch rejects with [`KillSwitched`] before anything else:
-///    no permit taken, no attempt made, nothing recorded;
-/// 2. **bulkhead** — (next milestone) a permit per (dependency, operation), held for the
-///    whole call including retries;
-/// 3. **retry** — (next milestone) re-runs the stages below with backoff and budget;
-/// 4. **circuit breaker** — (next milestone) inside the retry so it sees every attempt and
-///    an open breaker ends the retry loop at once (`BreakerOpen` is not retryable);
-/// 5. **per-attempt timeout** — bounds each attempt ([`AttemptTimeout`]);
-/// 6. **the call** — `attempt()`.
-///
-/// The breaker sits inside the retry (not outside, as the article's drawing has it) for
-/// the article's own reasons: it must count each failed attempt, and no retry may run
-/// while it is open.
-pub(crate) async fn run<T, E, F, Fut>(plan: CallPlan, mut attempt: F) -> Result<T, CallError<E>>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-{
-    // 1. kill switch
-    if !plan.enabled {
-        return Err(CallError::KillSwitched(KillSwitched::new(plan.dependency)));
-    }
-    // 2.–4. bulkhead, retry, breaker: slot in here, in this order.
-    // 5. per-attempt timeout around 6. the call.
-    match tokio::time::timeout(plan.attempt_timeout, attempt()).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(CallError::Inner(e)),
-        Err(_) => Err(CallError::Timeout(AttemptTimeout::new(plan.dependency, plan.attempt_timeout))),
     }
 }

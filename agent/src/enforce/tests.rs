@@ -11,8 +11,8 @@ use crate::state::Shared;
 
 const POLICY: &str = r#"{
   "policy": {"dependencies": {
-    "recommendations": {"criticality": "non_critical", "enabled_flag": "recommendations.enabled",
-                        "attempt_timeout": "300ms", "fallback": "generic",
+    "recommendations": {"criticality": "critical", "enabled_flag": "recommendations.enabled",
+                        "attempt_timeout": "300ms", "fallback": "generic", "retry": {"max_attempts": 1},
                         "operations": {"GET /fast": {"attempt_timeout": "100ms"}}}
   }},
   "flags": {"recommendations.enabled": {"type": "bool", "value": true}}

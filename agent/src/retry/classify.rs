@@ -175,6 +175,44 @@ impl Classify for Box<dyn StdError + Send + Sync> {
     }
 }
 
+impl Classify for io::Error {
+    fn error_kind(&self) -> ErrorKind {
+        classify_error(self)
+    }
+}
+
+impl Classify for tonic::Status {
+    fn error_kind(&self) -> ErrorKind {
+        ErrorKind::Grpc { code: self.code(), pushback: grpc_pushback(self).is_some() }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        grpc_pushback(self).filter(|d| *d <= super::MAX_RETRY_AFTER)
+    }
+}
+
+impl<E: Classify> Classify for crate::enforce::CallError<E> {
+    fn error_kind(&self) -> ErrorKind {
+        use crate::enforce::CallError as C;
+        match self {
+            C::KillSwitched(_) => ErrorKind::KillSwitched,
+            C::BulkheadFull(_) => ErrorKind::BulkheadFull,
+            C::BreakerOpen(_) => ErrorKind::BreakerOpen,
+            C::DeadlineExceeded(..) => ErrorKind::DeadlineExceeded,
+            C::Timeout(_) => ErrorKind::AttemptTimeout,
+            C::Injected(f) => f.kind(),
+            C::Inner(e) => e.error_kind(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            crate::enforce::CallError::Inner(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+}
+
 fn grpc_pushback(status: &tonic::Status) -> Option<Duration> {
     let v = status.metadata().get("grpc-retry-pushback-ms")?.to_str().ok()?;
     v.parse::<u64>().ok().map(Duration::from_millis)
@@ -196,8 +234,17 @@ pub fn classify_error(err: &(dyn StdError + 'static)) -> ErrorKind {
         if e.is::<DeadlineExceeded>() {
             return ErrorKind::DeadlineExceeded;
         }
-        if e.is::<tokio::time::error::Elapsed>() {
+        if e.is::<tokio::time::error::Elapsed>() || e.is::<crate::enforce::AttemptTimeout>() {
             return ErrorKind::AttemptTimeout;
+        }
+        if e.is::<crate::enforce::KillSwitched>() {
+            return ErrorKind::KillSwitched;
+        }
+        if e.is::<crate::enforce::DeadlineError>() {
+            return ErrorKind::DeadlineExceeded;
+        }
+        if let Some(f) = e.downcast_ref::<crate::enforce::InjectedFault>() {
+            return f.kind();
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
             use io::ErrorKind as K;

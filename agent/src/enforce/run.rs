@@ -1,0 +1,261 @@
+//! The one function that fixes the order of enforcement.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::guards::CallOutcome;
+use super::{AttemptTimeout, CallError, DeadlineError, DepView, InjectedFault, KillSwitched};
+use crate::breaker::{BreakerOpen, Outcome};
+use crate::bulkhead::BulkheadError;
+use crate::deadline;
+use crate::fault::FaultDecision;
+use crate::retry::{CallInfo, Classify, ErrorKind, RetryError};
+
+/// How an attempt that did not fail locally turned out, as the caller's judge sees it:
+/// `None` = success; `Some((kind, retry_after))` = a failure of that kind, with a
+/// server-requested delay before the next attempt if any.
+pub(crate) type Judgement = Option<(ErrorKind, Option<Duration>)>;
+
+/// Why one attempt did not succeed.
+pub(crate) enum AttemptFailure<T, E> {
+    /// The dependency answered, but the answer is a failure (e.g. an HTTP 503 response).
+    Value(T, ErrorKind, Option<Duration>),
+    /// The dependency's error.
+    Inner(E, ErrorKind, Option<Duration>),
+    BreakerOpen(BreakerOpen),
+    Timeout(AttemptTimeout),
+    /// No time left for an attempt (remaining ≤ reserve).
+    NoBudget,
+    Injected(InjectedFault),
+}
+
+impl<T, E> Classify for AttemptFailure<T, E> {
+    fn error_kind(&self) -> ErrorKind {
+        match self {
+            AttemptFailure::Value(_, k, _) | AttemptFailure::Inner(_, k, _) => *k,
+            AttemptFailure::BreakerOpen(_) => ErrorKind::BreakerOpen,
+            AttemptFailure::Timeout(_) => ErrorKind::AttemptTimeout,
+            AttemptFailure::NoBudget => ErrorKind::DeadlineExceeded,
+            AttemptFailure::Injected(f) => f.kind(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AttemptFailure::Value(_, _, r) | AttemptFailure::Inner(_, _, r) => *r,
+            _ => None,
+        }
+    }
+}
+
+fn outcome_of(kind: ErrorKind) -> Outcome {
+    if kind.is_dependency_failure() { Outcome::Failure } else { Outcome::Success }
+}
+
+/// Whether an operation is idempotent by its name when nothing says otherwise: route
+/// templates starting with `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE` or `TRACE` are;
+/// everything else (POST, PATCH, gRPC methods, bare names) is not.
+pub fn idempotent_by_name(operation: &str) -> bool {
+    let method = operation.split(' ').next().unwrap_or("");
+    matches!(method, "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE")
+}
+
+/// Runs one call through every enforcement stage, in order. This is the only place that
+/// decides the order; [`Dependency::call`](super::Dependency::call),
+/// [`Dependency::call_or_fallback`](super::Dependency::call_or_fallback) and
+/// [`DependencyService`](super::DependencyService) all come through here.
+///
+/// # Order
+/// Outside → in, each stage wrapping the next (inbound admission runs before, in the
+/// service's own inbound layer):
+///
+/// 1. **kill switch** — an off switch rejects with [`KillSwitched`] before anything else:
+///    no permit taken, no attempt made, nothing recorded;
+/// 2. **deadline** — an already expired request deadline fails at once with
+///    `DeadlineExceeded`, without a round trip;
+/// 3. **bulkhead** — a permit per (dependency, operation), waited for at most `max_wait`
+///    and never past the deadline, re-checked against the deadline once granted, held for
+///    the whole call including retries, released on drop;
+/// 4. **retry** — re-runs the stages below: only idempotent operations, only retryable
+///    errors, never when the inbound request was already retried upstream (retry on one
+///    layer), full-jitter backoff that must fit the remaining deadline, `Retry-After`
+///    honoured when it fits, and a retry budget that must have a token;
+/// 5. **circuit breaker** — inside the retry, so it records **every** attempt, and an open
+///    breaker rejects the attempt with `BreakerOpen`, which is not retryable and not
+///    charged to the budget: the retry loop ends at once (CB-5). A half-open probe is one
+///    attempt;
+/// 6. **per-attempt timeout** — min(attempt timeout, remaining − reserve, and the
+///    non-critical cap for a non-critical dependency); injected faults (game days) act
+///    inside it, so breakers and retries see them as the real failure;
+/// 7. **the call** — `attempt()`.
+///
+/// The source article draws the breaker outside the retry, but its own reasons — the
+/// breaker must see each failed attempt, and no retry may run while it is open — need it
+/// inside; with it outside, one breaker outcome stands for a whole retried sequence and a
+/// half-open probe becomes several attempts.
+pub(crate) async fn run<T, E, F, Fut, J>(
+    view: &DepView,
+    operation: &str,
+    idempotent_hint: Option<bool>,
+    mut attempt: F,
+    judge: J,
+) -> Result<T, CallError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    J: Fn(&Result<T, E>) -> Judgement,
+{
+    let scope = view.scope(operation);
+    let guards = &*scope.guards;
+    // 1. kill switch
+    if !view.enabled {
+        guards.count(CallOutcome::KillSwitched);
+        return Err(CallError::KillSwitched(KillSwitched::new(view.name.clone())));
+    }
+    // 2. deadline
+    let ctx = deadline::current();
+    let deadline = ctx.map(|c| c.deadline);
+    if deadline.is_some_and(|d| d.is_expired()) {
+        guards.count(CallOutcome::DeadlineExceeded);
+        return Err(CallError::DeadlineExceeded(
+            DeadlineError::new("the request's deadline had passed before the call", None),
+            None,
+        ));
+    }
+    // 3. bulkhead
+    let _permit = match guards.bulkhead.acquire(deadline).await {
+        Ok(p) => p,
+        Err(BulkheadError::Full(e)) => {
+            guards.count(CallOutcome::BulkheadFull);
+            return Err(CallError::BulkheadFull(e));
+        }
+        Err(BulkheadError::DeadlineExceeded(_)) => {
+            guards.count(CallOutcome::DeadlineExceeded);
+            return Err(CallError::DeadlineExceeded(
+                DeadlineError::new("the deadline passed while waiting for a bulkhead slot", None),
+                None,
+            ));
+        }
+    };
+    // 4. retry
+    let idempotent = scope.idempotent.or(idempotent_hint).unwrap_or_else(|| idempotent_by_name(operation));
+    let info = CallInfo {
+        idempotent: idempotent && !view.retries_paused,
+        deadline,
+        reserve: view.reserve,
+        inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
+    };
+    let judge = &judge;
+    let result = guards
+        .retrier
+        .run(info, |_n| {
+            // 5. circuit breaker
+            let permit = guards.breaker.try_acquire();
+            // 6. per-attempt timeout (and faults inside it)
+            let budget = match deadline {
+                Some(d) => d.attempt_budget(
+                    scope.attempt_timeout,
+                    view.reserve,
+                    view.criticality,
+                    view.non_critical_cap,
+                ),
+                None => Ok(view.cap(scope.attempt_timeout)),
+            };
+            let fault = if view.faults_active && permit.is_ok() {
+                view.state.faults.decide(&view.name, operation)
+            } else {
+                FaultDecision::None
+            };
+            // 7. the call: only created when it will be awaited.
+            let fut = match (&permit, &budget, fault.error_kind()) {
+                (Ok(_), Ok(_), None) => Some(attempt()),
+                _ => None,
+            };
+            async move {
+                let permit = permit.map_err(AttemptFailure::BreakerOpen)?;
+                let Ok(budget) = budget else {
+                    // Dropping the permit unrecorded: the attempt never happened.
+                    return Err(AttemptFailure::NoBudget);
+                };
+                if let Some(kind) = fault.error_kind() {
+                    permit.record(outcome_of(kind), Duration::ZERO);
+                    return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
+                }
+                let Some(fut) = fut else { return Err(AttemptFailure::NoBudget) };
+                let start = Instant::now();
+                let out = tokio::time::timeout(budget, async {
+                    if let FaultDecision::Delay(d) = fault {
+                        tokio::time::sleep(d).await;
+                    }
+                    fut.await
+                })
+                .await;
+                let elapsed = start.elapsed();
+                match out {
+                    Err(_) => {
+                        permit.record(Outcome::Failure, elapsed);
+                        Err(AttemptFailure::Timeout(AttemptTimeout::new(view.name.clone(), budget)))
+                    }
+                    Ok(r) => match judge(&r) {
+                        None => {
+                            permit.record(Outcome::Success, elapsed);
+                            r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
+                        }
+                        Some((kind, retry_after)) => {
+                            permit.record(outcome_of(kind), elapsed);
+                            Err(match r {
+                                Ok(v) => AttemptFailure::Value(v, kind, retry_after),
+                                Err(e) => AttemptFailure::Inner(e, kind, retry_after),
+                            })
+                        }
+                    },
+                }
+            }
+        })
+        .await;
+    match result {
+        Ok(v) => {
+            guards.count(CallOutcome::Ok);
+            Ok(v)
+        }
+        Err(RetryError { last, reason, attempts }) => {
+            let deadline_stop = reason.is_deadline();
+            let (outcome, err) = match last {
+                AttemptFailure::Value(v, _, _) => {
+                    guards.count(CallOutcome::Failed);
+                    return Ok(v);
+                }
+                AttemptFailure::Inner(e, _, _) => (CallOutcome::Failed, CallError::Inner(e)),
+                AttemptFailure::BreakerOpen(e) => (CallOutcome::BreakerOpen, CallError::BreakerOpen(e)),
+                AttemptFailure::Timeout(e) => (CallOutcome::Timeout, CallError::Timeout(e)),
+                AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),
+                AttemptFailure::NoBudget => {
+                    guards.count(CallOutcome::DeadlineExceeded);
+                    let why = format!(
+                        "no time left for attempt {} (remaining budget does not exceed the {:?} reserve)",
+                        attempts, view.reserve
+                    );
+                    return Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), None));
+                }
+            };
+            if deadline_stop {
+                guards.count(CallOutcome::DeadlineExceeded);
+                let why = format!("{reason} after {attempts} attempt(s)");
+                return Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), Some(Box::new(err))));
+            }
+            guards.count(outcome);
+            Err(err)
+        }
+    }
+}
+
+/// The judge of [`Dependency::call`](super::Dependency::call): `Ok` is success, an error is
+/// classified by its [`Classify`] implementation.
+pub(crate) fn judge_classify<T, E: Classify>(r: &Result<T, E>) -> Judgement {
+    match r {
+        Ok(_) => None,
+        Err(e) => Some((e.error_kind(), e.retry_after())),
+    }
+}

@@ -1,0 +1,387 @@
+//! The whole outbound stack: order properties and scenarios that need every stage.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::breaker::State;
+use crate::deadline::{Deadline, RequestContext, with_context, with_deadline};
+use crate::flags::tests::{apply, shared_with};
+use crate::retry::ErrorKind;
+use crate::state::Shared;
+
+fn dep(shared: &Shared, name: &str) -> Dependency {
+    shared.with_ctx(|ctx| shared.deps.handle(name, ctx, &shared.defaults, &shared.flags))
+}
+
+fn refused() -> io::Error {
+    io::Error::from(io::ErrorKind::ConnectionRefused)
+}
+
+/// A dependency `p` with retries (3 attempts, 10 ms base), a count-window breaker
+/// (window 10, minimum 3, 50 %), a bulkhead of 2, and `extra` merged into its policy.
+fn policy(extra: &str) -> String {
+    format!(
+        r#"{{"policy": {{"dependencies": {{"p": {{
+            "attempt_timeout": "300ms",
+            "retry": {{"max_attempts": 3, "base": "10ms", "cap": "40ms"}},
+            "circuit_breaker": {{"window": {{"type": "count", "size": 10}}, "minimum_calls": 3,
+                                 "failure_rate_threshold": 0.5, "wait_in_open": "1s"}},
+            "bulkhead": {{"max_concurrent": 2}}{extra}}}}}}}}}"#
+    )
+}
+
+/// Order property 1: the breaker sits inside the retry loop and records every attempt.
+#[tokio::test(start_paused = true)]
+async fn order_breaker_records_every_attempt_of_a_retried_call() {
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    let attempts = AtomicU32::new(0);
+    let r = d
+        .call("GET /x", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(refused()) }
+        })
+        .await;
+    assert!(matches!(r, Err(CallError::Inner(_))), "{r:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3, "three attempts");
+    let b = d.breaker("GET /x");
+    assert_eq!(b.window.calls, 3, "the breaker saw each attempt, not one outcome per call");
+    assert_eq!(b.state, State::Open, "3 failures of 3 reach the 50 % threshold");
+}
+
+/// Order property 2 (CB-5 through the stack): while the breaker is open no attempt and no
+/// retry runs, and the retry budget is not charged.
+#[tokio::test(start_paused = true)]
+async fn cb_5_open_breaker_ends_the_call_at_once_without_attempt_or_budget_charge() {
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    for _ in 0..3 {
+        let _ = d.call("GET /x", || async { Err::<(), _>(refused()) }).await;
+        if d.breaker("GET /x").state == State::Open {
+            break;
+        }
+    }
+    assert_eq!(d.breaker("GET /x").state, State::Open);
+    let tokens = d.retry_budget_tokens("GET /x");
+    let attempts = AtomicU32::new(0);
+    let started = Instant::now();
+    let r = d
+        .call("GET /x", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, io::Error>(()) }
+        })
+        .await;
+    assert!(matches!(r, Err(CallError::BreakerOpen(_))), "{r:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 0);
+    assert_eq!(started.elapsed(), Duration::ZERO, "no backoff sleep");
+    assert_eq!(d.retry_budget_tokens("GET /x"), tokens, "budget untouched");
+}
+
+/// The kill switch comes first: a switched-off dependency is refused even with a full
+/// bulkhead and an open breaker.
+#[tokio::test(start_paused = true)]
+async fn order_kill_switch_before_bulkhead_and_breaker() {
+    let body = policy(r#", "enabled_flag": "p.on""#)
+        .replace(r#"{"policy""#, r#"{"flags": {"p.on": {"type": "bool", "value": true}}, "policy""#);
+    let shared = shared_with(&body);
+    let d = dep(&shared, "p");
+    // Fill the bulkhead with two hung calls.
+    let d1 = d.clone();
+    let d2 = d.clone();
+    let h1 =
+        tokio::spawn(
+            async move { d1.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await },
+        );
+    let h2 =
+        tokio::spawn(
+            async move { d2.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await },
+        );
+    tokio::task::yield_now().await;
+    assert_eq!(d.bulkhead_usage("GET /x").0, 2);
+    let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
+    assert!(matches!(r, Err(CallError::BulkheadFull(_))), "{r:?}");
+    apply(&shared, 2, &body.replace(r#""value": true"#, r#""value": false"#));
+    let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
+    assert!(matches!(r, Err(CallError::KillSwitched(_))), "kill switch decides first: {r:?}");
+    h1.abort();
+    h2.abort();
+}
+
+/// BH at the stack level: a full bulkhead rejects at once (max_wait 0), the rejected call
+/// is neither attempted nor retried, and permits come back when calls end.
+#[tokio::test(start_paused = true)]
+async fn full_bulkhead_rejects_without_attempt_and_frees_on_completion() {
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let d1 = d.clone();
+    let holder = tokio::spawn(async move {
+        d1.call("GET /x", || async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, io::Error>(())
+        })
+        .await
+    });
+    let d2 = d.clone();
+    let holder2 = tokio::spawn(async move {
+        let _ = tx.send(());
+        d2.call("GET /x", || async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, io::Error>(())
+        })
+        .await
+    });
+    rx.await.unwrap();
+    tokio::task::yield_now().await;
+    let attempts = AtomicU32::new(0);
+    let r = d
+        .call("GET /x", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, io::Error>(()) }
+        })
+        .await;
+    assert!(matches!(r, Err(CallError::BulkheadFull(_))), "{r:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 0);
+    holder.await.unwrap().unwrap();
+    holder2.await.unwrap().unwrap();
+    assert_eq!(d.bulkhead_usage("GET /x").0, 0);
+    d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await.unwrap();
+}
+
+/// RT-2 through the stack: 120 ms left, the next backoff could be up to 200 ms: stop now
+/// with DeadlineExceeded carrying the last error, without sleeping.
+#[tokio::test(start_paused = true)]
+async fn rt_2_stack_stops_instead_of_sleeping_past_the_deadline() {
+    let body = policy("").replace(r#""base": "10ms", "cap": "40ms""#, r#""base": "200ms", "cap": "2s""#);
+    let shared = shared_with(&body.replace(r#""policy": {"#, r#""policy": {"reserve": "0ms", "#));
+    let d = dep(&shared, "p");
+    let started = Instant::now();
+    let attempts = AtomicU32::new(0);
+    // Backoff for retry 1 is uniform(0, 200ms·2¹) — it may fit; loop until a stop shows the
+    // property: the call never ends later than the deadline.
+    let r = with_deadline(Deadline::after(Duration::from_millis(120)), async {
+        d.call("GET /x", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(refused()) }
+        })
+        .await
+    })
+    .await;
+    assert!(
+        started.elapsed() <= Duration::from_millis(120),
+        "slept past the deadline: {:?}",
+        started.elapsed()
+    );
+    match r {
+        Err(CallError::DeadlineExceeded(e, last)) => {
+            assert!(e.why().contains("deadline") || e.why().contains("fit"), "{}", e.why());
+            assert!(matches!(last.as_deref(), Some(CallError::Inner(_))), "chained to the last error");
+        }
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+}
+
+/// The per-attempt timeout is min(configured, remaining − reserve).
+#[tokio::test(start_paused = true)]
+async fn attempt_timeout_is_capped_by_the_deadline_minus_reserve() {
+    let body = policy("").replace(r#""max_attempts": 3"#, r#""max_attempts": 1"#);
+    let shared = shared_with(&body.replace(r#""policy": {"#, r#""policy": {"reserve": "50ms", "#));
+    let d = dep(&shared, "p");
+    let started = Instant::now();
+    let r = with_deadline(Deadline::after(Duration::from_millis(200)), async {
+        d.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await
+    })
+    .await;
+    match r {
+        Err(CallError::Timeout(t)) => assert_eq!(t.timeout(), Duration::from_millis(150)),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_eq!(started.elapsed(), Duration::from_millis(150), "50 ms kept for the degraded answer");
+    // An expired deadline fails at once, without calling.
+    let r = with_deadline(Deadline::after(Duration::ZERO), async {
+        d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await
+    })
+    .await;
+    assert!(matches!(r, Err(CallError::DeadlineExceeded(..))), "{r:?}");
+}
+
+/// A non-critical dependency never gets more than the non-critical cap per attempt.
+#[tokio::test(start_paused = true)]
+async fn non_critical_dependency_is_capped() {
+    let body =
+        policy(r#", "criticality": "non_critical""#).replace(r#""max_attempts": 3"#, r#""max_attempts": 1"#);
+    let shared = shared_with(&body.replace(r#""policy": {"#, r#""policy": {"non_critical_cap": "80ms", "#));
+    let d = dep(&shared, "p");
+    let started = Instant::now();
+    let r = d.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await;
+    assert!(matches!(r, Err(CallError::Timeout(_))));
+    assert_eq!(started.elapsed(), Duration::from_millis(80));
+}
+
+/// Only idempotent operations are retried; POST is not, unless the policy says so.
+#[tokio::test(start_paused = true)]
+async fn post_is_not_retried_unless_marked_idempotent() {
+    // A breaker that cannot trip within this test's 7 attempts isolates idempotency.
+    let body = policy(r#", "operations": {"POST /safe": {"idempotent": true}}"#)
+        .replace(r#""minimum_calls": 3"#, r#""minimum_calls": 10"#);
+    let shared = shared_with(&body);
+    let d = dep(&shared, "p");
+    for (op, expected) in [("POST /orders", 1), ("POST /safe", 3), ("GET /x", 3)] {
+        let attempts = AtomicU32::new(0);
+        let _ = d
+            .call(op, || {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(refused()) }
+            })
+            .await;
+        assert_eq!(attempts.load(Ordering::SeqCst), expected, "{op}");
+    }
+}
+
+/// Retry on one layer: a request already retried upstream gets no retries here, except one
+/// for a connection failure that never reached the peer.
+#[tokio::test(start_paused = true)]
+async fn retried_inbound_request_is_not_retried_again() {
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    let ctx = RequestContext {
+        inbound_retried: true,
+        ..RequestContext::new(Deadline::after(Duration::from_secs(5)))
+    };
+    for (err, expected) in [(io::ErrorKind::ConnectionReset, 1), (io::ErrorKind::ConnectionRefused, 2)] {
+        let attempts = AtomicU32::new(0);
+        let _ = with_context(ctx, async {
+            d.call("GET /x", || {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                async move { Err::<(), _>(io::Error::from(err)) }
+            })
+            .await
+        })
+        .await;
+        assert_eq!(attempts.load(Ordering::SeqCst), expected, "{err:?}");
+    }
+}
+
+/// Fault injection acts inside the attempt timeout: an injected abort is a real failure
+/// for retries and the breaker; an injected delay longer than the timeout is a timeout.
+#[tokio::test(start_paused = true)]
+async fn injected_faults_behave_like_real_failures() {
+    let faults = |action: &str| {
+        policy("").replace(
+            r#"{"policy""#,
+            &format!(
+                r#"{{"faults_allowed": true, "faults": [{{"id": "f", "dependency": "p", "action": {action},
+                   "percent": 100, "expires_at": "2999-01-01T00:00:00Z"}}], "policy""#
+            ),
+        )
+    };
+    let shared = shared_with(&faults(r#"{"type": "abort", "status": 503}"#));
+    let d = dep(&shared, "p");
+    let attempts = AtomicU32::new(0);
+    let r = d
+        .call("GET /x", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, io::Error>(()) }
+        })
+        .await;
+    match r {
+        Err(CallError::Injected(f)) => assert_eq!(f.kind(), ErrorKind::HttpStatus(503)),
+        other => panic!("expected Injected, got {other:?}"),
+    }
+    assert_eq!(attempts.load(Ordering::SeqCst), 0, "the real call is not made");
+    assert_eq!(d.breaker("GET /x").window.calls, 3, "each injected failure recorded");
+
+    let shared = shared_with(&faults(r#"{"type": "delay", "delay": "2s"}"#));
+    let d = dep(&shared, "p");
+    let started = Instant::now();
+    let r = d.call("POST /once", || async { Ok::<_, io::Error>(()) }).await;
+    assert!(matches!(r, Err(CallError::Timeout(_))), "{r:?}");
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+
+    // Not allowed in this environment: nothing fires.
+    let shared = shared_with(
+        &faults(r#"{"type": "abort", "status": 503}"#)
+            .replace(r#""faults_allowed": true"#, r#""faults_allowed": false"#),
+    );
+    let d = dep(&shared, "p");
+    d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await.unwrap();
+}
+
+/// Operator levers: a forced-open override rejects every call; pausing retries makes one
+/// attempt only.
+#[tokio::test(start_paused = true)]
+async fn operator_overrides_and_paused_retries() {
+    let forced = policy("").replace(
+        r#"{"policy""#,
+        r#"{"breaker_overrides": [{"dependency": "p", "state": "forced_open", "reason": "drill"}], "policy""#,
+    );
+    let shared = shared_with(&forced);
+    let d = dep(&shared, "p");
+    let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
+    assert!(matches!(r, Err(CallError::BreakerOpen(_))), "{r:?}");
+    assert_eq!(d.breaker("GET /x").state, State::ForcedOpen);
+    apply(&shared, 2, &policy(""));
+    assert_eq!(d.breaker("GET /x").state, State::Closed, "override removed → back to normal");
+    d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await.unwrap();
+
+    let paused = policy("").replace(r#""policy": {"#, r#""policy": {"inbound": {"retries_paused": true}, "#);
+    apply(&shared, 3, &paused);
+    let attempts = AtomicU32::new(0);
+    let _ = d
+        .call("GET /x", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(refused()) }
+        })
+        .await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+}
+
+/// State survives a config update that does not change the relevant settings.
+#[tokio::test(start_paused = true)]
+async fn breaker_state_survives_unrelated_updates() {
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    let _ = d.call("GET /x", || async { Err::<(), _>(refused()) }).await;
+    assert_eq!(d.breaker("GET /x").state, State::Open);
+    apply(&shared, 2, &policy(r#", "fallback": "generic""#));
+    assert_eq!(d.breaker("GET /x").state, State::Open, "a fallback change does not reset the breaker");
+}
+
+/// The tower layer with the HTTP judge: a 503 response is a retryable failure; after the
+/// attempts run out the last response is returned as is; a 404 is not retried.
+#[tokio::test(start_paused = true)]
+async fn http_layer_retries_5xx_responses_and_returns_the_last_one() {
+    use tower::{Layer, Service, ServiceExt};
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    let hits = Arc::new(AtomicU32::new(0));
+    let h = hits.clone();
+    let inner = tower::service_fn(move |req: http::Request<String>| {
+        let n = h.fetch_add(1, Ordering::SeqCst);
+        async move {
+            assert_eq!(req.headers().get("levee-retried").map(|v| v.as_bytes()), Some(&b"1"[..]));
+            let status = if req.uri().path() == "/missing" {
+                404
+            } else if n < 1 {
+                503
+            } else {
+                200
+            };
+            Ok::<_, io::Error>(http::Response::builder().status(status).body(String::new()).unwrap())
+        }
+    });
+    let mut svc = d.layer().judge(HttpJudge).layer(inner);
+    let req = http::Request::get("http://p/ok").body(String::new()).unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "one 503, then the retry succeeded");
+    let req = http::Request::get("http://p/missing").body(String::new()).unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(hits.load(Ordering::SeqCst), 3, "404 is not retried");
+}
