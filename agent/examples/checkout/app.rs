@@ -22,9 +22,10 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use levee_agent::policy::{
-    Dependency as DependencyPolicy, DependencyCriticality, FallbackLevel, Flag, FlagType, Policy,
-    ServiceConfig,
+    Bulkhead, CircuitBreaker, Dependency as DependencyPolicy, DependencyCriticality, FallbackLevel, Flag,
+    FlagType, Policy, Retry, ServiceConfig, Window,
 };
+use levee_agent::retry::{Classify, ErrorKind};
 use levee_agent::{Agent, Dependency};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -45,6 +46,8 @@ pub fn safe_defaults() -> ServiceConfig {
         DependencyPolicy {
             criticality: DependencyCriticality::Critical,
             attempt_timeout: Duration::from_millis(300),
+            retry: Retry { max_attempts: 2, cap: Duration::from_millis(500), ..Retry::default() },
+            bulkhead: Bulkhead { max_concurrent: 40, max_wait: Duration::from_millis(10) },
             fallback: FallbackLevel::FeatureError,
             ..DependencyPolicy::default()
         },
@@ -55,6 +58,14 @@ pub fn safe_defaults() -> ServiceConfig {
             criticality: DependencyCriticality::NonCritical,
             enabled_flag: Some("recommendations.enabled".into()),
             attempt_timeout: Duration::from_millis(80),
+            retry: Retry { max_attempts: 1, ..Retry::default() },
+            circuit_breaker: CircuitBreaker {
+                window: Window::Time { seconds: 10 },
+                minimum_calls: 10,
+                wait_in_open: Duration::from_secs(5),
+                ..CircuitBreaker::default()
+            },
+            bulkhead: Bulkhead { max_concurrent: 10, max_wait: Duration::ZERO },
             fallback: FallbackLevel::Generic,
             ..DependencyPolicy::default()
         },
@@ -175,11 +186,27 @@ enum UpstreamError {
     Status(StatusCode),
 }
 
+impl Classify for UpstreamError {
+    fn error_kind(&self) -> ErrorKind {
+        match self {
+            UpstreamError::Transport(e) if e.is_connect() => ErrorKind::Connect,
+            UpstreamError::Transport(e) if e.is_timeout() => ErrorKind::AttemptTimeout,
+            UpstreamError::Transport(_) => ErrorKind::Reset,
+            UpstreamError::Status(s) => ErrorKind::HttpStatus(s.as_u16()),
+        }
+    }
+}
+
+/// GET with the request context propagated: remaining deadline, criticality, and the retry
+/// marker when this call may be retried (so the service called does not retry again).
 async fn get_json<T: serde::de::DeserializeOwned>(
     http: &reqwest::Client,
     url: &str,
+    will_retry: bool,
 ) -> Result<T, UpstreamError> {
-    let res = http.get(url).send().await?;
+    let mut headers = axum::http::HeaderMap::new();
+    levee_agent::enforce::propagate(&mut headers, will_retry);
+    let res = http.get(url).headers(headers).send().await?;
     if !res.status().is_success() {
         return Err(UpstreamError::Status(res.status()));
     }
@@ -192,23 +219,26 @@ async fn checkout(
 ) -> Result<Json<CheckoutPage>, (StatusCode, Json<serde_json::Value>)> {
     // Critical: no price, no checkout page; say so clearly.
     let price_url = format!("{}/price/{user}", c.pricing_url);
-    let total = c
-        .pricing
-        .call("GET /price/{user}", || get_json::<serde_json::Value>(&c.http, &price_url))
-        .await
-        .map_err(|e| {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"error": "pricing unavailable", "detail": e.to_string()})),
-            )
-        })?;
+    let op = "GET /price/{user}";
+    let retry = c.pricing.will_retry(op);
+    let total =
+        c.pricing.call(op, || get_json::<serde_json::Value>(&c.http, &price_url, retry)).await.map_err(
+            |e| {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({"error": "pricing unavailable", "detail": e.to_string()})),
+                )
+            },
+        )?;
     // Non-critical: degrade to top sellers.
     let recs_url = format!("{}/recommendations/{user}", c.recs_url);
+    let op = "GET /recommendations/{user}";
+    let retry = c.recommendations.will_retry(op);
     let recs = c
         .recommendations
         .call_or_fallback(
-            "GET /recommendations/{user}",
-            || get_json::<Vec<String>>(&c.http, &recs_url),
+            op,
+            || get_json::<Vec<String>>(&c.http, &recs_url, retry),
             |_| async { TOP_SELLERS.iter().map(|s| s.to_string()).collect() },
         )
         .await;

@@ -10,3 +10,4 @@ mod support;
 
 mod control_plane;
 mod kill_switch;
+mod resilience;
