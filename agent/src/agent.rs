@@ -342,6 +342,13 @@ impl Agent {
         self.declare(|s, ctx| s.flags.declare_json(key, default, ctx))
     }
 
+    /// The handle of a product feature of the degradation matrix (see [`crate::feature`]);
+    /// handles of the same name share state. Keep it; do not look it up per request.
+    pub fn feature(&self, name: &str) -> crate::feature::Feature {
+        let shared = &self.inner.shared;
+        shared.with_ctx(|ctx| shared.features.handle(name, ctx, &shared.defaults, &shared.flags))
+    }
+
     /// A tower layer for the service's inbound side (axum, hyper, tonic): gives each
     /// request its deadline, criticality and retry marker from its headers and this
     /// agent's policy (see [`crate::inbound`]).

@@ -38,6 +38,7 @@ pub mod deadline;
 pub mod enforce;
 pub mod fallback;
 pub mod fault;
+pub mod feature;
 pub mod flags;
 pub mod inbound;
 pub mod metrics_names;

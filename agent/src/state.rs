@@ -181,6 +181,7 @@ pub(crate) struct Shared {
     pub(crate) current: ArcSwap<Applied>,
     pub(crate) flags: FlagRegistry,
     pub(crate) deps: DepRegistry,
+    pub(crate) features: crate::feature::FeatureRegistry,
     pub(crate) cache: Option<DiskCache>,
     pub(crate) started_at: Instant,
     confirmed_at: ArcSwapOption<Instant>,
@@ -224,6 +225,7 @@ impl Shared {
             current: ArcSwap::from_pointee(initial),
             flags: FlagRegistry::default(),
             deps: DepRegistry::default(),
+            features: Default::default(),
             cache,
             started_at: Instant::now(),
             confirmed_at: ArcSwapOption::new(confirmed_at.map(Arc::new)),
@@ -265,10 +267,8 @@ impl Shared {
                 let next = self.with_ctx(|ctx| {
                     let a = self.flags.refresh(ctx);
                     let b = self.deps.refresh(ctx, &self.defaults, &self.flags);
-                    match (a, b) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    }
+                    let c = self.features.refresh(ctx, &self.defaults, &self.flags);
+                    [a, b, c].into_iter().flatten().min()
                 });
                 self.next_wake.store(next.map(Arc::new));
             }
@@ -353,6 +353,7 @@ impl Shared {
             ..StatusReport::default()
         };
         self.deps.contribute(&mut report);
+        self.features.contribute(&mut report);
         for c in self.contributors.load().iter() {
             c.contribute(&mut report);
         }

@@ -47,6 +47,8 @@ use crate::retry::Classify;
 #[derive(Debug)]
 pub(crate) struct Scope {
     pub(crate) attempt_timeout: Duration,
+    /// Whether attempt durations are needed (slow-call detection on).
+    pub(crate) measure: bool,
     pub(crate) idempotent: Option<bool>,
     pub(crate) guards: Arc<Guards>,
 }
@@ -119,9 +121,11 @@ impl DepView {
             } else {
                 dep_guards.clone()
             };
+            let measure =
+                o.circuit_breaker.as_ref().unwrap_or(&policy.circuit_breaker).slow_call_duration.is_some();
             ops.insert(
                 op.as_str().into(),
-                Scope { attempt_timeout: timeout, idempotent: o.idempotent, guards },
+                Scope { attempt_timeout: timeout, measure, idempotent: o.idempotent, guards },
             );
         }
         // Operator overrides of breakers (with their expiry, enforced by the breaker itself).
@@ -165,6 +169,7 @@ impl DepView {
             state: state.clone(),
             default_scope: Scope {
                 attempt_timeout: policy.attempt_timeout,
+                measure: policy.circuit_breaker.slow_call_duration.is_some(),
                 idempotent: None,
                 guards: dep_guards,
             },

@@ -1,7 +1,11 @@
 //! The one function that fixes the order of enforcement.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use pin_project_lite::pin_project;
 
 use tokio::time::Instant;
 
@@ -46,6 +50,36 @@ impl<T, E> Classify for AttemptFailure<T, E> {
         match self {
             AttemptFailure::Value(_, _, r) | AttemptFailure::Inner(_, _, r) => *r,
             _ => None,
+        }
+    }
+}
+
+pin_project! {
+    /// A per-attempt timeout that costs nothing when the attempt is ready at once: the
+    /// timer is created (and the clock read) only if the first poll is pending.
+    struct LazyTimeout<F> {
+        #[pin]
+        fut: F,
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
+        budget: Duration,
+    }
+}
+
+impl<F: Future> Future for LazyTimeout<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(v) = this.fut.poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep(*this.budget)));
+        }
+        match this.sleep.as_pin_mut() {
+            Some(s) => s.poll(cx).map(|()| None),
+            None => Poll::Pending,
         }
     }
 }
@@ -184,15 +218,22 @@ where
                     return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
                 }
                 let Some(fut) = fut else { return Err(AttemptFailure::NoBudget) };
-                let start = Instant::now();
-                let out = tokio::time::timeout(budget, async {
-                    if let FaultDecision::Delay(d) = fault {
-                        tokio::time::sleep(d).await;
-                    }
-                    fut.await
-                })
-                .await;
-                let elapsed = start.elapsed();
+                // The clock is read only when the breaker needs durations (slow-call
+                // detection) or the attempt is not ready at once.
+                let start = scope.measure.then(Instant::now);
+                let out = LazyTimeout {
+                    fut: async {
+                        if let FaultDecision::Delay(d) = fault {
+                            tokio::time::sleep(d).await;
+                        }
+                        fut.await
+                    },
+                    sleep: None,
+                    budget,
+                }
+                .await
+                .ok_or(());
+                let elapsed = start.map(|s| s.elapsed()).unwrap_or(Duration::ZERO);
                 match out {
                     Err(_) => {
                         permit.record(Outcome::Failure, elapsed);

@@ -94,13 +94,9 @@ async fn order_kill_switch_before_bulkhead_and_breaker() {
     let d1 = d.clone();
     let d2 = d.clone();
     let h1 =
-        tokio::spawn(
-            async move { d1.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await },
-        );
+        tokio::spawn(async move { d1.call("GET /x", std::future::pending::<Result<(), io::Error>>).await });
     let h2 =
-        tokio::spawn(
-            async move { d2.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await },
-        );
+        tokio::spawn(async move { d2.call("GET /x", std::future::pending::<Result<(), io::Error>>).await });
     tokio::task::yield_now().await;
     assert_eq!(d.bulkhead_usage("GET /x").0, 2);
     let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
@@ -194,7 +190,7 @@ async fn attempt_timeout_is_capped_by_the_deadline_minus_reserve() {
     let d = dep(&shared, "p");
     let started = Instant::now();
     let r = with_deadline(Deadline::after(Duration::from_millis(200)), async {
-        d.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await
+        d.call("GET /x", std::future::pending::<Result<(), io::Error>>).await
     })
     .await;
     match r {
@@ -218,7 +214,7 @@ async fn non_critical_dependency_is_capped() {
     let shared = shared_with(&body.replace(r#""policy": {"#, r#""policy": {"non_critical_cap": "80ms", "#));
     let d = dep(&shared, "p");
     let started = Instant::now();
-    let r = d.call("GET /x", || std::future::pending::<Result<(), io::Error>>()).await;
+    let r = d.call("GET /x", std::future::pending::<Result<(), io::Error>>).await;
     assert!(matches!(r, Err(CallError::Timeout(_))));
     assert_eq!(started.elapsed(), Duration::from_millis(80));
 }
