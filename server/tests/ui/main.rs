@@ -4,4 +4,5 @@
 mod changes;
 mod helpers;
 mod login;
+mod pages;
 mod security;
