@@ -164,6 +164,20 @@ impl Keys {
         Ok((self.sign(&claims)?, exp))
     }
 
+    /// The anti-CSRF token of a UI session: HMAC-SHA256, under the JWT key, of the
+    /// session's token id with a fixed label (so it can never be mistaken for a JWT
+    /// signature). Bound to one session; nothing is stored.
+    pub fn csrf_token(&self, session_id: &str) -> anyhow::Result<String> {
+        Ok(jsonwebtoken::crypto::sign(&csrf_message(session_id), &self.enc, Algorithm::HS256)?)
+    }
+
+    /// Whether `token` is the anti-CSRF token of the session `session_id` (constant-time).
+    pub fn check_csrf_token(&self, session_id: &str, token: &str) -> bool {
+        !token.is_empty()
+            && jsonwebtoken::crypto::verify(token, &csrf_message(session_id), &self.dec, Algorithm::HS256)
+                .unwrap_or(false)
+    }
+
     /// Mints the JWT of a token row.
     pub fn mint(&self, t: &TokenRow) -> anyhow::Result<String> {
         let claims = Claims {
@@ -183,6 +197,10 @@ impl Keys {
         };
         self.sign(&claims)
     }
+}
+
+fn csrf_message(session_id: &str) -> Vec<u8> {
+    format!("levee-ui-csrf\0{session_id}").into_bytes()
 }
 
 /// Hashes a password with argon2id (default parameters). Runs on a blocking thread.
@@ -282,6 +300,18 @@ mod tests {
         let payload = tok.split('.').nth(1).unwrap();
         let none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{payload}.");
         assert!(keys().verify(&none, AUDIENCE_API).is_err());
+    }
+
+    #[test]
+    fn csrf_token_is_bound_to_the_session_and_the_key() {
+        let k = keys();
+        let t = k.csrf_token("session-a").unwrap();
+        assert!(k.check_csrf_token("session-a", &t));
+        assert!(!k.check_csrf_token("session-b", &t));
+        assert!(!k.check_csrf_token("session-a", ""));
+        assert!(!k.check_csrf_token("session-a", "not base64 at all!"));
+        let other = Keys::new(&[8u8; 32]).unwrap();
+        assert!(!other.check_csrf_token("session-a", &t));
     }
 
     #[test]

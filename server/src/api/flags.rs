@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::envs::valid_name;
 use super::services::{commit, if_match, write_response};
 use super::{ApiJson, AppState, Auth, RequestCtx};
-use crate::db::{Change, Role};
+use crate::db::{Change, Parts, Role};
 use crate::error::{ApiError, ApiResult};
 
 /// Body of `PUT .../flags/{key}`: the whole flag plus a reason.
@@ -168,26 +168,37 @@ pub async fn patch(
     let audit = ctx.audit(&auth, &req.reason)?;
     let target = format!("flag {key}");
     let change = Change { env: &env, service: &svc, action: "flag.set", target: &target, expected };
-    let (c, lints) = commit(&s, change, &audit, |p| {
-        let flag = p.flags.get_mut(&key).ok_or_else(|| {
-            ApiError::NotFound(format!("no flag {key:?} in service {svc:?}; create it with PUT"))
-        })?;
-        let before = serde_json::to_string(flag).ok();
-        if !flag.kind.accepts(&req.value) {
-            return Err(ApiError::invalid_field(
-                "value",
-                req.value.to_string(),
-                format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
-            ));
-        }
-        flag.value = req.value;
-        if req.expires_at.is_some() {
-            flag.expires_at = req.expires_at;
-        }
-        Ok((before, serde_json::to_string(flag).ok()))
-    })
-    .await?;
+    let (c, lints) =
+        commit(&s, change, &audit, |p| set_flag_value(p, &svc, &key, req.value, req.expires_at)).await?;
     Ok(write_response(c, lints, StatusCode::OK))
+}
+
+/// The edit behind a one-click switch (API `PATCH` and the UI): replaces the value of an
+/// existing flag, checking its type, and its expiry when one is given. Returns the flag's
+/// JSON before and after, for the audit row.
+pub(crate) fn set_flag_value(
+    p: &mut Parts,
+    svc: &str,
+    key: &str,
+    value: serde_json::Value,
+    expires_at: Option<Timestamp>,
+) -> Result<(Option<String>, Option<String>), ApiError> {
+    let flag = p.flags.get_mut(key).ok_or_else(|| {
+        ApiError::NotFound(format!("no flag {key:?} in service {svc:?}; create it with PUT"))
+    })?;
+    let before = serde_json::to_string(flag).ok();
+    if !flag.kind.accepts(&value) {
+        return Err(ApiError::invalid_field(
+            "value",
+            value.to_string(),
+            format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
+        ));
+    }
+    flag.value = value;
+    if expires_at.is_some() {
+        flag.expires_at = expires_at;
+    }
+    Ok((before, serde_json::to_string(flag).ok()))
 }
 
 /// Deletes a flag (operator); agents fall back to their compiled-in default.

@@ -6,14 +6,14 @@
 //! mismatch). The OpenAPI document is generated from these handlers.
 
 mod audit;
-mod auth_routes;
-mod envs;
+pub(crate) mod auth_routes;
+pub(crate) mod envs;
 mod extract;
-mod flags;
+pub(crate) mod flags;
 mod fleet;
 mod openapi;
-mod overrides;
-mod services;
+pub(crate) mod overrides;
+pub(crate) mod services;
 mod tokens;
 
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
-pub use extract::{ApiJson, Auth, RequestCtx};
+pub use extract::{ApiJson, Auth, RequestCtx, SESSION_COOKIE};
 pub use openapi::ApiDoc;
 
 use crate::auth::Keys;

@@ -13,7 +13,7 @@ use super::envs::valid_name;
 use super::flags::ReasonQuery;
 use super::services::{commit, if_match, write_response};
 use super::{ApiJson, AppState, Auth, RequestCtx};
-use crate::db::{Change, Role};
+use crate::db::{Change, Parts, Role};
 use crate::error::{ApiError, ApiResult};
 
 /// Body of `PUT .../breaker-overrides/{dependency}`.
@@ -111,15 +111,32 @@ pub async fn put_override(
     let target =
         format!("breaker {dep}{}", req.operation.as_deref().map(|o| format!(" {o}")).unwrap_or_default());
     let change = Change { env: &env, service: &svc, action: "breaker.override", target: &target, expected };
-    let (c, lints) = commit(&s, change, &audit, |p| {
-        let k = (dep.clone(), req.operation.clone().unwrap_or_default());
-        let before = p.overrides.get(&k).and_then(|o| serde_json::to_string(o).ok());
-        let after = serde_json::to_string(&o).ok();
-        p.overrides.insert(k, o);
-        Ok((before, after))
-    })
-    .await?;
+    let (c, lints) = commit(&s, change, &audit, |p| Ok(set_override(p, o))).await?;
     Ok(write_response(c, lints, StatusCode::OK))
+}
+
+/// The edit that sets a breaker override (API and UI). Returns the override's JSON before
+/// and after, for the audit row.
+pub(crate) fn set_override(p: &mut Parts, o: BreakerOverride) -> (Option<String>, Option<String>) {
+    let k = (o.dependency.clone(), o.operation.clone().unwrap_or_default());
+    let before = p.overrides.get(&k).and_then(|o| serde_json::to_string(o).ok());
+    let after = serde_json::to_string(&o).ok();
+    p.overrides.insert(k, o);
+    (before, after)
+}
+
+/// The edit that removes a breaker override (API and UI); 404 when there is none.
+pub(crate) fn remove_override(
+    p: &mut Parts,
+    dep: &str,
+    operation: Option<&str>,
+) -> Result<(Option<String>, Option<String>), ApiError> {
+    let k = (dep.to_string(), operation.unwrap_or_default().to_string());
+    let old = p
+        .overrides
+        .remove(&k)
+        .ok_or_else(|| ApiError::NotFound(format!("no override on breaker {dep:?}")))?;
+    Ok((serde_json::to_string(&old).ok(), None))
 }
 
 /// Removes a breaker override (operator).
@@ -140,15 +157,7 @@ pub async fn delete_override(
     let target = format!("breaker {dep}");
     let change =
         Change { env: &env, service: &svc, action: "breaker.override.delete", target: &target, expected };
-    let (c, lints) = commit(&s, change, &audit, |p| {
-        let k = (dep.clone(), q.operation.clone().unwrap_or_default());
-        let old = p
-            .overrides
-            .remove(&k)
-            .ok_or_else(|| ApiError::NotFound(format!("no override on breaker {dep:?}")))?;
-        Ok((serde_json::to_string(&old).ok(), None))
-    })
-    .await?;
+    let (c, lints) = commit(&s, change, &audit, |p| remove_override(p, &dep, q.operation.as_deref())).await?;
     Ok(write_response(c, lints, StatusCode::OK))
 }
 

@@ -1,13 +1,79 @@
-//! The operator web UI (askama, server-rendered). Minimal for now: the router exists so the
-//! application shape is final; pages come with the UI issue.
+//! The operator web UI: server-rendered askama pages (templates in `web/templates/`) that
+//! work without JavaScript.
+//!
+//! The UI reads through the same [`Store`](crate::db::Store) as the API and writes through
+//! the same path (`api::services::commit` → `Store::mutate`), so a change made here is
+//! versioned, validated, audited (`via = "ui"`) and pushed to agents exactly like an API
+//! change. Role checks are the API's (`Auth::require`).
+//!
+//! Sessions are the `levee_session` cookie (HttpOnly, SameSite=Strict, Secure over TLS)
+//! holding the session JWT. Forms are protected against cross-site request forgery twice:
+//! tower-http's [`CsrfLayer`] refuses a state-changing request a browser marks as
+//! cross-site (`Sec-Fetch-Site`, else `Origin` against `Host`), and every form carries a
+//! token bound to the session (an HMAC of the session id under the JWT key) that
+//! [`session::Posted`] checks before the handler runs. Every change asks for a
+//! confirmation and a reason first (see [`changes`]).
+
+mod audit;
+mod changes;
+mod error;
+mod fleet;
+mod login;
+mod overview;
+mod page;
+mod service;
+mod session;
 
 use axum::Router;
-use axum::response::Redirect;
-use axum::routing::get;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, header};
+use axum::routing::{get, post};
+use tower_http::csrf::CsrfLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::set_header::SetResponseHeaderLayer;
+
+pub use error::UiError;
+pub use session::{Posted, UiUser};
 
 use crate::api::AppState;
 
+/// Content-Security-Policy of every UI response: no scripts at all, styles and forms
+/// only from this origin, never framed (so a switch cannot be click-jacked).
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
 /// Routes of the UI.
-pub fn router(_state: AppState) -> Router {
-    Router::new().route("/", get(|| async { Redirect::temporary("/api/v1/openapi.json") }))
+pub fn router(state: AppState) -> Router {
+    let svc = "/ui/environments/{env}/services/{svc}";
+    let headers = [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    let mut router = Router::new()
+        .route("/", get(overview::environments))
+        .route("/login", get(login::form).post(login::submit))
+        .route("/logout", post(login::logout))
+        .route("/static/levee.css", get(page::stylesheet))
+        .route("/ui/audit", get(audit::page))
+        .route("/ui/environments/{env}", get(overview::services))
+        .route(svc, get(service::page))
+        .route(&format!("{svc}/flags/{{key}}/confirm"), post(changes::confirm_flag))
+        .route(&format!("{svc}/flags/{{key}}"), post(changes::apply_flag))
+        .route(&format!("{svc}/breakers/confirm"), post(changes::confirm_override))
+        .route(&format!("{svc}/breakers"), post(changes::apply_override))
+        .route(&format!("{svc}/breakers/remove/confirm"), post(changes::confirm_remove_override))
+        .route(&format!("{svc}/breakers/remove"), post(changes::apply_remove_override))
+        .fallback(error::not_found)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(CsrfLayer::new().with_rejection_response(error::cross_site));
+    for (name, value) in headers {
+        router = router.layer(SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value)));
+    }
+    router
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .with_state(state)
 }

@@ -1,0 +1,547 @@
+//! Changes made from the service page, each in two steps without JavaScript:
+//!
+//! 1. the switch (or override form) posts to a `…/confirm` route, which changes nothing
+//!    and shows what will change, what it does to the service, and asks for a reason;
+//! 2. that page's form posts to the change route, which refuses an empty reason, then
+//!    commits through the API's write path (`api::services::commit`: a new revision,
+//!    audited with `via = "ui"`, pushed to agents at once) and redirects to the service
+//!    page, which follows the new revision through the fleet.
+//!
+//! The confirmation page carries the revision it showed; the change is committed only if
+//! the service is still at that revision (the API's `If-Match`), so nobody confirms a
+//! state that is no longer true.
+
+use std::time::Duration;
+
+use askama::Template;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use levee_agent::policy::{
+    BreakerOverride, BreakerOverrideState, FlagType, ServiceConfig, Timestamp, check_operation,
+};
+use serde::Deserialize;
+
+use super::error::UiError;
+use super::page::{Layout, Page, duration, seg, service_url};
+use super::service::{load, state_label, switched_by, value_text};
+use super::session::{Posted, UiUser};
+use crate::api::services::commit;
+use crate::api::{AppState, RequestCtx, flags::set_flag_value, overrides};
+use crate::db::{Change, Committed, Role};
+
+#[derive(Template)]
+#[template(path = "confirm.html")]
+struct ConfirmPage {
+    layout: Layout,
+    env: String,
+    svc: String,
+    csrf: String,
+    title: String,
+    /// What is being changed, as label/value rows.
+    facts: Vec<(String, String)>,
+    /// What the change does to the service, in words.
+    effects: Vec<String>,
+    /// Where the confirmed form posts.
+    action: String,
+    /// Fields carried over to the change route.
+    hidden: Vec<(&'static str, String)>,
+    button: String,
+    reason: String,
+    error: Option<String>,
+}
+
+struct Confirm {
+    title: String,
+    facts: Vec<(String, String)>,
+    effects: Vec<String>,
+    action: String,
+    hidden: Vec<(&'static str, String)>,
+    button: String,
+}
+
+impl Confirm {
+    fn page(self, user: &UiUser, env: &str, svc: &str, reason: &str, error: Option<String>) -> ConfirmPage {
+        ConfirmPage {
+            layout: user.layout(),
+            env: env.to_string(),
+            svc: svc.to_string(),
+            csrf: user.csrf.clone(),
+            title: self.title,
+            facts: self.facts,
+            effects: self.effects,
+            action: self.action,
+            hidden: self.hidden,
+            button: self.button,
+            reason: reason.to_string(),
+            error,
+        }
+    }
+}
+
+/// Where to go after a committed change: the service page, following the new revision.
+fn after_change(env: &str, svc: &str, c: &Committed) -> Response {
+    let url = if c.changed {
+        format!("{}?changed={}#propagation", service_url(env, svc), c.snapshot.revision)
+    } else {
+        format!("{}?unchanged=1", service_url(env, svc))
+    };
+    Redirect::to(&url).into_response()
+}
+
+/// A note for the confirmation page when the service moved on since its page was loaded.
+fn moved_on(seen: u64, current: u64) -> Option<String> {
+    (seen != current).then(|| {
+        format!(
+            "The service changed since you opened its page (you saw revision {seen}, it is now at {current}). \
+             The values below are the current ones; check them before confirming."
+        )
+    })
+}
+
+const PUSH_NOTE: &str = "The change becomes a new revision, is pushed to every connected agent of the service \
+                         at once, and is recorded in the audit log with your name and reason.";
+
+/// Shows the confirmation page again with `error`, keeping the reason typed so far.
+fn refuse(confirm: Confirm, user: &UiUser, env: &str, svc: &str, reason: &str, error: String) -> Response {
+    Page::with_status(StatusCode::BAD_REQUEST, confirm.page(user, env, svc, reason, Some(error)))
+        .into_response()
+}
+
+// ---- flags ----------------------------------------------------------------------------
+
+/// Form of a flag switch and of its confirmation.
+#[derive(Debug, Deserialize)]
+pub struct FlagChange {
+    /// New value as typed (`true`/`false` for bool flags).
+    value: String,
+    /// Revision of the service the form was shown at.
+    revision: u64,
+    /// Why (confirmation step only).
+    #[serde(default)]
+    reason: String,
+}
+
+/// Parses a value typed for a flag of type `kind`.
+fn parse_value(kind: FlagType, text: &str) -> Result<serde_json::Value, String> {
+    let t = text.trim();
+    let bad = |what: &str| format!("{text:?} is not {what}");
+    match kind {
+        FlagType::Bool => match t {
+            "true" => Ok(true.into()),
+            "false" => Ok(false.into()),
+            _ => Err(bad("true or false")),
+        },
+        FlagType::Int => t.parse::<i64>().map(Into::into).map_err(|_| bad("a whole number")),
+        FlagType::Float => t
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .and_then(serde_json::Number::from_f64)
+            .map(serde_json::Value::Number)
+            .ok_or_else(|| bad("a finite number")),
+        FlagType::String => Ok(serde_json::Value::String(text.to_string())),
+        FlagType::Json => serde_json::from_str(t).map_err(|e| format!("{text:?} is not JSON: {e}")),
+    }
+}
+
+/// What switching bool flag `key` to `on` does, in words.
+fn switch_effects(cfg: &ServiceConfig, key: &str, on: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, d) in cfg.policy.dependencies.iter().filter(|(_, d)| d.enabled_flag.as_deref() == Some(key)) {
+        out.push(if on {
+            format!("Dependency {name} is switched back on: calls to it resume.")
+        } else {
+            format!(
+                "Dependency {name} is switched off: no calls are made to it; callers get its fallback ({}).",
+                d.fallback.as_str()
+            )
+        });
+    }
+    for r in cfg.policy.degradation_matrix.iter().filter(|r| r.enabled_flag.as_deref() == Some(key)) {
+        out.push(if on {
+            format!("Feature {} is back to normal.", r.feature)
+        } else {
+            format!("Feature {} is forced onto its fallback ({}).", r.feature, r.on_failure.as_str())
+        });
+    }
+    out
+}
+
+async fn flag_confirm(
+    s: &AppState,
+    env: &str,
+    svc: &str,
+    key: &str,
+    f: &FlagChange,
+) -> Result<(Confirm, u64, serde_json::Value), UiError> {
+    let loaded = load(s, env, svc).await?;
+    let cfg = &loaded.config;
+    let flag =
+        cfg.flags.get(key).ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
+    let new =
+        parse_value(flag.kind, &f.value).map_err(|m| UiError::BadRequest(format!("flag {key}: {m}")))?;
+    let current = loaded.row.revision;
+    let mut effects = Vec::new();
+    if let Some(m) = moved_on(f.revision, current) {
+        effects.push(m);
+    }
+    if new == flag.value {
+        effects.push("This is already the flag's value: confirming changes nothing.".into());
+    } else if let Some(on) = new.as_bool() {
+        effects.extend(switch_effects(cfg, key, on));
+        if switched_by(cfg, key).is_empty() {
+            effects.push(format!("Code reading flag {key} sees {new} from now on."));
+        }
+    }
+    effects.push(PUSH_NOTE.into());
+    let mut facts = vec![
+        ("Service".to_string(), format!("{env} / {svc} (revision {current})")),
+        ("Flag".to_string(), key.to_string()),
+    ];
+    if !flag.description.is_empty() {
+        facts.push(("What it does".into(), flag.description.clone()));
+    }
+    facts.push(("Current value".into(), value_text(flag)));
+    let mut shown = flag.clone();
+    shown.value = new.clone();
+    facts.push(("New value".into(), value_text(&shown)));
+    let confirm = Confirm {
+        title: format!("Change flag {key}"),
+        facts,
+        effects,
+        action: format!("{}/flags/{}", service_url(env, svc), seg(key)),
+        hidden: vec![("value", f.value.clone()), ("revision", current.to_string())],
+        button: format!("Set {key} to {}", value_text(&shown)),
+    };
+    Ok((confirm, current, new))
+}
+
+/// `POST …/flags/{key}/confirm`: what switching the flag will do; asks for a reason.
+pub async fn confirm_flag(
+    State(s): State<AppState>,
+    Path((env, svc, key)): Path<(String, String, String)>,
+    Posted { user, form }: Posted<FlagChange>,
+) -> Result<Response, UiError> {
+    user.require(Role::Operator)?;
+    let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
+    Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
+}
+
+/// `POST …/flags/{key}`: sets the flag's value (confirmed, with a reason).
+pub async fn apply_flag(
+    State(s): State<AppState>,
+    ctx: RequestCtx,
+    Path((env, svc, key)): Path<(String, String, String)>,
+    Posted { user, form }: Posted<FlagChange>,
+) -> Result<Response, UiError> {
+    user.require(Role::Operator)?;
+    let audit = match user.audit(&ctx, &form.reason) {
+        Ok(a) => a,
+        Err(msg) => {
+            let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
+            return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg));
+        }
+    };
+    let loaded = load(&s, &env, &svc).await?;
+    let kind = loaded
+        .config
+        .flags
+        .get(&key)
+        .map(|f| f.kind)
+        .ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
+    let value =
+        parse_value(kind, &form.value).map_err(|m| UiError::BadRequest(format!("flag {key}: {m}")))?;
+    let target = format!("flag {key}");
+    let change = Change {
+        env: &env,
+        service: &svc,
+        action: "flag.set",
+        target: &target,
+        expected: Some(form.revision),
+    };
+    let (c, _) = commit(&s, change, &audit, |p| set_flag_value(p, &svc, &key, value, None)).await?;
+    tracing::info!(actor = %audit.actor, environment = %env, service = %svc, flag = %key, revision = c.snapshot.revision, "flag changed from the UI");
+    Ok(after_change(&env, &svc, &c))
+}
+
+// ---- breaker overrides ----------------------------------------------------------------
+
+/// Form of a breaker override and of its confirmation.
+#[derive(Debug, Deserialize)]
+pub struct OverrideChange {
+    dependency: String,
+    /// Operation; empty for the dependency-level breaker.
+    #[serde(default)]
+    operation: String,
+    /// `forced_open`, `forced_closed` or `disabled`.
+    state: String,
+    /// How long the override lasts (`30m`, `2h`); empty for no expiry.
+    #[serde(default)]
+    expires_in: String,
+    revision: u64,
+    #[serde(default)]
+    reason: String,
+}
+
+struct OverrideRequest {
+    dependency: String,
+    operation: Option<String>,
+    state: BreakerOverrideState,
+    lasts: Option<Duration>,
+}
+
+fn parse_override(f: &OverrideChange, cfg: &ServiceConfig, svc: &str) -> Result<OverrideRequest, UiError> {
+    let bad = UiError::BadRequest;
+    if !cfg.policy.dependencies.contains_key(&f.dependency) {
+        return Err(bad(format!("service {svc} has no dependency {:?}", f.dependency)));
+    }
+    let operation = match f.operation.trim() {
+        "" => None,
+        op => {
+            check_operation(op).map_err(|m| bad(format!("operation {op:?}: {m}")))?;
+            Some(op.to_string())
+        }
+    };
+    let state = serde_json::from_value(serde_json::Value::String(f.state.clone())).map_err(|_| {
+        bad(format!("state {:?} is not one of forced_open, forced_closed, disabled", f.state))
+    })?;
+    let lasts = match f.expires_in.trim() {
+        "" => None,
+        t => match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => Some(d),
+            _ => return Err(bad(format!("expires in {t:?} is not a duration such as 30m, 2h or 1d"))),
+        },
+    };
+    Ok(OverrideRequest { dependency: f.dependency.clone(), operation, state, lasts })
+}
+
+fn breaker_name(dep: &str, op: Option<&str>) -> String {
+    match op {
+        Some(op) => format!("{dep} (operation {op})"),
+        None => dep.to_string(),
+    }
+}
+
+fn current_override<'a>(cfg: &'a ServiceConfig, dep: &str, op: Option<&str>) -> Option<&'a BreakerOverride> {
+    cfg.breaker_overrides.iter().find(|o| o.dependency == dep && o.operation.as_deref() == op)
+}
+
+async fn override_confirm(
+    s: &AppState,
+    env: &str,
+    svc: &str,
+    f: &OverrideChange,
+) -> Result<(Confirm, OverrideRequest), UiError> {
+    let loaded = load(s, env, svc).await?;
+    let cfg = &loaded.config;
+    let req = parse_override(f, cfg, svc)?;
+    let current = loaded.row.revision;
+    let name = breaker_name(&req.dependency, req.operation.as_deref());
+    let fallback = cfg.policy.dependencies.get(&req.dependency).map(|d| d.fallback.as_str()).unwrap_or("?");
+    let mut effects: Vec<String> = moved_on(f.revision, current).into_iter().collect();
+    effects.push(match req.state {
+        BreakerOverrideState::ForcedOpen => format!(
+            "Every call to {name} is rejected as if its breaker were open; callers get the fallback ({fallback})."
+        ),
+        BreakerOverrideState::ForcedClosed => {
+            format!("Every call to {name} goes through, even while it fails; outcomes are still recorded.")
+        }
+        BreakerOverrideState::Disabled => {
+            format!("The breaker of {name} is off: calls go through and nothing is recorded.")
+        }
+    });
+    effects.push(match req.lasts {
+        Some(d) => format!(
+            "The override ends by itself {} after you confirm (agents enforce that too).",
+            duration(d)
+        ),
+        None => "The override has no expiry: it stays until someone removes it.".to_string(),
+    });
+    effects.push(PUSH_NOTE.into());
+    let now_state = current_override(cfg, &req.dependency, req.operation.as_deref())
+        .map(|o| state_label(o.state).to_string())
+        .unwrap_or_else(|| "no override (the breaker decides on its own)".into());
+    let until = match req.lasts {
+        Some(d) => format!(
+            "{} (about {})",
+            duration(d),
+            Timestamp::from_unix_ms(Timestamp::now().unix_ms() + d.as_millis() as i64)
+        ),
+        None => "never".into(),
+    };
+    let confirm = Confirm {
+        title: format!("Override the breaker of {name}"),
+        facts: vec![
+            ("Service".into(), format!("{env} / {svc} (revision {current})")),
+            ("Breaker".into(), name.clone()),
+            ("Now".into(), now_state),
+            ("New state".into(), state_label(req.state).into()),
+            ("Expires after".into(), until),
+        ],
+        effects,
+        action: format!("{}/breakers", service_url(env, svc)),
+        hidden: vec![
+            ("dependency", f.dependency.clone()),
+            ("operation", f.operation.trim().to_string()),
+            ("state", f.state.clone()),
+            ("expires_in", f.expires_in.trim().to_string()),
+            ("revision", current.to_string()),
+        ],
+        button: format!("Force {name} {}", state_label(req.state)),
+    };
+    Ok((confirm, req))
+}
+
+/// `POST …/breakers/confirm`: what the override will do; asks for a reason.
+pub async fn confirm_override(
+    State(s): State<AppState>,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<OverrideChange>,
+) -> Result<Response, UiError> {
+    user.require(Role::Operator)?;
+    let (confirm, _) = override_confirm(&s, &env, &svc, &form).await?;
+    Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
+}
+
+/// `POST …/breakers`: sets the override (confirmed, with a reason).
+pub async fn apply_override(
+    State(s): State<AppState>,
+    ctx: RequestCtx,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<OverrideChange>,
+) -> Result<Response, UiError> {
+    user.require(Role::Operator)?;
+    let (confirm, req) = override_confirm(&s, &env, &svc, &form).await?;
+    let audit = match user.audit(&ctx, &form.reason) {
+        Ok(a) => a,
+        Err(msg) => return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg)),
+    };
+    let o = BreakerOverride {
+        dependency: req.dependency.clone(),
+        operation: req.operation.clone(),
+        state: req.state,
+        expires_at: req
+            .lasts
+            .map(|d| Timestamp::from_unix_ms(Timestamp::now().unix_ms() + d.as_millis() as i64)),
+        reason: audit.reason.clone(),
+    };
+    let target = format!(
+        "breaker {}{}",
+        req.dependency,
+        req.operation.as_deref().map(|o| format!(" {o}")).unwrap_or_default()
+    );
+    let change = Change {
+        env: &env,
+        service: &svc,
+        action: "breaker.override",
+        target: &target,
+        expected: Some(form.revision),
+    };
+    let (c, _) = commit(&s, change, &audit, |p| Ok(overrides::set_override(p, o))).await?;
+    tracing::info!(actor = %audit.actor, environment = %env, service = %svc, breaker = %target, revision = c.snapshot.revision, "breaker override set from the UI");
+    Ok(after_change(&env, &svc, &c))
+}
+
+/// Form of an override removal and of its confirmation.
+#[derive(Debug, Deserialize)]
+pub struct OverrideRemoval {
+    dependency: String,
+    #[serde(default)]
+    operation: String,
+    revision: u64,
+    #[serde(default)]
+    reason: String,
+}
+
+async fn removal_confirm(
+    s: &AppState,
+    env: &str,
+    svc: &str,
+    f: &OverrideRemoval,
+) -> Result<Confirm, UiError> {
+    let loaded = load(s, env, svc).await?;
+    let cfg = &loaded.config;
+    let op = Some(f.operation.trim()).filter(|o| !o.is_empty());
+    let name = breaker_name(&f.dependency, op);
+    let o = current_override(cfg, &f.dependency, op)
+        .ok_or_else(|| UiError::NotFound(format!("there is no override on the breaker of {name}")))?;
+    let current = loaded.row.revision;
+    let mut effects: Vec<String> = moved_on(f.revision, current).into_iter().collect();
+    effects.push(format!("The breaker of {name} decides on its own again, from the calls it sees."));
+    effects.push(PUSH_NOTE.into());
+    Ok(Confirm {
+        title: format!("Remove the override of {name}"),
+        facts: vec![
+            ("Service".into(), format!("{env} / {svc} (revision {current})")),
+            ("Breaker".into(), name.clone()),
+            ("Forced state".into(), state_label(o.state).into()),
+            ("Set because".into(), o.reason.clone()),
+            ("Expires".into(), o.expires_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "never".into())),
+        ],
+        effects,
+        action: format!("{}/breakers/remove", service_url(env, svc)),
+        hidden: vec![
+            ("dependency", f.dependency.clone()),
+            ("operation", f.operation.trim().to_string()),
+            ("revision", current.to_string()),
+        ],
+        button: format!("Remove the override of {name}"),
+    })
+}
+
+/// `POST …/breakers/remove/confirm`: what removing the override does; asks for a reason.
+pub async fn confirm_remove_override(
+    State(s): State<AppState>,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<OverrideRemoval>,
+) -> Result<Response, UiError> {
+    user.require(Role::Operator)?;
+    let confirm = removal_confirm(&s, &env, &svc, &form).await?;
+    Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
+}
+
+/// `POST …/breakers/remove`: removes the override (confirmed, with a reason).
+pub async fn apply_remove_override(
+    State(s): State<AppState>,
+    ctx: RequestCtx,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<OverrideRemoval>,
+) -> Result<Response, UiError> {
+    user.require(Role::Operator)?;
+    let audit = match user.audit(&ctx, &form.reason) {
+        Ok(a) => a,
+        Err(msg) => {
+            let confirm = removal_confirm(&s, &env, &svc, &form).await?;
+            return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg));
+        }
+    };
+    let dep = form.dependency.clone();
+    let op = Some(form.operation.trim().to_string()).filter(|o| !o.is_empty());
+    let target = format!("breaker {dep}");
+    let change = Change {
+        env: &env,
+        service: &svc,
+        action: "breaker.override.delete",
+        target: &target,
+        expected: Some(form.revision),
+    };
+    let (c, _) = commit(&s, change, &audit, |p| overrides::remove_override(p, &dep, op.as_deref())).await?;
+    tracing::info!(actor = %audit.actor, environment = %env, service = %svc, breaker = %target, revision = c.snapshot.revision, "breaker override removed from the UI");
+    Ok(after_change(&env, &svc, &c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_values_follow_the_flag_type() {
+        assert_eq!(parse_value(FlagType::Bool, "false"), Ok(false.into()));
+        assert!(parse_value(FlagType::Bool, "no").is_err());
+        assert_eq!(parse_value(FlagType::Int, " 42 "), Ok(42.into()));
+        assert!(parse_value(FlagType::Float, "NaN").is_err());
+        assert_eq!(parse_value(FlagType::String, " a b "), Ok(" a b ".into()));
+        assert_eq!(parse_value(FlagType::Json, "{\"a\":1}"), Ok(serde_json::json!({"a": 1})));
+    }
+}

@@ -1,0 +1,153 @@
+//! The UI's error type: a redirect to the login page, or an HTML error page that says what
+//! went wrong and what to do. Internal causes are logged, never shown.
+
+use askama::Template;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use tower_http::csrf::ProtectionError;
+
+use super::page::Layout;
+use crate::error::ApiError;
+
+/// Why a UI request did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum UiError {
+    /// No valid session: go to the login page, then come back to `next`.
+    #[error("log in first")]
+    LoginRequired {
+        /// Where to return after logging in (a local path).
+        next: String,
+    },
+    /// The role does not allow the action.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A form without the session's anti-CSRF token, or with a wrong one.
+    #[error(
+        "this form was not sent by a Levee page of your current session (missing or wrong anti-CSRF token); \
+         reload the page and try again"
+    )]
+    BadCsrfToken,
+    /// No such environment, service, flag…
+    #[error("{0}")]
+    NotFound(String),
+    /// The form could not be understood.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The service changed between reading and writing.
+    #[error("{0}")]
+    Conflict(String),
+    /// Too many attempts.
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// A bug or an unreachable database.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl From<anyhow::Error> for UiError {
+    fn from(e: anyhow::Error) -> Self {
+        UiError::Internal(e)
+    }
+}
+
+impl From<ApiError> for UiError {
+    fn from(e: ApiError) -> Self {
+        match e {
+            ApiError::Unauthorized(_) => UiError::LoginRequired { next: "/".into() },
+            ApiError::Forbidden(m) => UiError::Forbidden(m),
+            ApiError::NotFound(m) => UiError::NotFound(m),
+            ApiError::Conflict { expected, current } => UiError::Conflict(format!(
+                "the service changed while you were looking at it: you saw revision {expected}, it is now at \
+                 revision {current}. Nothing was changed. Open the service page again, check what changed, \
+                 and repeat the action if it is still needed."
+            )),
+            ApiError::AlreadyExists(m) => UiError::Conflict(m),
+            ApiError::TooManyRequests(m) => UiError::TooManyRequests(m),
+            ApiError::Internal(cause) => UiError::Internal(cause),
+            other => UiError::BadRequest(other.to_string()),
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    layout: Layout,
+    status: u16,
+    title: &'static str,
+    message: String,
+}
+
+impl UiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            UiError::LoginRequired { .. } => StatusCode::SEE_OTHER,
+            UiError::Forbidden(_) | UiError::BadCsrfToken => StatusCode::FORBIDDEN,
+            UiError::NotFound(_) => StatusCode::NOT_FOUND,
+            UiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            UiError::Conflict(_) => StatusCode::CONFLICT,
+            UiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            UiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for UiError {
+    fn into_response(self) -> Response {
+        if let UiError::LoginRequired { next } = &self {
+            let target = if next == "/" {
+                "/login".to_string()
+            } else {
+                format!("/login?{}", serde_urlencoded::to_string([("next", next)]).unwrap_or_default())
+            };
+            return Redirect::to(&target).into_response();
+        }
+        if let UiError::Internal(cause) = &self {
+            tracing::error!(error = %format!("{cause:#}"), "internal error answering a UI request");
+        }
+        let status = self.status();
+        let title = match &self {
+            UiError::Forbidden(_) => "Not allowed",
+            UiError::BadCsrfToken => "Request refused",
+            UiError::NotFound(_) => "Not found",
+            UiError::BadRequest(_) => "Cannot do that",
+            UiError::Conflict(_) => "Changed meanwhile",
+            UiError::TooManyRequests(_) => "Too many attempts",
+            _ => "Something went wrong",
+        };
+        let message = match &self {
+            UiError::Internal(_) => {
+                "the server could not answer this request; the cause is in the server log".to_string()
+            }
+            other => other.to_string(),
+        };
+        error_page(status, title, message)
+    }
+}
+
+/// Renders the error page directly (not through [`Page`], whose own failure renders an
+/// error page), falling back to plain text.
+fn error_page(status: StatusCode, title: &'static str, message: String) -> Response {
+    let page = ErrorPage { layout: Layout::default(), status: status.as_u16(), title, message };
+    match page.render() {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(_) => (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], title).into_response(),
+    }
+}
+
+/// Answer of the UI's fallback route.
+pub async fn not_found() -> UiError {
+    UiError::NotFound("there is no page at this address".into())
+}
+
+/// Answer of tower-http's CSRF layer when a browser says the form came from another site.
+pub fn cross_site(err: ProtectionError) -> Response {
+    tracing::warn!(error = %err, "refused a cross-site form submission");
+    error_page(
+        StatusCode::FORBIDDEN,
+        "Request refused",
+        "this form was sent from another site (cross-origin request); Levee only accepts forms sent from \
+         its own pages. Nothing was changed."
+            .into(),
+    )
+}

@@ -1,0 +1,151 @@
+//! What the fleet says about a service: who is connected, who applied which revision, who
+//! rejected it, and what the agents' last status reports show (open breakers, features on a
+//! fallback).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::db::{AgentRow, NackRow};
+
+/// Breaker states that count as "open" in the overview.
+const OPEN_STATES: [&str; 2] = ["OPEN", "FORCED_OPEN"];
+
+/// Summary of a service's agents.
+#[derive(Clone, Debug, Default)]
+pub struct FleetSummary {
+    /// Instances with a stream open now.
+    pub connected: usize,
+    /// Connected instances that applied the current revision.
+    pub acked: usize,
+    /// Instances that rejected the current revision.
+    pub nacked_current: usize,
+    /// Every NACK on record.
+    pub nacks_total: usize,
+    /// Breakers open on at least one connected instance (`dependency` or `dependency operation`).
+    pub open_breakers: Vec<String>,
+    /// Features living on a fallback on at least one connected instance, with the level.
+    pub degraded: Vec<String>,
+}
+
+impl FleetSummary {
+    /// Summarizes `agents` and `nacks` against the service's current `revision`.
+    pub fn new(revision: u64, agents: &[AgentRow], nacks: &[NackRow]) -> FleetSummary {
+        let live: Vec<&AgentRow> = agents.iter().filter(|a| a.connected).collect();
+        let mut open = BTreeSet::new();
+        let mut degraded = BTreeMap::new();
+        for a in &live {
+            let report = AgentReport::of(a);
+            open.extend(report.open_breakers);
+            for (feature, level) in report.degraded {
+                degraded.entry(feature).or_insert(level);
+            }
+        }
+        FleetSummary {
+            connected: live.len(),
+            acked: live.iter().filter(|a| a.applied_revision == revision).count(),
+            nacked_current: nacks
+                .iter()
+                .filter(|n| n.revision == revision)
+                .map(|n| &n.instance_id)
+                .collect::<BTreeSet<_>>()
+                .len(),
+            nacks_total: nacks.len(),
+            open_breakers: open.into_iter().collect(),
+            degraded: degraded.into_iter().map(|(f, l)| format!("{f} ({l})")).collect(),
+        }
+    }
+}
+
+/// What one agent's last status report says, in words.
+#[derive(Clone, Debug, Default)]
+pub struct AgentReport {
+    /// Where its configuration comes from: `live`, `cache` or `default`.
+    pub source: String,
+    /// Breakers not CLOSED, as `name: STATE`.
+    pub breakers: Vec<String>,
+    /// Breakers OPEN or FORCED_OPEN.
+    pub open_breakers: Vec<String>,
+    /// Features on a fallback: (feature, level).
+    pub degraded: Vec<(String, String)>,
+}
+
+impl AgentReport {
+    /// Reads the status JSON stored for an agent (missing or odd fields are skipped).
+    pub fn of(a: &AgentRow) -> AgentReport {
+        let mut r = AgentReport::default();
+        let Some(status) = &a.status else { return r };
+        r.source = status["source"].as_str().unwrap_or("").to_string();
+        for b in status["breakers"].as_array().into_iter().flatten() {
+            let state = b["state"].as_str().unwrap_or("");
+            if state.is_empty() || state == "CLOSED" {
+                continue;
+            }
+            let dep = b["dependency"].as_str().unwrap_or("?");
+            let name = match b["operation"].as_str() {
+                Some(op) if !op.is_empty() => format!("{dep} {op}"),
+                _ => dep.to_string(),
+            };
+            if OPEN_STATES.contains(&state) {
+                r.open_breakers.push(name.clone());
+            }
+            r.breakers.push(format!("{name}: {state}"));
+        }
+        for f in status["features"].as_array().into_iter().flatten() {
+            let level = f["level"].as_str().unwrap_or("");
+            let since = f["degraded_since_ms"].as_i64().unwrap_or(0);
+            if since > 0 && !level.is_empty() && level != "FRESH" {
+                r.degraded.push((f["feature"].as_str().unwrap_or("?").to_string(), level.to_string()));
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(id: &str, connected: bool, rev: u64, status: serde_json::Value) -> AgentRow {
+        AgentRow {
+            environment: "prod".into(),
+            service: "checkout".into(),
+            instance_id: id.into(),
+            agent_version: "0.1.0".into(),
+            connected,
+            connected_at: 1,
+            last_seen: 1,
+            applied_revision: rev,
+            applied_hash: String::new(),
+            status: Some(status),
+        }
+    }
+
+    #[test]
+    fn counts_only_connected_agents_and_reads_their_reports() {
+        let agents = [
+            agent(
+                "a",
+                true,
+                3,
+                serde_json::json!({"source": "live",
+                "breakers": [{"dependency": "pay", "operation": "", "state": "OPEN"},
+                             {"dependency": "recs", "operation": "", "state": "CLOSED"}],
+                "features": [{"feature": "recommendations", "level": "GENERIC", "degraded_since_ms": 5},
+                             {"feature": "cart", "level": "FRESH", "degraded_since_ms": 0}]}),
+            ),
+            agent("b", true, 2, serde_json::json!({})),
+            agent("c", false, 3, serde_json::json!({"breakers": [{"dependency": "x", "state": "OPEN"}]})),
+        ];
+        let nacks = [NackRow {
+            environment: "prod".into(),
+            service: "checkout".into(),
+            instance_id: "b".into(),
+            revision: 3,
+            error_detail: "bad".into(),
+            at: 1,
+        }];
+        let s = FleetSummary::new(3, &agents, &nacks);
+        assert_eq!((s.connected, s.acked, s.nacked_current, s.nacks_total), (2, 1, 1, 1));
+        assert_eq!(s.open_breakers, vec!["pay".to_string()]);
+        assert_eq!(s.degraded, vec!["recommendations (GENERIC)".to_string()]);
+    }
+}

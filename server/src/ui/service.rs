@@ -1,0 +1,394 @@
+//! `GET /ui/environments/{env}/services/{svc}`: one service — its dependencies and their
+//! policies, the degradation matrix, flags with their switches, breaker overrides, the
+//! agents with the revision each applied, NACKs, and how far the last change has spread.
+
+use std::collections::BTreeSet;
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use levee_agent::policy::{
+    BreakerOverrideState, Dependency, DependencyCriticality, Flag, FlagType, ServiceConfig, Window, lint,
+};
+use serde::Deserialize;
+
+use super::error::UiError;
+use super::fleet::{AgentReport, FleetSummary};
+use super::page::{Layout, Page, duration, percent, service_url, time};
+use super::session::UiUser;
+use crate::api::AppState;
+use crate::db::{AgentRow, NackRow, ServiceRow};
+
+/// How often the page reloads itself while a change is still spreading (no JavaScript).
+pub const PROPAGATION_REFRESH_SECS: u32 = 2;
+
+/// Query of the service page: set after a change so the page follows its propagation.
+#[derive(Debug, Deserialize)]
+pub struct ServiceQuery {
+    /// Revision created by the change just made.
+    changed: Option<String>,
+    /// Set when the change requested was already in effect.
+    unchanged: Option<String>,
+}
+
+/// A service's stored state, loaded once per request.
+pub struct Loaded {
+    /// The services row (current revision).
+    pub row: ServiceRow,
+    /// The current snapshot body.
+    pub config: ServiceConfig,
+}
+
+/// Loads a service and its current snapshot, or 404.
+pub async fn load(s: &AppState, env: &str, svc: &str) -> Result<Loaded, UiError> {
+    let not_found = || UiError::NotFound(format!("no service {svc:?} in environment {env:?}"));
+    let row = s.store.service(env, svc).await?.ok_or_else(not_found)?;
+    let snap = s.store.latest_snapshot(env, svc).await?.ok_or_else(not_found)?;
+    let config = serde_json::from_str(&snap.body)
+        .map_err(|e| UiError::Internal(anyhow::anyhow!("stored snapshot does not decode: {e}")))?;
+    Ok(Loaded { row, config })
+}
+
+/// A kill switch as shown next to what it switches.
+pub struct SwitchView {
+    /// Flag key.
+    pub flag: String,
+    /// `on`, `off`, or why neither (missing flag, not a bool).
+    pub state: String,
+    /// Whether the switch currently turns the thing off.
+    pub off: bool,
+}
+
+/// The state of the bool flag `key` in words.
+pub fn switch_view(cfg: &ServiceConfig, key: &str) -> SwitchView {
+    let (state, off) = match cfg.flags.get(key) {
+        Some(f) if f.kind == FlagType::Bool => match f.value.as_bool() {
+            Some(true) => ("on".to_string(), false),
+            _ => ("off".to_string(), true),
+        },
+        Some(f) => (format!("not a bool flag ({})", f.kind.as_str()), false),
+        None => ("flag not defined (agents use their default)".to_string(), false),
+    };
+    SwitchView { flag: key.to_string(), state, off }
+}
+
+struct DepView {
+    name: String,
+    critical: bool,
+    attempt_timeout: String,
+    retry: String,
+    breaker: String,
+    bulkhead: String,
+    fallback: &'static str,
+    kill_switch: Option<SwitchView>,
+    overrides: Vec<String>,
+    operations: usize,
+}
+
+fn dep_view(name: &str, d: &Dependency, cfg: &ServiceConfig) -> DepView {
+    let retry = if d.retry.max_attempts <= 1 {
+        "no retry".to_string()
+    } else {
+        format!(
+            "{} attempts, backoff {}…{}",
+            d.retry.max_attempts,
+            duration(d.retry.base),
+            duration(d.retry.cap)
+        )
+    };
+    let b = &d.circuit_breaker;
+    let breaker = if b.enabled {
+        let window = match b.window {
+            Window::Count { size } => format!("last {size} calls"),
+            Window::Time { seconds } => format!("last {seconds} s"),
+        };
+        let slow = match b.slow_call_duration {
+            Some(s) => format!(", or ≥ {} slower than {}", percent(b.slow_call_rate_threshold), duration(s)),
+            None => String::new(),
+        };
+        format!(
+            "opens at ≥ {} failures{slow} of the {window} (min {} calls); open {}…{}",
+            percent(b.failure_rate_threshold),
+            b.minimum_calls,
+            duration(b.wait_in_open),
+            duration(b.max_wait_in_open)
+        )
+    } else {
+        "off".to_string()
+    };
+    let overrides = cfg
+        .breaker_overrides
+        .iter()
+        .filter(|o| o.dependency == name)
+        .map(|o| match &o.operation {
+            Some(op) => format!("{op}: {}", state_label(o.state)),
+            None => state_label(o.state).to_string(),
+        })
+        .collect();
+    DepView {
+        name: name.to_string(),
+        critical: d.criticality == DependencyCriticality::Critical,
+        attempt_timeout: duration(d.attempt_timeout),
+        retry,
+        breaker,
+        bulkhead: format!(
+            "{} concurrent, wait ≤ {}",
+            d.bulkhead.max_concurrent,
+            duration(d.bulkhead.max_wait)
+        ),
+        fallback: d.fallback.as_str(),
+        kill_switch: d.enabled_flag.as_deref().map(|k| switch_view(cfg, k)),
+        overrides,
+        operations: d.operations.len(),
+    }
+}
+
+/// Upper-case label of an override state.
+pub fn state_label(s: BreakerOverrideState) -> &'static str {
+    match s {
+        BreakerOverrideState::ForcedOpen => "FORCED_OPEN",
+        BreakerOverrideState::ForcedClosed => "FORCED_CLOSED",
+        BreakerOverrideState::Disabled => "DISABLED",
+    }
+}
+
+/// The one-click switch of a bool flag.
+struct Flip {
+    /// Value it sets.
+    value: &'static str,
+    /// Button label.
+    label: &'static str,
+}
+
+struct FlagView {
+    key: String,
+    kind: &'static str,
+    value: String,
+    description: String,
+    owner: String,
+    expires: String,
+    /// For bool flags: what the one-click switch does.
+    flip: Option<Flip>,
+    off: bool,
+    used_by: Vec<String>,
+}
+
+/// A flag's value as an operator types it: strings bare, everything else as JSON.
+pub fn value_text(f: &Flag) -> String {
+    match &f.value {
+        serde_json::Value::String(s) if f.kind == FlagType::String => s.clone(),
+        v => v.to_string(),
+    }
+}
+
+fn flag_view(key: &str, f: &Flag, cfg: &ServiceConfig) -> FlagView {
+    let flip = match (f.kind, f.value.as_bool()) {
+        (FlagType::Bool, Some(true)) => Some(Flip { value: "false", label: "Turn off" }),
+        (FlagType::Bool, _) => Some(Flip { value: "true", label: "Turn on" }),
+        _ => None,
+    };
+    FlagView {
+        key: key.to_string(),
+        kind: f.kind.as_str(),
+        value: value_text(f),
+        description: f.description.clone(),
+        owner: f.owner.clone(),
+        expires: f.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        flip,
+        off: f.kind == FlagType::Bool && f.value.as_bool() == Some(false),
+        used_by: switched_by(cfg, key),
+    }
+}
+
+/// What the bool flag `key` switches: dependencies and matrix features that name it.
+pub fn switched_by(cfg: &ServiceConfig, key: &str) -> Vec<String> {
+    let deps = cfg
+        .policy
+        .dependencies
+        .iter()
+        .filter(|(_, d)| d.enabled_flag.as_deref() == Some(key))
+        .map(|(n, _)| format!("dependency {n}"));
+    let features = cfg
+        .policy
+        .degradation_matrix
+        .iter()
+        .filter(|r| r.enabled_flag.as_deref() == Some(key))
+        .map(|r| format!("feature {}", r.feature));
+    deps.chain(features).collect()
+}
+
+struct MatrixView {
+    feature: String,
+    dependencies: String,
+    on_failure: &'static str,
+    owner: String,
+    decision: String,
+    alert_after: String,
+    switch: Option<SwitchView>,
+}
+
+struct OverrideView {
+    dependency: String,
+    operation: String,
+    state: &'static str,
+    expires: String,
+    reason: String,
+}
+
+struct AgentView {
+    instance: String,
+    version: String,
+    connected: bool,
+    last_seen: String,
+    applied_revision: u64,
+    on_current: bool,
+    source: String,
+    breakers: String,
+    degraded: String,
+}
+
+fn agent_view(a: &AgentRow, current: u64) -> AgentView {
+    let r = AgentReport::of(a);
+    AgentView {
+        instance: a.instance_id.clone(),
+        version: a.agent_version.clone(),
+        connected: a.connected,
+        last_seen: time(a.last_seen),
+        applied_revision: a.applied_revision,
+        on_current: a.applied_revision == current,
+        source: r.source,
+        breakers: r.breakers.join(", "),
+        degraded: r.degraded.iter().map(|(f, l)| format!("{f} ({l})")).collect::<Vec<_>>().join(", "),
+    }
+}
+
+struct NackView {
+    instance: String,
+    revision: u64,
+    detail: String,
+    at: String,
+}
+
+/// How far a revision has spread through the connected agents.
+struct Propagation {
+    revision: u64,
+    connected: usize,
+    acked: usize,
+    nacked: usize,
+    /// Still waiting for some connected agent: the page refreshes itself.
+    pending: bool,
+}
+
+fn propagation(revision: u64, agents: &[AgentRow], nacks: &[NackRow]) -> Propagation {
+    let live: Vec<&AgentRow> = agents.iter().filter(|a| a.connected).collect();
+    let acked = live.iter().filter(|a| a.applied_revision >= revision).count();
+    let nacked = nacks
+        .iter()
+        .filter(|n| n.revision == revision)
+        .map(|n| &n.instance_id)
+        .collect::<BTreeSet<_>>()
+        .len();
+    let connected = live.len();
+    Propagation { revision, connected, acked, nacked, pending: acked + nacked < connected }
+}
+
+#[derive(Template)]
+#[template(path = "service.html")]
+struct ServicePage {
+    layout: Layout,
+    env: String,
+    svc: String,
+    /// Path of this page (encoded), the base of the forms' actions.
+    base: String,
+    description: String,
+    revision: u64,
+    hash: String,
+    updated_at: String,
+    can_operate: bool,
+    csrf: String,
+    /// Set right after a change made from this page.
+    change: Option<Propagation>,
+    unchanged: bool,
+    refresh_secs: u32,
+    current: Propagation,
+    fleet: FleetSummary,
+    lints: Vec<(String, String)>,
+    dependencies: Vec<DepView>,
+    dependency_names: Vec<String>,
+    matrix: Vec<MatrixView>,
+    flags: Vec<FlagView>,
+    overrides: Vec<OverrideView>,
+    agents: Vec<AgentView>,
+    nacks: Vec<NackView>,
+}
+
+/// `GET /ui/environments/{env}/services/{svc}`.
+pub async fn page(
+    State(s): State<AppState>,
+    user: UiUser,
+    Path((env, svc)): Path<(String, String)>,
+    Query(q): Query<ServiceQuery>,
+) -> Result<Page<impl Template>, UiError> {
+    let Loaded { row, config: cfg } = load(&s, &env, &svc).await?;
+    let snap_hash = s.store.latest_snapshot(&env, &svc).await?.map(|r| r.hash).unwrap_or_default();
+    let agents = s.store.agents(&env, &svc).await?;
+    let nacks = s.store.nacks(&env, &svc).await?;
+    let change =
+        q.changed.as_deref().and_then(|c| c.parse::<u64>().ok()).map(|r| propagation(r, &agents, &nacks));
+    let page = ServicePage {
+        layout: user.layout(),
+        can_operate: user.can_operate(),
+        csrf: user.csrf.clone(),
+        change,
+        unchanged: q.unchanged.is_some(),
+        refresh_secs: PROPAGATION_REFRESH_SECS,
+        current: propagation(row.revision, &agents, &nacks),
+        fleet: FleetSummary::new(row.revision, &agents, &nacks),
+        lints: lint(&cfg.policy).into_iter().map(|l| (l.path, l.message)).collect(),
+        dependencies: cfg.policy.dependencies.iter().map(|(n, d)| dep_view(n, d, &cfg)).collect(),
+        dependency_names: cfg.policy.dependencies.keys().cloned().collect(),
+        matrix: cfg
+            .policy
+            .degradation_matrix
+            .iter()
+            .map(|r| MatrixView {
+                feature: r.feature.clone(),
+                dependencies: r.dependencies.join(", "),
+                on_failure: r.on_failure.as_str(),
+                owner: r.owner.clone(),
+                decision: r.decision.clone(),
+                alert_after: duration(r.alert_after),
+                switch: r.enabled_flag.as_deref().map(|k| switch_view(&cfg, k)),
+            })
+            .collect(),
+        flags: cfg.flags.iter().map(|(k, f)| flag_view(k, f, &cfg)).collect(),
+        overrides: cfg
+            .breaker_overrides
+            .iter()
+            .map(|o| OverrideView {
+                dependency: o.dependency.clone(),
+                operation: o.operation.clone().unwrap_or_default(),
+                state: state_label(o.state),
+                expires: o.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                reason: o.reason.clone(),
+            })
+            .collect(),
+        agents: agents.iter().map(|a| agent_view(a, row.revision)).collect(),
+        nacks: nacks
+            .iter()
+            .map(|n| NackView {
+                instance: n.instance_id.clone(),
+                revision: n.revision,
+                detail: n.error_detail.clone(),
+                at: time(n.at),
+            })
+            .collect(),
+        base: service_url(&env, &svc),
+        env,
+        svc,
+        description: row.description,
+        revision: row.revision,
+        hash: snap_hash,
+        updated_at: time(row.updated_at),
+    };
+    Ok(Page::ok(page))
+}

@@ -1,0 +1,186 @@
+//! CSRF, escaping and roles.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::helpers::{ESCAPED_SCRIPT, KILL_SWITCH, RAW_SCRIPT, SERVICE, TestApp};
+
+/// Nothing was changed through the UI: same switch value, no UI audit row.
+async fn assert_untouched(app: &TestApp) {
+    assert_eq!(app.kill_switch().await, json!(true));
+    assert!(app.audit().await.iter().all(|r| r["via"] != "ui"), "no UI change was even attempted");
+}
+
+#[tokio::test]
+async fn cross_site_form_posts_are_refused_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let mut b = app.logged_in("olivia").await;
+    let csrf = b.get(SERVICE).await.csrf();
+    let rev = app.snapshot().await["revision"].as_u64().unwrap().to_string();
+    let fields =
+        [("csrf", csrf.as_str()), ("value", "false"), ("revision", rev.as_str()), ("reason", "forged")];
+    let evil = "https://evil.example";
+    for headers in [
+        vec![("sec-fetch-site", "cross-site"), ("origin", evil)],
+        // A browser that sends no Sec-Fetch-Site: the Origin must match the Host.
+        vec![("origin", evil)],
+        // A sibling site is still another origin.
+        vec![("sec-fetch-site", "same-site"), ("origin", "http://other.localhost")],
+    ] {
+        for path in [KILL_SWITCH.to_string(), format!("{KILL_SWITCH}/confirm")] {
+            let res = b.post_with(&path, &fields, &headers).await;
+            assert_eq!(res.status, StatusCode::FORBIDDEN, "{path} with {headers:?}");
+            assert!(res.body.contains("sent from another site"), "{}", res.body);
+        }
+    }
+    // Logging someone out from another site does not work either.
+    let res = b.post_with("/logout", &[("csrf", &csrf)], &[("sec-fetch-site", "cross-site")]).await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+    assert!(res.set_cookie("levee_session").is_none());
+    assert_untouched(&app).await;
+    // The same form from the site itself goes through.
+    let res = b.post(KILL_SWITCH, &fields).await;
+    assert_eq!(res.status, StatusCode::SEE_OTHER, "{}", res.body);
+    assert_eq!(app.kill_switch().await, json!(false));
+}
+
+#[tokio::test]
+async fn form_posts_without_the_session_token_are_refused() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let mut admin = app.logged_in("admin").await;
+    let admin_token = admin.get(SERVICE).await.csrf();
+    let mut b = app.logged_in("olivia").await;
+    let own = b.get(SERVICE).await.csrf();
+    let login_token = app.browser().get("/login").await.csrf();
+    let rev = app.snapshot().await["revision"].as_u64().unwrap().to_string();
+    for token in [None, Some(""), Some("forged"), Some(admin_token.as_str()), Some(login_token.as_str())] {
+        let mut fields = vec![("value", "false"), ("revision", rev.as_str()), ("reason", "no token")];
+        if let Some(t) = token {
+            fields.push(("csrf", t));
+        }
+        for path in [KILL_SWITCH.to_string(), format!("{KILL_SWITCH}/confirm")] {
+            let res = b.post(&path, &fields).await;
+            assert_eq!(res.status, StatusCode::FORBIDDEN, "{path} with token {token:?}");
+            assert!(res.body.contains("anti-CSRF token"), "{}", res.body);
+        }
+    }
+    assert_untouched(&app).await;
+    assert_ne!(own, admin_token, "tokens are per session");
+}
+
+#[tokio::test]
+async fn viewer_sees_no_switch_and_a_forged_post_is_forbidden() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("vera", "viewer").await;
+    let mut b = app.logged_in("vera").await;
+    let page = b.get(SERVICE).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.body.contains("recommendations.enabled"), "a viewer reads everything");
+    for form in ["/confirm\"", "Turn off", "Override…", "Remove…", "name=\"value\""] {
+        assert!(!page.body.contains(form), "a viewer's page has no {form:?}");
+    }
+    // The viewer's own, valid token does not make a forged form acceptable.
+    let csrf = page.csrf();
+    let rev = app.snapshot().await["revision"].as_u64().unwrap().to_string();
+    let flip =
+        [("csrf", csrf.as_str()), ("value", "false"), ("revision", rev.as_str()), ("reason", "forged")];
+    let breaker = [
+        ("csrf", csrf.as_str()),
+        ("revision", rev.as_str()),
+        ("dependency", "payments"),
+        ("state", "forced_open"),
+        ("reason", "forged"),
+    ];
+    for (path, fields) in [
+        (format!("{KILL_SWITCH}/confirm"), &flip[..]),
+        (KILL_SWITCH.to_string(), &flip[..]),
+        (format!("{SERVICE}/breakers/confirm"), &breaker[..]),
+        (format!("{SERVICE}/breakers"), &breaker[..]),
+    ] {
+        let res = b.post(&path, fields).await;
+        assert_eq!(res.status, StatusCode::FORBIDDEN, "{path}");
+        assert!(res.body.contains("needs the operator role; you are viewer"), "{}", res.body);
+    }
+    assert_untouched(&app).await;
+    assert!(app.snapshot().await["config"]["breaker_overrides"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn user_text_is_escaped_everywhere() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    // A flag whose description, owner and reason are markup.
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/services/checkout/flags/banner.enabled",
+            Some(json!({"type": "bool", "value": true, "description": RAW_SCRIPT, "owner": RAW_SCRIPT, "reason": RAW_SCRIPT})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    // A matrix owner and decision that are markup.
+    let (_, h, doc) = app.api(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let mut policy = doc["policy"].clone();
+    policy["degradation_matrix"][0]["owner"] = json!(RAW_SCRIPT);
+    policy["degradation_matrix"][0]["decision"] = json!(RAW_SCRIPT);
+    let etag = h["etag"].to_str().unwrap().to_string();
+    let (s, _, b) = app
+        .api_with(
+            Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"policy": policy, "reason": RAW_SCRIPT})),
+            &[("if-match", &etag)],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    // A breaker override whose reason is markup.
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/services/checkout/breaker-overrides/payments",
+            Some(json!({"state": "forced_closed", "reason": RAW_SCRIPT})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+
+    let mut b = app.logged_in("admin").await;
+    let service = b.get(SERVICE).await;
+    let csrf = service.csrf();
+    let rev = app.snapshot().await["revision"].as_u64().unwrap().to_string();
+    let confirm = b
+        .post(
+            &format!("{SERVICE}/flags/banner.enabled/confirm"),
+            &[("csrf", &csrf), ("value", "false"), ("revision", &rev)],
+        )
+        .await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    // A reason refused for its length is shown again for editing, escaped too.
+    let refused = b
+        .post(
+            &format!("{SERVICE}/flags/banner.enabled"),
+            &[("csrf", &csrf), ("value", "false"), ("revision", &rev), ("reason", &RAW_SCRIPT.repeat(50))],
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(refused.body.contains("at most 1000 bytes"), "{}", refused.body);
+    let audit = b.get("/ui/audit").await;
+    assert_eq!(audit.status, StatusCode::OK);
+    for (name, page) in
+        [("service", &service), ("confirmation", &confirm), ("refused", &refused), ("audit", &audit)]
+    {
+        assert!(page.body.contains(ESCAPED_SCRIPT), "{name} page shows the text escaped: {}", page.body);
+        assert!(!page.body.contains("<script"), "{name} page contains a raw script tag");
+    }
+    // Matrix owner, flag description and override reason all reached the service page.
+    assert!(service.body.matches(ESCAPED_SCRIPT).count() >= 4, "{}", service.body);
+    for page in [&service, &audit] {
+        let csp = page.headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert_eq!(page.headers["x-frame-options"], "DENY");
+    }
+}
