@@ -345,8 +345,7 @@ impl Agent {
     /// The handle of a product feature of the degradation matrix (see [`crate::feature`]);
     /// handles of the same name share state. Keep it; do not look it up per request.
     pub fn feature(&self, name: &str) -> crate::feature::Feature {
-        let shared = &self.inner.shared;
-        shared.with_ctx(|ctx| shared.features.handle(name, ctx, &shared.defaults, &shared.flags))
+        self.inner.shared.feature_handle(name)
     }
 
     /// A tower layer for the service's inbound side (axum, hyper, tonic): gives each
@@ -358,8 +357,7 @@ impl Agent {
 
     /// The handle of an outgoing dependency; handles of the same name share state.
     pub fn dependency(&self, name: &str) -> Dependency {
-        let shared = &self.inner.shared;
-        shared.with_ctx(|ctx| shared.deps.handle(name, ctx, &shared.defaults, &shared.flags))
+        self.inner.shared.dependency_handle(name)
     }
 
     /// Adds a contributor to the periodic status report (breakers, features, bulkheads).

@@ -285,6 +285,24 @@ impl Shared {
         self.next_wake.load().as_deref().copied()
     }
 
+    /// The handle of a dependency, registering its slot on first use. The slot is resolved
+    /// once more after registration: a snapshot installed between reading the state and
+    /// registering the slot would otherwise leave it stale until the next change (a kill
+    /// switch ignored when the handle is taken while a push is being applied).
+    pub(crate) fn dependency_handle(&self, name: &str) -> crate::enforce::Dependency {
+        let handle = self.with_ctx(|ctx| self.deps.handle(name, ctx, &self.defaults, &self.flags));
+        self.refresh();
+        handle
+    }
+
+    /// The handle of a feature of the degradation matrix; registered and re-resolved like
+    /// [`Shared::dependency_handle`].
+    pub(crate) fn feature_handle(&self, name: &str) -> crate::feature::Feature {
+        let handle = self.with_ctx(|ctx| self.features.handle(name, ctx, &self.defaults, &self.flags));
+        self.refresh();
+        handle
+    }
+
     /// Installs a newly applied snapshot from the server: swaps it in, marks it confirmed
     /// live, and rewrites the slots.
     pub(crate) fn install_live(&self, applied: Applied) {

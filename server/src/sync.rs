@@ -243,23 +243,14 @@ impl Session {
         }));
     }
 
-    /// Sends `snap` if it is newer than what the agent has and was not NACKed by it.
+    /// Sends `snap` if it is newer than what the agent has and was not NACKed by it. No
+    /// database access: a push to thousands of streams must not cost thousands of queries.
     async fn offer(&mut self, snap: &SnapshotRow) -> Result<(), ()> {
         let Some(st) = self.services.get_mut(&snap.service) else { return Ok(()) };
         if snap.revision <= st.applied_revision
             || snap.revision <= st.last_sent
             || st.nacked.contains(&snap.revision)
         {
-            return Ok(());
-        }
-        if self
-            .inner
-            .store
-            .nacked(&self.env, &snap.service, &self.instance, snap.revision)
-            .await
-            .unwrap_or(false)
-        {
-            st.nacked.insert(snap.revision);
             return Ok(());
         }
         self.nonce += 1;
@@ -372,13 +363,25 @@ async fn run_session(
     tracing::debug!(token = %principal.name, instance = %session.instance, "agent stream opened");
     let mut watches = tokio_stream::StreamMap::new();
     for s in &hello.services {
+        // NACKs this instance sent on an earlier stream (a NACKed revision is never resent).
+        let nacked = match inner
+            .store
+            .nacked_revisions(&hello.environment, &s.name, &hello.instance_id, s.applied_revision)
+            .await
+        {
+            Ok(revs) => revs.into_iter().collect(),
+            Err(e) => {
+                tracing::error!(error = ?e, "loading the NACKs of a new agent stream");
+                HashSet::new()
+            }
+        };
         session.services.insert(
             s.name.clone(),
             ServiceState {
                 applied_revision: s.applied_revision,
                 applied_hash: s.hash.clone(),
                 last_sent: 0,
-                nacked: HashSet::new(),
+                nacked,
             },
         );
         watches.insert(s.name.clone(), WatchStream::new(inner.hub.subscribe(&session.env, &s.name)));

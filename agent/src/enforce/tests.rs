@@ -101,6 +101,21 @@ async fn kill_switch_uses_declared_default_when_the_flag_is_absent_else_enabled(
     assert!(d.is_enabled(), "the server value (true) wins over the declared default");
 }
 
+/// The race behind a kill switch that was ignored for a heartbeat interval: a handle built
+/// from the state read just before a push was installed. Registration re-resolves the slot.
+#[test]
+fn a_handle_registered_while_a_snapshot_is_installed_sees_the_new_snapshot() {
+    let shared = shared_with(POLICY);
+    let off = switched_off();
+    let stale = shared.with_ctx(|ctx| {
+        apply(&shared, 2, &off); // the push lands after the state was read
+        shared.deps.handle("recommendations", ctx, &shared.defaults, &shared.flags)
+    });
+    assert!(stale.is_enabled(), "the interleaving under test: built from the pre-push state");
+    let handle = shared.dependency_handle("recommendations");
+    assert!(!handle.is_enabled() && !stale.is_enabled(), "both handles share the re-resolved slot");
+}
+
 #[tokio::test(start_paused = true)]
 async fn attempt_timeout_uses_operation_override_then_dependency_value() {
     let shared = shared_with(POLICY);

@@ -36,6 +36,16 @@ use apply::{Verdict, judge};
 /// Capacity of the outbound message queue of one stream.
 const OUTBOUND_QUEUE: usize = 64;
 
+/// Work for the answer task of one stream, handled strictly in arrival order.
+enum Answer {
+    /// Write the applied snapshot to the disk cache, then send the ACK (persist, then ACK:
+    /// control-plane.md §2).
+    PersistThenAck { revision: u64, hash: String, body: Arc<str>, ack: Ack },
+    /// Send at once (an ACK of an already applied revision, or a NACK) — but after every
+    /// answer queued before it, so the server sees answers in snapshot order.
+    Send(agent_message::Kind),
+}
+
 /// How one stream ended.
 #[derive(Debug)]
 enum Ended {
@@ -177,7 +187,7 @@ impl SyncClient {
         let mut request = Request::new(ReceiverStream::new(rx));
         request.metadata_mut().insert("authorization", self.authorization.clone());
 
-        let mut interval = self.settings.heartbeat_interval;
+        let interval = self.settings.heartbeat_interval;
         let opened = Instant::now();
         let answer_by = opened + self.dead_after(interval);
         let response = tokio::select! {
@@ -192,6 +202,8 @@ impl SyncClient {
             Err(status) => return ended_by(status, false),
         };
         self.shared.set_connected(true);
+        let (ended_tx, ended_rx) = watch::channel(false);
+        let (answers, answering) = self.spawn_answer_task(tx.clone(), ended_rx);
         tracing::info!(
             environment = %self.shared.environment,
             service = %self.shared.service,
@@ -199,6 +211,24 @@ impl SyncClient {
             "levee sync stream established"
         );
 
+        let ended = self.read_stream(&mut stream, &tx, &answers, opened, interval).await;
+        // Let the answer task finish what is queued (persist every applied snapshot) before
+        // reconnecting or reporting shutdown done.
+        let _ = ended_tx.send(true);
+        drop(answers);
+        let _ = answering.await;
+        ended
+    }
+
+    /// Reads one established stream until it ends.
+    async fn read_stream(
+        &mut self,
+        stream: &mut tonic::Streaming<crate::proto::ServerMessage>,
+        tx: &mpsc::Sender<AgentMessage>,
+        answers: &mpsc::Sender<Answer>,
+        opened: Instant,
+        mut interval: Duration,
+    ) -> Ended {
         let mut received = false;
         let mut last_message = opened;
         let mut status_tick =
@@ -220,7 +250,7 @@ impl SyncClient {
                     last_message = Instant::now();
                     match message.kind {
                         Some(server_message::Kind::Snapshot(snap)) => {
-                            if let Err(error) = self.on_snapshot(&tx, snap).await {
+                            if let Err(error) = self.on_snapshot(&answers, snap) {
                                 return Ended::Dropped { received, error };
                             }
                         }
@@ -259,44 +289,87 @@ impl SyncClient {
         }
     }
 
-    /// Judges, applies, persists and answers one snapshot. An `Err` ends the stream (the
-    /// answer could not be queued).
-    async fn on_snapshot(
+    /// Judges and applies one snapshot, then queues its answer. Applying never waits for
+    /// the disk: the cache write and the ACK happen on the stream's answer task, so a slow
+    /// `fsync` cannot delay the next snapshot (a kill switch flipped right after another
+    /// change still takes effect at once). An `Err` ends the stream (the answer could not
+    /// be queued: the server is not reading).
+    fn on_snapshot(
         &self,
-        tx: &mpsc::Sender<AgentMessage>,
+        answers: &mpsc::Sender<Answer>,
         snap: crate::proto::Snapshot,
     ) -> Result<(), String> {
         let (service, revision, nonce) = (snap.service.clone(), snap.revision, snap.nonce);
+        let ack = Ack { service: service.clone(), revision, nonce };
         let answer = match judge(&self.shared, &snap, Instant::now(), Timestamp::now()) {
             Verdict::Apply(applied) => {
                 let body = applied.body.clone();
                 let hash = applied.hash.clone();
                 self.shared.install_live(applied);
                 tracing::info!(service = %service, revision, "levee configuration applied");
-                if let (Some(cache), Some(body)) = (self.shared.cache.clone(), body) {
-                    let written = tokio::task::spawn_blocking(move || {
-                        cache.store(revision, &hash, &body, Timestamp::now()).map(|_| ())
-                    })
-                    .await;
-                    if let Ok(Err(e)) = written {
-                        // Already logged and counted; the configuration is applied in memory.
-                        tracing::debug!(error = %e, "snapshot applied but not persisted");
+                match body {
+                    Some(body) if self.shared.cache.is_some() => {
+                        Answer::PersistThenAck { revision, hash, body, ack }
                     }
+                    _ => Answer::Send(agent_message::Kind::Ack(ack)),
                 }
-                agent_message::Kind::Ack(Ack { service, revision, nonce })
             }
             Verdict::AlreadyApplied => {
                 self.shared.confirm(revision);
-                agent_message::Kind::Ack(Ack { service, revision, nonce })
+                Answer::Send(agent_message::Kind::Ack(ack))
             }
             Verdict::Reject(error_detail) => {
                 tracing::warn!(service = %service, revision, reason = %error_detail, "levee snapshot rejected; keeping the last good configuration");
                 self.shared.set_nack(revision, error_detail.clone());
-                agent_message::Kind::Nack(Nack { service, revision, nonce, error_detail })
+                Answer::Send(agent_message::Kind::Nack(Nack { service, revision, nonce, error_detail }))
             }
         };
-        tx.try_send(AgentMessage { kind: Some(answer) })
+        answers
+            .try_send(answer)
             .map_err(|_| "the outbound queue is full: the server is not reading the stream".to_string())
+    }
+
+    /// Starts the task that persists applied snapshots and sends the answers, one at a
+    /// time in arrival order. It ends when the session drops its sender, after finishing
+    /// what is queued (a write in progress is never abandoned half-way).
+    fn spawn_answer_task(
+        &self,
+        tx: mpsc::Sender<AgentMessage>,
+        mut ended: watch::Receiver<bool>,
+    ) -> (mpsc::Sender<Answer>, tokio::task::JoinHandle<()>) {
+        let (answers, mut queue) = mpsc::channel::<Answer>(OUTBOUND_QUEUE);
+        let cache = self.shared.cache.clone();
+        let task = tokio::spawn(async move {
+            let mut stream_open = true;
+            while let Some(answer) = queue.recv().await {
+                let kind = match answer {
+                    Answer::Send(kind) => kind,
+                    Answer::PersistThenAck { revision, hash, body, ack } => {
+                        if let Some(cache) = cache.clone() {
+                            let written = tokio::task::spawn_blocking(move || {
+                                cache.store(revision, &hash, &body, Timestamp::now()).map(|_| ())
+                            })
+                            .await;
+                            if let Ok(Err(e)) = written {
+                                // Already logged and counted; the configuration is applied in memory.
+                                tracing::debug!(error = %e, "snapshot applied but not persisted");
+                            }
+                        }
+                        agent_message::Kind::Ack(ack)
+                    }
+                };
+                // Once the stream is gone, later answers are dropped but later snapshots are
+                // still persisted; a reconnect's Hello reports the applied revision.
+                if stream_open && !*ended.borrow() {
+                    let message = AgentMessage { kind: Some(kind) };
+                    stream_open = tokio::select! {
+                        sent = tx.send(message) => sent.is_ok(),
+                        _ = ended.changed() => false,
+                    };
+                }
+            }
+        });
+        (answers, task)
     }
 }
 

@@ -526,24 +526,26 @@ impl Store {
         rows.iter().map(NackRow::from_row).collect()
     }
 
-    /// Whether this agent instance NACKed this revision.
-    pub async fn nacked(
+    /// Revisions newer than `above` that this agent instance NACKed (read once when its
+    /// stream opens, so a reconnecting agent is not sent them again).
+    pub async fn nacked_revisions(
         &self,
         env: &str,
         service: &str,
         instance: &str,
-        revision: u64,
-    ) -> anyhow::Result<bool> {
-        let row = sqlx::query(
-            "SELECT 1 AS one FROM nacks WHERE environment = $1 AND service = $2 AND instance_id = $3 AND revision = $4",
+        above: u64,
+    ) -> anyhow::Result<Vec<u64>> {
+        let rows = sqlx::query(
+            "SELECT revision FROM nacks WHERE environment = $1 AND service = $2 AND instance_id = $3 \
+             AND revision > $4",
         )
         .bind(env)
         .bind(service)
         .bind(instance)
-        .bind(revision as i64)
-        .fetch_optional(&self.pool)
+        .bind(above as i64)
+        .fetch_all(&self.pool)
         .await?;
-        Ok(row.is_some())
+        rows.iter().map(|r| Ok(r.try_get::<i64, _>("revision")? as u64)).collect()
     }
 
     /// Expired flags, fault rules and breaker overrides as (environment, service) pairs.

@@ -66,7 +66,10 @@ impl TestApp {
     /// Spawns on the given database; None when PostgreSQL is not available here.
     pub async fn spawn_on(db: Db) -> Option<TestApp> {
         if std::env::var("TEST_LOG").is_ok() {
-            let _ = tracing_subscriber::fmt().with_env_filter("info").try_init();
+            let filter = std::env::var("TEST_LOG").unwrap_or_default();
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(if filter.is_empty() { "info".to_string() } else { filter })
+                .try_init();
         }
         let dir = tempfile::tempdir().unwrap();
         let mut settings = Settings::for_dir(dir.path());
