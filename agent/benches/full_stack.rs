@@ -189,6 +189,9 @@ fn main() {
     let region = Region::new(GLOBAL);
     rt.block_on(levee_calls(&dep, calls));
     let ours_allocs = region.change().allocations as f64 / calls as f64;
+    // Hot-path discipline, checked on every run (smoke mode in CI included): a call that
+    // succeeds allocates nothing. Anything per call would show as ≥ 1.0 here.
+    assert!(ours_allocs < 0.01, "the success path allocates: {ours_allocs:.2} allocations per call");
     let mut svc = theirs.clone();
     let region = Region::new(GLOBAL);
     rt.block_on(async {

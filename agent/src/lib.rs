@@ -52,7 +52,7 @@ pub mod telemetry;
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
 pub use enforce::{
     AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,
-    HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayRequest,
+    Endpoints, HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayRequest,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};

@@ -500,6 +500,65 @@ impl Dependency {
         }
     }
 
+    /// A pool of endpoints of this dependency (replicas, hosts, channels) with outlier
+    /// detection under the dependency's `outlier_detection` settings (Envoy defaults when
+    /// the policy has none), for [`call_balanced`](Self::call_balanced). Create it once
+    /// and keep it; it registers the `levee_outlier_*` metrics for this dependency.
+    pub fn endpoints<P>(&self, endpoints: Vec<P>) -> Endpoints<P> {
+        let view = self.slot.load_full();
+        let settings = view.policy.outlier_detection.clone().unwrap_or_default();
+        let labels = crate::metrics_names::Labels::new(&view.name, &view.name);
+        Endpoints {
+            detector: crate::outlier::OutlierDetector::with_metrics(&settings, endpoints, &labels),
+            applied: ArcSwap::new(view.policy.clone()),
+        }
+    }
+
+    /// As [`call`](Self::call), spreading attempts over the endpoints of `pool`: each
+    /// attempt goes to the next endpoint round robin that outlier detection has not
+    /// ejected (so a retry normally lands on another endpoint), and each attempt's outcome
+    /// — as the circuit breaker judges it, timeouts included — is recorded for the
+    /// endpoint it went to. An endpoint failing `consecutive_errors` times in a row is
+    /// ejected for `base_ejection_time × times ejected`; never more than
+    /// `max_ejection_percent` of the pool, and never the whole pool.
+    ///
+    /// `attempt` gets the chosen endpoint. Errors as [`call`](Self::call).
+    ///
+    /// # Panics
+    /// When `pool` has no endpoints.
+    pub async fn call_balanced<P, T, E, F, Fut>(
+        &self,
+        pool: &Endpoints<P>,
+        operation: &str,
+        mut attempt: F,
+    ) -> Result<T, CallError<E>>
+    where
+        E: Classify,
+        F: FnMut(&P) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        assert!(!pool.detector.is_empty(), "call_balanced on an empty endpoint pool");
+        let view = self.slot.load_full();
+        pool.follow(&view.policy);
+        let current = std::cell::Cell::new(0usize);
+        let observe = |outcome: crate::breaker::Outcome| {
+            pool.detector.record(current.get(), outcome == crate::breaker::Outcome::Success);
+        };
+        run::run_observed(
+            &view,
+            operation,
+            None,
+            || {
+                let (index, endpoint) = pool.detector.pick().expect("the pool is not empty");
+                current.set(index);
+                attempt(endpoint)
+            },
+            run::judge_classify,
+            &observe,
+        )
+        .await
+    }
+
     /// A tower layer enforcing this dependency's policy around a service; the operation
     /// is the dependency as a whole unless set with [`DependencyLayer::operation`].
     pub fn layer(&self) -> DependencyLayer {
@@ -523,5 +582,33 @@ impl<T, E> Degraded<T, E> {
     /// Whether the value came from the fallback.
     pub fn is_degraded(&self) -> bool {
         self.cause.is_some()
+    }
+}
+
+/// Endpoints of one dependency with their outlier-detection state; see
+/// [`Dependency::endpoints`] and [`Dependency::call_balanced`].
+#[derive(Debug)]
+pub struct Endpoints<P> {
+    detector: crate::outlier::OutlierDetector<P>,
+    /// The dependency policy whose settings the detector has (held, so a new policy is
+    /// told apart by pointer).
+    applied: ArcSwap<policy::Dependency>,
+}
+
+impl<P> Endpoints<P> {
+    /// The outlier detector: ejection state per endpoint ([`OutlierDetector::status`]).
+    ///
+    /// [`OutlierDetector::status`]: crate::outlier::OutlierDetector::status
+    pub fn detector(&self) -> &crate::outlier::OutlierDetector<P> {
+        &self.detector
+    }
+
+    /// Applies the dependency's current `outlier_detection` settings when the policy
+    /// changed since the last call (one pointer comparison otherwise).
+    fn follow(&self, policy: &Arc<policy::Dependency>) {
+        if !Arc::ptr_eq(&self.applied.load(), policy) {
+            self.applied.store(policy.clone());
+            self.detector.update(&policy.outlier_detection.clone().unwrap_or_default());
+        }
     }
 }

@@ -133,13 +133,34 @@ pub(crate) async fn run<T, E, F, Fut, J>(
     view: &DepView,
     operation: &str,
     idempotent_hint: Option<bool>,
-    mut attempt: F,
+    attempt: F,
     judge: J,
 ) -> Result<T, CallError<E>>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     J: Fn(&Result<T, E>) -> Judgement,
+{
+    run_observed(view, operation, idempotent_hint, attempt, judge, &|_| {}).await
+}
+
+/// [`run`], telling `observe` the outcome of every attempt that reached the dependency
+/// (the same outcome the circuit breaker records: timeouts and injected failures are
+/// failures). Attempts refused locally (open breaker, no budget) are not reported. Used
+/// by outlier detection to judge the endpoint each attempt went to.
+pub(crate) async fn run_observed<T, E, F, Fut, J, O>(
+    view: &DepView,
+    operation: &str,
+    idempotent_hint: Option<bool>,
+    mut attempt: F,
+    judge: J,
+    observe: &O,
+) -> Result<T, CallError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    J: Fn(&Result<T, E>) -> Judgement,
+    O: Fn(Outcome),
 {
     let scope = view.scope(operation);
     let guards = &*scope.guards;
@@ -215,6 +236,7 @@ where
                 };
                 if let Some(kind) = fault.error_kind() {
                     permit.record(outcome_of(kind), Duration::ZERO);
+                    observe(outcome_of(kind));
                     return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
                 }
                 let Some(fut) = fut else { return Err(AttemptFailure::NoBudget) };
@@ -237,15 +259,18 @@ where
                 match out {
                     Err(_) => {
                         permit.record(Outcome::Failure, elapsed);
+                        observe(Outcome::Failure);
                         Err(AttemptFailure::Timeout(AttemptTimeout::new(view.name.clone(), budget)))
                     }
                     Ok(r) => match judge(&r) {
                         None => {
                             permit.record(Outcome::Success, elapsed);
+                            observe(Outcome::Success);
                             r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
                         }
                         Some((kind, retry_after)) => {
                             permit.record(outcome_of(kind), elapsed);
+                            observe(outcome_of(kind));
                             Err(match r {
                                 Ok(v) => AttemptFailure::Value(v, kind, retry_after),
                                 Err(e) => AttemptFailure::Inner(e, kind, retry_after),

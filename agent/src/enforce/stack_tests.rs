@@ -381,3 +381,92 @@ async fn http_layer_retries_5xx_responses_and_returns_the_last_one() {
     assert_eq!(res.status(), 404);
     assert_eq!(hits.load(Ordering::SeqCst), 3, "404 is not retried");
 }
+
+const OUTLIERS: &str = r#", "outlier_detection": {"consecutive_errors": 2, "interval": "100ms",
+                            "base_ejection_time": "1s", "max_ejection_percent": 50}"#;
+
+/// Outlier detection through the stack: attempts go round robin; a retry lands on the next
+/// endpoint; an endpoint failing twice in a row is ejected and gets no traffic until its
+/// ejection time is over.
+#[tokio::test(start_paused = true)]
+async fn balanced_calls_eject_a_failing_endpoint_and_retry_on_another() {
+    let shared = shared_with(&policy(OUTLIERS));
+    let d = dep(&shared, "p");
+    let pool = d.endpoints(vec![0usize, 1, 2]);
+    let hits: [AtomicU32; 3] = Default::default();
+    let call = || {
+        d.call_balanced(&pool, "GET /x", |&ep| {
+            hits[ep].fetch_add(1, Ordering::SeqCst);
+            async move { if ep == 1 { Err(refused()) } else { Ok(ep) } }
+        })
+    };
+    for _ in 0..10 {
+        let r = call().await;
+        assert!(matches!(r, Ok(0 | 2)), "a retry moves to a healthy endpoint: {r:?}");
+    }
+    let hits_now = hits.each_ref().map(|h| h.load(Ordering::SeqCst));
+    assert_eq!(hits_now[1], 2, "endpoint 1 is ejected after its second consecutive failure");
+    assert_eq!(
+        hits_now[0] + hits_now[2],
+        10,
+        "every call ended on a healthy endpoint, two of them by a retry"
+    );
+    assert!(pool.detector().is_ejected(1));
+    assert_eq!(pool.detector().ejected_count(), 1);
+
+    // Ejection over (1 s × 1) and swept: endpoint 1 is back in rotation.
+    tokio::time::advance(Duration::from_millis(1200)).await;
+    for _ in 0..3 {
+        let _ = call().await;
+    }
+    assert_eq!(hits[1].load(Ordering::SeqCst), 3, "back in the pool after its ejection time");
+}
+
+/// A hanging endpoint is judged by its attempt timeouts like any failure: after one
+/// timeout (consecutive_errors 1) it is ejected and later calls go straight to the other.
+#[tokio::test(start_paused = true)]
+async fn balanced_calls_count_attempt_timeouts_against_the_endpoint() {
+    let extra = OUTLIERS.replace(r#""consecutive_errors": 2"#, r#""consecutive_errors": 1"#);
+    let shared = shared_with(&policy(&extra));
+    let d = dep(&shared, "p");
+    let pool = d.endpoints(vec!["hangs", "ok"]);
+    let call = || {
+        d.call_balanced(&pool, "GET /x", |&ep| async move {
+            if ep == "hangs" {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, io::Error>(ep)
+        })
+    };
+    let started = Instant::now();
+    assert_eq!(call().await.unwrap(), "ok");
+    assert!(started.elapsed() >= Duration::from_millis(300), "the first attempt timed out");
+    assert!(pool.detector().is_ejected(0));
+    let started = Instant::now();
+    assert_eq!(call().await.unwrap(), "ok");
+    assert_eq!(started.elapsed(), Duration::ZERO, "no attempt is sent to the ejected endpoint");
+}
+
+/// New settings from the server reach an existing pool on its next call.
+#[tokio::test(start_paused = true)]
+async fn balanced_pool_follows_outlier_settings_from_a_new_snapshot() {
+    let shared = shared_with(&policy(OUTLIERS));
+    let d = dep(&shared, "p");
+    let pool = d.endpoints(vec![0usize, 1]);
+    apply(
+        &shared,
+        2,
+        &policy(&OUTLIERS.replace(r#""max_ejection_percent": 50"#, r#""max_ejection_percent": 0"#)),
+    );
+    for _ in 0..6 {
+        let _ = d
+            .call_balanced(
+                &pool,
+                "POST /x",
+                |&ep| async move { if ep == 1 { Err(refused()) } else { Ok(()) } },
+            )
+            .await;
+    }
+    assert_eq!(pool.detector().max_ejected(), 0);
+    assert!(!pool.detector().is_ejected(1), "max_ejection_percent 0 from the new snapshot: nobody ejected");
+}

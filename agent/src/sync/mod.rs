@@ -250,7 +250,7 @@ impl SyncClient {
                     last_message = Instant::now();
                     match message.kind {
                         Some(server_message::Kind::Snapshot(snap)) => {
-                            if let Err(error) = self.on_snapshot(&answers, snap) {
+                            if let Err(error) = self.on_snapshot(answers, snap) {
                                 return Ended::Dropped { received, error };
                             }
                         }
