@@ -86,7 +86,23 @@ impl Deadline {
         criticality: DependencyCriticality,
         non_critical_cap: Duration,
     ) -> Result<Duration, DeadlineExceeded> {
-        let usable = self.remaining().saturating_sub(reserve);
+        self.attempt_budget_at(Instant::now(), configured, reserve, criticality, non_critical_cap)
+    }
+
+    /// [`attempt_budget`](Self::attempt_budget) with the current time given by the caller
+    /// (who has just read the clock and must not pay for reading it again).
+    ///
+    /// # Errors
+    /// As [`attempt_budget`](Self::attempt_budget).
+    pub fn attempt_budget_at(
+        self,
+        now: Instant,
+        configured: Duration,
+        reserve: Duration,
+        criticality: DependencyCriticality,
+        non_critical_cap: Duration,
+    ) -> Result<Duration, DeadlineExceeded> {
+        let usable = self.0.saturating_duration_since(now).saturating_sub(reserve);
         let mut budget = configured.min(usable);
         if criticality == DependencyCriticality::NonCritical {
             budget = budget.min(non_critical_cap);

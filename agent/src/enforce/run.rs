@@ -172,7 +172,12 @@ where
     // 2. deadline
     let ctx = deadline::current();
     let deadline = ctx.map(|c| c.deadline);
-    if deadline.is_some_and(|d| d.is_expired()) {
+    // The clock is read once here; the first attempt reuses the reading when nothing
+    // waited in between (each read costs tens of ns on the success path).
+    let now = deadline.map(|_| Instant::now());
+    if let (Some(d), Some(now)) = (deadline, now)
+        && now >= d.instant()
+    {
         guards.count(CallOutcome::DeadlineExceeded);
         return Err(CallError::DeadlineExceeded(
             DeadlineError::new("the request's deadline had passed before the call", None),
@@ -180,7 +185,18 @@ where
         ));
     }
     // 3. bulkhead
-    let _permit = match guards.bulkhead.acquire(deadline).await {
+    // A free slot is taken without another deadline check (stage 2 has just made it);
+    // waiting for one goes through `acquire`, which re-checks the deadline once granted.
+    let mut first_now = now;
+    let immediate = guards.bulkhead.try_acquire().ok();
+    let permit = match immediate {
+        Some(p) => Ok(p),
+        None => {
+            first_now = None;
+            guards.bulkhead.acquire(deadline).await
+        }
+    };
+    let _permit = match permit {
         Ok(p) => p,
         Err(BulkheadError::Full(e)) => {
             guards.count(CallOutcome::BulkheadFull);
@@ -205,12 +221,13 @@ where
     let judge = &judge;
     let result = guards
         .retrier
-        .run(info, |_n| {
+        .run(info, |n| {
             // 5. circuit breaker
             let permit = guards.breaker.try_acquire();
             // 6. per-attempt timeout (and faults inside it)
             let budget = match deadline {
-                Some(d) => d.attempt_budget(
+                Some(d) => d.attempt_budget_at(
+                    first_now.filter(|_| n == 1).unwrap_or_else(Instant::now),
                     scope.attempt_timeout,
                     view.reserve,
                     view.criticality,
