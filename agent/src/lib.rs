@@ -52,7 +52,8 @@ pub mod telemetry;
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
 pub use enforce::{
     AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,
-    Endpoints, HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayRequest,
+    Endpoints, GrpcJudge, HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayBody,
+    ReplayRequest,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};

@@ -24,9 +24,46 @@ pub trait ReplayRequest: Sized {
     fn replay(&self) -> Option<Self>;
 }
 
-impl<B: Clone> ReplayRequest for http::Request<B> {
+/// An HTTP request body that may be sent again: buffered bodies can, streaming ones
+/// (tonic's, hyper's `Incoming`) cannot.
+pub trait ReplayBody: Sized {
+    /// A copy of the body for another attempt, or `None` when it cannot be replayed.
+    fn replay_body(&self) -> Option<Self>;
+}
+
+macro_rules! replay_body_by_clone {
+    ($($t:ty),* $(,)?) => {
+        $(impl ReplayBody for $t {
+            fn replay_body(&self) -> Option<Self> {
+                Some(self.clone())
+            }
+        })*
+    };
+}
+
+replay_body_by_clone!(
+    (),
+    String,
+    Vec<u8>,
+    bytes::Bytes,
+    &'static str,
+    &'static [u8],
+    http_body_util::Full<bytes::Bytes>,
+    http_body_util::Empty<bytes::Bytes>,
+);
+
+/// tonic's request body is a stream: a call through the layer on a tonic `Channel` gets
+/// one attempt (use [`Dependency::call`](super::Dependency::call) around the generated
+/// client for retried gRPC calls: the request message can be cloned there).
+impl ReplayBody for tonic::body::Body {
+    fn replay_body(&self) -> Option<Self> {
+        None
+    }
+}
+
+impl<B: ReplayBody> ReplayRequest for http::Request<B> {
     fn replay(&self) -> Option<Self> {
-        let mut r = http::Request::new(self.body().clone());
+        let mut r = http::Request::new(self.body().replay_body()?);
         *r.method_mut() = self.method().clone();
         *r.uri_mut() = self.uri().clone();
         *r.version_mut() = self.version();
@@ -87,7 +124,7 @@ pub struct HttpJudge;
 
 /// Adds the propagation headers to an outgoing request's headers: the remaining deadline
 /// as `levee-deadline-ms` (and `grpc-timeout`), the criticality, and the retry marker when
-/// `will_retry`.
+/// `will_retry` or when the inbound request carried it.
 pub fn propagate(headers: &mut HeaderMap, will_retry: bool) {
     if let Some(ctx) = deadline::current() {
         if let Ok(v) = HeaderValue::from_str(&ctx.deadline.to_header_ms()) {
@@ -101,7 +138,9 @@ pub fn propagate(headers: &mut HeaderMap, will_retry: bool) {
             HeaderValue::from_static(deadline::format_criticality(ctx.criticality)),
         );
     }
-    if will_retry {
+    // A layer above retries this chain when this call retries or the inbound request was
+    // itself marked: either way the services further down must not retry (one layer).
+    if will_retry || deadline::current().is_some_and(|c| c.inbound_retried) {
         headers.insert(RETRIED_HEADER, HeaderValue::from_static("1"));
     }
 }
@@ -132,6 +171,62 @@ where
                 } else {
                     None
                 }
+            }
+            Err(e) => Some((classify_error(e.as_ref()), None)),
+        }
+    }
+}
+
+/// Judge for a tower layer on a gRPC channel (tonic `Channel`, `http::Request` →
+/// `http::Response`): a response whose headers carry a non-zero `grpc-status` (a
+/// "Trailers-Only" answer, which is how servers send errors produced before any message:
+/// UNAVAILABLE, RESOURCE_EXHAUSTED, interceptor refusals, …) is judged by that code, with
+/// `grpc-retry-pushback-ms` honoured (gRPC A6); a non-200 HTTP status is judged as HTTP;
+/// transport errors by their source chain. Each attempt carries `grpc-timeout` (the
+/// remaining deadline), the criticality and the retry marker.
+///
+/// A status sent in real trailers after a response message is not visible at this layer
+/// (the body has not been read yet): it reaches the caller, but counts as a success for the
+/// breaker. gRPC methods are not idempotent by name; mark them in the policy
+/// (`operations."/pkg.Service/Get".idempotent: true`). Requests through a tonic channel
+/// cannot be replayed (streaming body), so they get one attempt; for retried gRPC calls use
+/// [`Dependency::call`](super::Dependency::call) around the generated client.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcJudge;
+
+impl<B, RB> Judge<http::Request<B>, http::Response<RB>> for GrpcJudge
+where
+    B: 'static,
+    RB: 'static,
+{
+    fn prepare(&self, req: &mut http::Request<B>, will_retry: bool) {
+        propagate(req.headers_mut(), will_retry);
+    }
+
+    fn judge(&self, result: &Result<http::Response<RB>, BoxError>) -> Judgement {
+        match result {
+            Ok(res) => {
+                if res.status() != http::StatusCode::OK {
+                    return Some((ErrorKind::HttpStatus(res.status().as_u16()), None));
+                }
+                let headers = res.headers();
+                let code = headers
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map(tonic::Code::from_i32)?;
+                if code == tonic::Code::Ok {
+                    return None;
+                }
+                // gRPC A6: a pushback ≥ 0 allows a retry after that delay; negative or
+                // malformed forbids it.
+                let pushback = headers
+                    .get("grpc-retry-pushback-ms")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i64>().ok());
+                let delay =
+                    pushback.and_then(|ms| u64::try_from(ms).ok()).map(std::time::Duration::from_millis);
+                Some((ErrorKind::Grpc { code, pushback: delay.is_some() }, delay))
             }
             Err(e) => Some((classify_error(e.as_ref()), None)),
         }
@@ -264,19 +359,18 @@ where
             let view = dependency.view();
             let op: &str = operation.as_deref().unwrap_or(dependency.name());
             let idempotent = judge.idempotent(&req);
-            let will_retry = idempotent.unwrap_or_else(|| super::idempotent_by_name(op))
-                && view.scope(op).guards.retrier.policy().max_attempts() > 1
-                && !view.retries_paused;
+            let mut will_retry = view.will_retry(op, idempotent);
+            // Keep a pristine copy for later attempts before the first one goes out. A
+            // request that cannot be replayed gets exactly one attempt, and its own error.
+            let mut original = if will_retry { req.replay() } else { None };
+            let replayable = !will_retry || original.is_some();
+            will_retry &= replayable;
             let mut first = Some(req);
-            let mut original: Option<Req> = None;
             let attempt = || {
                 let next = match first.take() {
-                    Some(r) => {
-                        // Keep a pristine copy for later attempts before this one goes out.
-                        original = if will_retry { r.replay() } else { None };
-                        Some(r)
-                    }
-                    None => original.as_ref().and_then(ReplayRequest::replay),
+                    Some(r) => Some(r),
+                    // Borrowed mutably so the future only needs `Req: Send`, not `Sync`.
+                    None => original.as_mut().and_then(|r| r.replay()),
                 };
                 let mut svc = inner.clone();
                 let judge = judge.clone();
@@ -290,7 +384,9 @@ where
                 }
             };
             let judge_fn = |r: &Result<S::Response, BoxError>| judge.judge(r);
-            run::run(&view, op, idempotent, attempt, judge_fn).await.map_err(super::CallError::into_box)
+            run::run_observed(&view, op, idempotent, replayable, attempt, judge_fn, &|_| {})
+                .await
+                .map_err(super::CallError::into_box)
         })
     }
 }

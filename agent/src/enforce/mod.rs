@@ -29,7 +29,10 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 pub use error::{AttemptTimeout, CallError, DeadlineError, InjectedFault, KillSwitched, NotReplayable};
-pub use layer::{DependencyLayer, DependencyService, ErrorJudge, HttpJudge, Judge, ReplayRequest, propagate};
+pub use layer::{
+    DependencyLayer, DependencyService, ErrorJudge, GrpcJudge, HttpJudge, Judge, ReplayBody, ReplayRequest,
+    propagate,
+};
 pub use run::idempotent_by_name;
 
 pub(crate) use guards::DepState;
@@ -77,6 +80,18 @@ fn expiry_instant(at: Option<Timestamp>, now_wall: Timestamp, now: Instant) -> O
 }
 
 impl DepView {
+    /// Whether a call of `operation` may be retried now: idempotent (policy, else
+    /// `hint`, else by name), more than one attempt configured, retries not paused, and
+    /// the inbound request not already retried upstream (retry on one layer). The same
+    /// rule as the retry stage of [`run`](run::run).
+    pub(crate) fn will_retry(&self, operation: &str, hint: Option<bool>) -> bool {
+        let scope = self.scope(operation);
+        scope.idempotent.or(hint).unwrap_or_else(|| idempotent_by_name(operation))
+            && scope.guards.retrier.policy().max_attempts() > 1
+            && !self.retries_paused
+            && !crate::deadline::current().is_some_and(|c| c.inbound_retried)
+    }
+
     fn resolve(
         name: &Arc<str>,
         state: &Arc<DepState>,
@@ -406,11 +421,7 @@ impl Dependency {
     /// [`call`](Self::call) with their own HTTP client pass this to
     /// [`propagate`](crate::enforce::propagate) so the service called does not retry again.
     pub fn will_retry(&self, operation: &str) -> bool {
-        let view = self.slot.load();
-        let scope = view.scope(operation);
-        scope.idempotent.unwrap_or_else(|| idempotent_by_name(operation))
-            && scope.guards.retrier.policy().max_attempts() > 1
-            && !view.retries_paused
+        self.slot.load().will_retry(operation, None)
     }
 
     pub(crate) fn view(&self) -> Arc<DepView> {
@@ -548,6 +559,7 @@ impl Dependency {
             &view,
             operation,
             None,
+            true,
             || {
                 let (index, endpoint) = pool.detector.pick().expect("the pool is not empty");
                 current.set(index);

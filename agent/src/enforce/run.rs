@@ -141,17 +141,19 @@ where
     Fut: Future<Output = Result<T, E>>,
     J: Fn(&Result<T, E>) -> Judgement,
 {
-    run_observed(view, operation, idempotent_hint, attempt, judge, &|_| {}).await
+    run_observed(view, operation, idempotent_hint, true, attempt, judge, &|_| {}).await
 }
 
 /// [`run`], telling `observe` the outcome of every attempt that reached the dependency
 /// (the same outcome the circuit breaker records: timeouts and injected failures are
 /// failures). Attempts refused locally (open breaker, no budget) are not reported. Used
-/// by outlier detection to judge the endpoint each attempt went to.
+/// by outlier detection to judge the endpoint each attempt went to. `replayable: false`
+/// (a request whose body cannot be sent twice) allows one attempt whatever the policy.
 pub(crate) async fn run_observed<T, E, F, Fut, J, O>(
     view: &DepView,
     operation: &str,
     idempotent_hint: Option<bool>,
+    replayable: bool,
     mut attempt: F,
     judge: J,
     observe: &O,
@@ -213,7 +215,7 @@ where
     // 4. retry
     let idempotent = scope.idempotent.or(idempotent_hint).unwrap_or_else(|| idempotent_by_name(operation));
     let info = CallInfo {
-        idempotent: idempotent && !view.retries_paused,
+        idempotent: idempotent && replayable && !view.retries_paused,
         deadline,
         reserve: view.reserve,
         inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
