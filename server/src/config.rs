@@ -226,6 +226,18 @@ pub fn sqlite_url(data_dir: &Path) -> String {
     format!("sqlite://{}?mode=rwc", data_dir.join("levee.db").display())
 }
 
+impl ServeArgs {
+    /// Arguments taken only from the environment (for `levee` run without a subcommand).
+    pub fn default_from_env() -> ServeArgs {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        <Only as clap::Parser>::parse_from(["levee"]).args
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,17 +279,5 @@ mod tests {
     fn secrets_do_not_print() {
         let s = Secret::new("hunter2");
         assert_eq!(format!("{s:?}"), "Secret(***)");
-    }
-}
-
-impl ServeArgs {
-    /// Arguments taken only from the environment (for `levee` run without a subcommand).
-    pub fn default_from_env() -> ServeArgs {
-        #[derive(clap::Parser)]
-        struct Only {
-            #[command(flatten)]
-            args: ServeArgs,
-        }
-        <Only as clap::Parser>::parse_from(["levee"]).args
     }
 }

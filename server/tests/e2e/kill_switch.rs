@@ -92,7 +92,7 @@ async fn cp_1_server_killed_agent_keeps_enforcing_and_restart_starts_from_cache(
     assert_eq!(first.status().revision, rev);
 
     // A service restarted during the outage starts from the cache, without waiting.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let second = agent(&grpc_url, &token, cache.path());
     let build_time = started.elapsed();
     let status = second.status();

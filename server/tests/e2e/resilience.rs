@@ -54,7 +54,7 @@ async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
     recs.delay_ms.store(5000, Ordering::Relaxed);
     let mut slowest = Duration::ZERO;
     for i in 0..20 {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let p = page(&url).await;
         let took = started.elapsed();
         slowest = slowest.max(took);
@@ -79,7 +79,7 @@ async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
     // Heal: within 2 × the open duration (1 s) of healing, traffic alone brings personal
     // recommendations back and closes the breaker (its half-open probes succeed).
     recs.delay_ms.store(20, Ordering::Relaxed);
-    let healed = std::time::Instant::now();
+    let healed = tokio::time::Instant::now();
     let mut recovered = None;
     while healed.elapsed() < Duration::from_secs(2) {
         let fresh = page(&url).await.recommendations_level == "FRESH";

@@ -33,7 +33,7 @@ pub fn agent(grpc: &str, token: &str, cache: &Path) -> Agent {
 /// Polls `cond` every 5 ms until it holds; panics with `what` after `timeout`.
 /// Returns how long it took.
 pub async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     while !cond() {
         assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
