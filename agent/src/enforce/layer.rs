@@ -160,18 +160,50 @@ where
 
     fn judge(&self, result: &Result<http::Response<RB>, BoxError>) -> Judgement {
         match result {
-            Ok(res) => {
-                let s = res.status().as_u16();
-                if s >= 500 || s == 408 || s == 429 {
-                    let ra = res
-                        .headers()
-                        .get(http::header::RETRY_AFTER)
-                        .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
-                    Some((ErrorKind::HttpStatus(s), ra))
-                } else {
-                    None
-                }
-            }
+            Ok(res) => http_status_judgement(res.status(), res.headers()),
+            Err(e) => Some((classify_error(e.as_ref()), None)),
+        }
+    }
+}
+
+/// 408, 429 and 5xx are failures, with their `Retry-After`; anything else is a success
+/// for the stack (a 404 is the caller's problem, not the dependency's health).
+fn http_status_judgement(status: http::StatusCode, headers: &HeaderMap) -> Judgement {
+    let s = status.as_u16();
+    if s >= 500 || s == 408 || s == 429 {
+        let ra = headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
+        Some((ErrorKind::HttpStatus(s), ra))
+    } else {
+        None
+    }
+}
+
+/// A `reqwest::Request` replays when its body is buffered (`try_clone`); a streaming
+/// body gets one attempt.
+#[cfg(feature = "reqwest")]
+impl ReplayRequest for reqwest::Request {
+    fn replay(&self) -> Option<Self> {
+        self.try_clone()
+    }
+}
+
+/// [`HttpJudge`] for a `reqwest::Client` used as a tower service (feature `reqwest`): the
+/// same rules as for `http` requests.
+#[cfg(feature = "reqwest")]
+impl Judge<reqwest::Request, reqwest::Response> for HttpJudge {
+    fn idempotent(&self, req: &reqwest::Request) -> Option<bool> {
+        Some(Idempotency::for_request(req.method(), req.headers(), None).is_idempotent())
+    }
+
+    fn prepare(&self, req: &mut reqwest::Request, will_retry: bool) {
+        propagate(req.headers_mut(), will_retry);
+    }
+
+    fn judge(&self, result: &Result<reqwest::Response, BoxError>) -> Judgement {
+        match result {
+            Ok(res) => http_status_judgement(res.status(), res.headers()),
             Err(e) => Some((classify_error(e.as_ref()), None)),
         }
     }

@@ -202,3 +202,28 @@ async fn tonic_client_through_call_retries_unavailable() {
     assert!(matches!(&err, CallError::Inner(s) if s.code() == tonic::Code::Unavailable), "{err:?}");
     assert_eq!(hits.load(Ordering::SeqCst), 1, "not idempotent: no retry");
 }
+
+/// A `reqwest::Client` as a tower service under the layer with `HttpJudge` (feature
+/// `reqwest`): the same retries and propagation as the hyper client.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn reqwest_client_through_the_layer_retries_5xx() {
+    let seen = Arc::new(Seen::default());
+    let addr = http_server(2, seen.clone()).await;
+    let agent = agent(RETRYING);
+    let dep = agent.dependency("dep");
+    let http = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(dep.layer().operation("GET /price").judge(HttpJudge))
+        .service(http.clone());
+    let req = http.get(format!("http://{addr}/price")).build().unwrap();
+    let res = with_deadline(Deadline::after(Duration::from_secs(1)), async {
+        svc.ready().await.unwrap().call(req).await
+    })
+    .await
+    .expect("the third attempt succeeds");
+    assert_eq!(res.status(), reqwest::StatusCode::OK);
+    assert_eq!(res.text().await.unwrap(), "42");
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 3);
+    assert_eq!(seen.with_deadline.load(Ordering::SeqCst), 3);
+}
