@@ -13,7 +13,7 @@ use crate::error::ApiError;
 /// Name of the UI session cookie.
 pub const SESSION_COOKIE: &str = "levee_session";
 
-/// An authenticated caller (bearer token, or the UI session cookie).
+/// An authenticated caller (bearer token, or the UI session cookie for safe methods only).
 #[derive(Clone, Debug)]
 pub struct Auth {
     /// Who.
@@ -70,6 +70,15 @@ impl FromRequestParts<AppState> for Auth {
                 (t.trim().to_string(), via)
             }
             None => match cookie(parts, SESSION_COOKIE) {
+                // The session cookie reads the API from the browser; a change through the
+                // API needs a bearer token, so a forged cross-site request can never
+                // carry the operator's authority (the UI's own forms have CSRF tokens).
+                Some(_) if !parts.method.is_safe() => {
+                    return Err(ApiError::Unauthorized(
+                        "changes through the API need an Authorization: Bearer token; the UI session cookie only reads"
+                            .into(),
+                    ));
+                }
                 Some(c) => (c.to_string(), "ui"),
                 None => {
                     return Err(ApiError::Unauthorized(

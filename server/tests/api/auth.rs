@@ -132,3 +132,29 @@ async fn agent_tokens_cannot_call_the_api() {
     let (s, h, b) = app.call_as(&agent, Method::GET, "/api/v1/environments", None, &[]).await;
     assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
 }
+
+/// The UI session cookie may read the API from the browser, but never change anything
+/// through it: a change needs a bearer token, so a forged cross-site request carries no
+/// authority even if a browser sent the cookie along.
+#[tokio::test]
+async fn session_cookie_reads_the_api_but_cannot_change_it() {
+    let app = TestApp::spawn().await;
+    let cookie = format!("levee_session={}", app.token);
+    let read =
+        app.client.get(app.url("/api/v1/environments")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    let res = app
+        .client
+        .post(app.url("/api/v1/environments"))
+        .header("cookie", &cookie)
+        .json(&json!({"name": "forged", "reason": "csrf"}))
+        .send()
+        .await
+        .unwrap();
+    let (s, h) = (res.status(), res.headers().clone());
+    let b: serde_json::Value = res.json().await.unwrap();
+    assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+    assert!(b["detail"].as_str().unwrap().contains("Bearer"), "{b}");
+    let (_, _, envs) = app.call(Method::GET, "/api/v1/environments", None).await;
+    assert!(envs.as_array().unwrap().iter().all(|e| e["name"] != "forged"), "nothing was created: {envs}");
+}
