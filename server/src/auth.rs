@@ -225,13 +225,16 @@ pub async fn verify_password(password: String, phc: String) -> bool {
     .unwrap_or(false)
 }
 
-/// Authenticates an API caller from a bearer token: checks the JWT, then that the user
-/// still exists and is enabled (sessions, taking the role from the database so a demotion
-/// applies at once) or that the token is not revoked (API tokens).
+/// Authenticates an API caller from a bearer token: checks the JWT, then that the session
+/// was not ended by logging out and its user still exists and is enabled (taking the role
+/// from the database so a demotion applies at once), or that the API token is not revoked.
 pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result<Principal, AuthError> {
     let claims = keys.verify(token, AUDIENCE_API)?;
     match claims.kind.as_str() {
         "session" => {
+            if store.session_revoked(&claims.jti).await.map_err(|_| AuthError::Revoked)? {
+                return Err(AuthError::Revoked);
+            }
             let user = store.user(&claims.sub).await.map_err(|_| AuthError::UserGone)?;
             match user {
                 Some(u) if !u.disabled => Ok(Principal { actor: u.username, role: u.role, jti: claims.jti }),

@@ -1,4 +1,4 @@
-//! `POST /api/v1/auth/login`.
+//! `POST /api/v1/auth/login` and `POST /api/v1/auth/logout`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{ApiJson, AppState};
+use super::{ApiJson, AppState, Auth};
 use crate::auth::verify_password;
 use crate::db::Role;
 use crate::error::{ApiError, ApiResult};
@@ -123,4 +123,27 @@ pub async fn login(
     ApiJson(req): ApiJson<LoginRequest>,
 ) -> ApiResult<Json<LoginResponse>> {
     check_login(&state, &req.username, &req.password).await.map(Json)
+}
+
+/// Ends the caller's session token before its expiry: it is refused from now on. API
+/// tokens are revoked with `DELETE /api/v1/tokens/{id}` instead.
+#[utoipa::path(post, path = "/api/v1/auth/logout", tag = "auth",
+    responses((status = 204, description = "the session token no longer works"),
+              (status = 400, body = crate::error::Problem), (status = 401, body = crate::error::Problem)),
+    security(("bearer" = [])))]
+pub async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<axum::http::StatusCode> {
+    if auth.principal.actor.starts_with("token:") {
+        return Err(ApiError::bad_request(
+            "this is an API token, not a session: revoke it with DELETE /api/v1/tokens/{id}",
+        ));
+    }
+    end_session(&state, &auth.principal.jti).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
+/// Records a session token as ended (kept until it would have expired anyway).
+pub async fn end_session(state: &AppState, jti: &str) -> ApiResult<()> {
+    let until = crate::db::now_ms() + crate::auth::SESSION_TTL.as_millis() as i64;
+    state.store.revoke_session(jti, until).await?;
+    Ok(())
 }

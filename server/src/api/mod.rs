@@ -57,6 +57,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/auth/login", post(auth_routes::login))
+        .route("/auth/logout", post(auth_routes::logout))
         .route("/environments", get(envs::list).post(envs::create))
         .route("/environments/{env}", get(envs::get_one))
         .route("/environments/{env}/services", get(services::list).post(services::create))

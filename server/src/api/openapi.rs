@@ -26,7 +26,7 @@ impl Modify for BearerAuth {
     info(title = "Levee API", description = "Resilience policies and kill switches: environments, services, \
         policies, flags, breaker overrides, fault rules, history, audit, fleet, tokens."),
     paths(
-        auth_routes::login,
+        auth_routes::login, auth_routes::logout,
         envs::list, envs::create, envs::get_one,
         services::list, services::create, services::get_one, services::get_policy, services::put_policy,
         services::get_snapshot, services::get_lint, services::list_revisions, services::get_revision,

@@ -240,6 +240,35 @@ impl Store {
         row.map(|r| TokenRow::from_row(&r)).transpose()
     }
 
+    /// Ends a session token before its expiry (`expires_at`, ms since the epoch); purges
+    /// rows of sessions that have expired anyway.
+    pub async fn revoke_session(&self, jti: &str, expires_at: i64) -> anyhow::Result<()> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM revoked_sessions WHERE expires_at < $1")
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO revoked_sessions (jti, expires_at) VALUES ($1, $2) ON CONFLICT (jti) DO NOTHING",
+        )
+        .bind(jti)
+        .bind(expires_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Whether a session token was ended by logging out.
+    pub async fn session_revoked(&self, jti: &str) -> anyhow::Result<bool> {
+        let row = sqlx::query("SELECT 1 AS one FROM revoked_sessions WHERE jti = $1")
+            .bind(jti)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
     /// Lists tokens, newest first.
     pub async fn tokens(&self) -> anyhow::Result<Vec<TokenRow>> {
         let rows = sqlx::query(

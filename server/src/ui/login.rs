@@ -130,10 +130,17 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
     }
 }
 
-/// `POST /logout`: deletes the session cookie (a form with the session's token, so
-/// another site cannot log the user out).
-pub async fn logout(uri: Uri, headers: HeaderMap, _posted: Posted<NoFields>) -> Response {
+/// `POST /logout`: ends the session token on the server (it is refused from now on, even
+/// if the cookie was copied) and deletes the cookie. A form with the session's token, so
+/// another site cannot log the user out.
+pub async fn logout(
+    State(state): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    posted: Posted<NoFields>,
+) -> Result<Response, super::error::UiError> {
+    crate::api::auth_routes::end_session(&state, &posted.user.principal.jti).await?;
     let secure = came_over_tls(&uri, &headers);
-    (AppendHeaders([(header::SET_COOKIE, clear_cookie(SESSION_COOKIE, secure))]), Redirect::to("/login"))
-        .into_response()
+    Ok((AppendHeaders([(header::SET_COOKIE, clear_cookie(SESSION_COOKIE, secure))]), Redirect::to("/login"))
+        .into_response())
 }

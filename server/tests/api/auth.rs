@@ -158,3 +158,33 @@ async fn session_cookie_reads_the_api_but_cannot_change_it() {
     let (_, _, envs) = app.call(Method::GET, "/api/v1/environments", None).await;
     assert!(envs.as_array().unwrap().iter().all(|e| e["name"] != "forged"), "nothing was created: {envs}");
 }
+
+/// `POST /auth/logout` ends a session token at once; an API token is told how it is
+/// revoked instead.
+#[tokio::test]
+async fn logout_ends_the_session_token_and_api_tokens_are_revoked_elsewhere() {
+    let app = TestApp::spawn().await;
+    let session = app.login("admin", crate::helpers::ADMIN_PASSWORD).await;
+    let (s, _, _) = app.call_as(&session, Method::GET, "/api/v1/environments", None, &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, _) = app.call_as(&session, Method::POST, "/api/v1/auth/logout", None, &[]).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, h, b) = app.call_as(&session, Method::GET, "/api/v1/environments", None, &[]).await;
+    assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+    assert!(b["detail"].as_str().unwrap().contains("revoked"), "{b}");
+    // Other sessions of the same user are not affected.
+    let (s, _, _) = app.call(Method::GET, "/api/v1/environments", None).await;
+    assert_eq!(s, StatusCode::OK);
+
+    let (_, _, t) = app
+        .call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"kind": "api", "name": "bot", "role": "viewer", "reason": "test"})),
+        )
+        .await;
+    let api_token = t["token"].as_str().expect("api token").to_string();
+    let (s, h, b) = app.call_as(&api_token, Method::POST, "/api/v1/auth/logout", None, &[]).await;
+    assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
+    assert!(b["detail"].as_str().unwrap().contains("DELETE /api/v1/tokens"), "{b}");
+}

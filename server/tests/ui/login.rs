@@ -42,6 +42,21 @@ async fn wrong_password_shows_the_form_again_with_an_error() {
     assert_eq!(b.get("/").await.status, StatusCode::SEE_OTHER);
 }
 
+/// Logging out ends the session on the server: a copy of the cookie taken before (a
+/// stolen one, another tab) no longer opens any page.
+#[tokio::test]
+async fn logout_ends_the_session_even_for_a_copied_cookie() {
+    let app = TestApp::spawn().await;
+    let mut b = app.logged_in("admin").await;
+    let copied = b.cookies.get("levee_session").cloned().expect("session cookie");
+    let csrf = b.get("/").await.csrf();
+    assert_eq!(b.post("/logout", &[("csrf", &csrf)]).await.status, StatusCode::SEE_OTHER);
+    b.cookies.insert("levee_session".into(), copied);
+    let page = b.get("/").await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "the ended session must not open pages");
+    assert!(page.location().starts_with("/login"), "{}", page.location());
+}
+
 #[tokio::test]
 async fn pages_redirect_to_login_without_a_session() {
     let app = TestApp::spawn().await;
