@@ -511,6 +511,60 @@ impl Dependency {
         }
     }
 
+    /// A stale-if-error cache sized for this dependency (`STALE_CACHE_ENTRIES` entries,
+    /// values served up to the dependency's `stale_max_age`), for
+    /// [`call_stale_if_error`](Self::call_stale_if_error). Create it once and keep it.
+    pub fn stale_cache<K: std::hash::Hash + Eq, V: Clone>(&self) -> crate::fallback::StaleCache<K, V> {
+        let view = self.slot.load();
+        crate::fallback::StaleCache::new(
+            crate::policy::defaults::STALE_CACHE_ENTRIES as usize,
+            view.policy.stale_max_age,
+        )
+    }
+
+    /// The STALE fallback level done for the caller (RFC 5861 `stale-if-error`): calls
+    /// the dependency as [`call`](Self::call); a fresh answer is stored in `cache` under
+    /// `key` and returned at level FRESH; when the call fails for any reason (kill switch
+    /// included), the last good answer for `key` is returned at level STALE if it is no
+    /// older than the dependency's `stale_max_age` (the current policy's, applied to the
+    /// cache on each failure).
+    ///
+    /// Storing a fresh answer clones it and allocates one cache entry.
+    ///
+    /// # Errors
+    /// The call's [`CallError`] when there is no stale answer young enough: the caller
+    /// goes on down its fallback chain (GENERIC, EMPTY_MARKED, …).
+    pub async fn call_stale_if_error<K, T, E, F, Fut>(
+        &self,
+        cache: &crate::fallback::StaleCache<K, T>,
+        key: K,
+        operation: &str,
+        attempt: F,
+    ) -> Result<Degraded<T, E>, CallError<E>>
+    where
+        K: std::hash::Hash + Eq,
+        T: Clone,
+        E: Classify,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        match self.call(operation, attempt).await {
+            Ok(value) => {
+                cache.put(key, value.clone());
+                Ok(Degraded { value, level: FallbackLevel::Fresh, cause: None })
+            }
+            Err(e) => {
+                cache.set_max_staleness(self.slot.load().policy.stale_max_age);
+                match cache.get_if_error(&key) {
+                    Some(stale) => {
+                        Ok(Degraded { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
+                    }
+                    None => Err(e),
+                }
+            }
+        }
+    }
+
     /// A pool of endpoints of this dependency (replicas, hosts, channels) with outlier
     /// detection under the dependency's `outlier_detection` settings (Envoy defaults when
     /// the policy has none), for [`call_balanced`](Self::call_balanced). Create it once

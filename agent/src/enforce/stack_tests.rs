@@ -470,3 +470,35 @@ async fn balanced_pool_follows_outlier_settings_from_a_new_snapshot() {
     assert_eq!(pool.detector().max_ejected(), 0);
     assert!(!pool.detector().is_ejected(1), "max_ejection_percent 0 from the new snapshot: nobody ejected");
 }
+
+/// STALE through the stack: a fresh answer is kept; when the dependency fails, the kept
+/// answer is served at level STALE while it is younger than `stale_max_age`; after that
+/// the call's error comes back for the next fallback level.
+#[tokio::test(start_paused = true)]
+async fn stale_if_error_serves_the_last_good_answer_within_its_max_age() {
+    let shared = shared_with(&policy(r#", "stale_max_age": "10s""#));
+    let d = dep(&shared, "p");
+    let cache = d.stale_cache::<&str, u32>();
+    let up = AtomicU32::new(1);
+    let call = || {
+        d.call_stale_if_error(&cache, "alice", "GET /recs/{user}", || {
+            let ok = up.load(Ordering::SeqCst) == 1;
+            async move { if ok { Ok(7u32) } else { Err(refused()) } }
+        })
+    };
+    let fresh = call().await.unwrap();
+    assert_eq!((fresh.value, fresh.level, fresh.is_degraded()), (7, FallbackLevel::Fresh, false));
+
+    up.store(0, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(9)).await;
+    let stale = call().await.unwrap();
+    assert_eq!((stale.value, stale.level), (7, FallbackLevel::Stale));
+    // The call failed after two refused attempts opened the breaker (window 3, 50 %).
+    assert!(matches!(stale.cause, Some(CallError::BreakerOpen(_))), "the cause is kept: {:?}", stale.cause);
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(call().await.is_err(), "11 s old is past stale_max_age: the error comes back");
+    let other =
+        d.call_stale_if_error(&cache, "bob", "GET /recs/{user}", || async { Err::<u32, _>(refused()) }).await;
+    assert!(other.is_err(), "nothing kept for bob");
+}
