@@ -49,7 +49,27 @@ pub async fn postgres_url() -> Option<String> {
             return None;
         }
     };
-    let name = format!("levee_test_{}", uuid::Uuid::new_v4().simple());
+    // Databases of earlier runs (named with their creation time) are dropped once they are
+    // an hour old, so they do not pile up on a shared PostgreSQL; a younger one may belong
+    // to a test running right now. A database still in use refuses the drop: ignored.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let old: Vec<String> = sqlx::query_scalar::<_, String>(
+        "SELECT datname::text FROM pg_database WHERE datname LIKE 'levee_test_%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap_or_default()
+    .into_iter()
+    .filter(|n| {
+        let created = n.strip_prefix("levee_test_").and_then(|r| r.split('_').next()?.parse::<u64>().ok());
+        created.is_none_or(|t| now.saturating_sub(t) > 3600)
+    })
+    .collect();
+    for n in old {
+        let _ =
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{n}\""))).execute(&pool).await;
+    }
+    let name = format!("levee_test_{now}_{}", uuid::Uuid::new_v4().simple());
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&pool)
         .await
