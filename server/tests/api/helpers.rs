@@ -85,6 +85,16 @@ impl TestApp {
 
     /// Spawns on the given database; None when PostgreSQL is not available here.
     pub async fn spawn_on(db: Db) -> Option<TestApp> {
+        let url = match db {
+            Db::Sqlite => None,
+            Db::Postgres => Some(postgres_url().await?),
+        };
+        Some(Self::spawn_with(url).await)
+    }
+
+    /// Spawns a server on `database_url` (None = its own SQLite file). Several servers on
+    /// one PostgreSQL URL are replicas of one control plane.
+    pub async fn spawn_with(database_url: Option<String>) -> TestApp {
         if std::env::var("TEST_LOG").is_ok() {
             let filter = std::env::var("TEST_LOG").unwrap_or_default();
             let _ = tracing_subscriber::fmt()
@@ -93,8 +103,8 @@ impl TestApp {
         }
         let dir = tempfile::tempdir().unwrap();
         let mut settings = Settings::for_dir(dir.path());
-        if let Db::Postgres = db {
-            settings.database_url = Secret::new(postgres_url().await?);
+        if let Some(url) = database_url {
+            settings.database_url = Secret::new(url);
         }
         settings.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         settings.jwt_secret = Some(Secret::new(JWT_SECRET));
@@ -105,7 +115,7 @@ impl TestApp {
         let client = reqwest::Client::new();
         let mut app = TestApp { server: Some(server), base, grpc, client, token: String::new(), _dir: dir };
         app.token = app.login("admin", ADMIN_PASSWORD).await;
-        Some(app)
+        app
     }
 
     #[allow(dead_code)]

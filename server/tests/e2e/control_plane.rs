@@ -342,3 +342,59 @@ async fn cp_2_corrupt_cache_uses_newest_valid_generation_or_defaults() {
     assert!(b.dependency("recommendations").is_enabled(), "compiled-in default is on");
     b.shutdown().await;
 }
+
+/// CP-8: two replicas on one PostgreSQL. A change committed on replica A reaches an agent
+/// connected to replica B through NOTIFY; with every LISTEN connection killed at the moment
+/// of the next change, the change still reaches it (catch-up after re-LISTEN, safety poll).
+/// Skipped without PostgreSQL, unless LEVEE_REQUIRE_POSTGRES (CI) makes that a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cp_8_lost_notification_still_reaches_the_other_replicas_agents() {
+    let Some(url) = crate::helpers::postgres_url().await else { return };
+    let a = TestApp::spawn_with(Some(url.clone())).await;
+    let b = TestApp::spawn_with(Some(url.clone())).await;
+    let api = Api::login(&a.base).await;
+    api.seed().await;
+    let token = api.agent_token("prod", &["checkout"]).await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = agent(&b.grpc, &token, cache.path());
+    agent.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    let recs = agent.dependency("recommendations");
+
+    let off = api.set_recommendations(false).await;
+    let took = wait_until("the change from replica A via NOTIFY", Duration::from_secs(2), || {
+        agent.status().revision == off
+    })
+    .await;
+    println!("replica A write -> agent on replica B applied: {took:?}");
+    assert!(!recs.is_enabled());
+
+    // Keep killing every LISTEN connection of this database for a while (each replica
+    // re-LISTENs at once), and commit on A in the middle of it: the NOTIFY is very likely
+    // to find no listener on B, so only the catch-up after re-LISTEN can deliver it.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+    let killer = tokio::spawn(async move {
+        let mut killed = 0i64;
+        let until = tokio::time::Instant::now() + Duration::from_millis(600);
+        while tokio::time::Instant::now() < until {
+            killed += sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND query ILIKE 'LISTEN%') AS t",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        }
+        killed
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let on = api.set_recommendations(true).await;
+    let killed = killer.await.unwrap();
+    assert!(killed >= 2, "LISTEN connections were killed ({killed})");
+    wait_until("the change committed while LISTEN was down", Duration::from_secs(10), || {
+        agent.status().revision == on
+    })
+    .await;
+    assert!(recs.is_enabled());
+    agent.shutdown().await;
+}
