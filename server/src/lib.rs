@@ -12,6 +12,7 @@ pub mod error;
 pub mod fleet;
 pub mod hub;
 pub mod listener;
+pub mod manifest;
 pub mod sync;
 pub mod ui;
 

@@ -1,0 +1,198 @@
+use std::time::Duration;
+
+use levee_agent::policy::{Dependency, FlagType, StalePolicy, Window};
+
+use super::*;
+
+const TWO_SERVICES: &str = "\
+api_version: levee/v1
+environment: prod
+service: checkout
+description: Takes orders
+policy:
+  default_deadline: 800ms
+  dependencies:
+    pricing:
+      attempt_timeout: 300ms
+      retry: { max_attempts: 2, base: 50ms, cap: 500ms }
+      circuit_breaker:
+        window: { type: time, seconds: 10 }
+        failure_rate_threshold: 0.5
+flags:
+  pricing.enabled: { type: bool, value: true, description: kill switch }
+  banner: { type: string, value: 'yes', stale: { revert_after: 1h } }
+---
+api_version: levee/v1
+environment: prod
+service: search
+policy: {}
+";
+
+fn problem(text: &str) -> Problem {
+    let err = parse("svc.yaml", text).unwrap_err();
+    assert_eq!(err.problems.len(), 1, "{err}");
+    err.problems[0].clone()
+}
+
+#[test]
+fn decodes_every_document_of_a_multi_document_file() {
+    let ms = parse("svc.yaml", TWO_SERVICES).unwrap();
+    assert_eq!(ms.len(), 2);
+    assert_eq!(ms[0].key(), "prod/checkout");
+    assert_eq!(ms[0].policy.default_deadline, Duration::from_millis(800));
+    let pricing = &ms[0].policy.dependencies["pricing"];
+    assert_eq!(pricing.attempt_timeout, Duration::from_millis(300));
+    assert_eq!(pricing.retry.max_attempts, 2);
+    assert_eq!(pricing.circuit_breaker.window, Window::Time { seconds: 10 });
+    // Strict booleans: 'yes' stays the string the flag's type says.
+    assert_eq!(ms[0].flags["banner"].kind, FlagType::String);
+    assert_eq!(ms[0].flags["banner"].value, serde_json::json!("yes"));
+    assert_eq!(ms[0].flags["banner"].stale, StalePolicy::RevertAfter(Duration::from_secs(3600)));
+    assert_eq!(ms[1].key(), "prod/search");
+    assert_eq!(ms[1].policy, Policy::default());
+}
+
+#[test]
+fn yaml_round_trip_gives_back_the_same_services() {
+    let ms = parse("svc.yaml", TWO_SERVICES).unwrap();
+    let yaml = to_yaml(&ms);
+    assert_eq!(yaml.matches("\n---\n").count(), 1, "{yaml}");
+    assert_eq!(parse("again.yaml", &yaml).unwrap(), ms);
+}
+
+#[test]
+fn json_round_trip_for_one_service_and_for_several() {
+    let ms = parse("svc.yaml", TWO_SERVICES).unwrap();
+    let one = to_json(&ms[..1]);
+    assert!(one.trim_start().starts_with('{'), "{one}");
+    assert_eq!(parse("one.json", &one).unwrap(), ms[..1]);
+    let both = to_json(&ms);
+    assert!(both.trim_start().starts_with('['), "{both}");
+    assert_eq!(parse("both.json", &both).unwrap(), ms);
+}
+
+#[test]
+fn a_sequence_document_holds_several_services() {
+    let text = "- {api_version: levee/v1, environment: a, service: x, policy: {}}\n\
+                - {api_version: levee/v1, environment: a, service: y, policy: {}}\n";
+    let ms = parse("list.yaml", text).unwrap();
+    assert_eq!(ms.iter().map(ServiceManifest::key).collect::<Vec<_>>(), ["a/x", "a/y"]);
+}
+
+#[test]
+fn unknown_fields_are_refused_with_their_path_line_and_document() {
+    let text = TWO_SERVICES
+        .replace("      attempt_timeout: 300ms\n", "      attempt_timeout: 300ms\n      timeout: 1s\n");
+    let p = problem(&text);
+    assert_eq!(p.path, "policy.dependencies.pricing.timeout");
+    assert!(p.message.contains("unknown field `timeout`"), "{p:?}");
+    assert_eq!(p.document, 1);
+    assert_eq!(p.line, Some(10));
+    let err = parse("svc.yaml", &text).unwrap_err().to_string();
+    assert!(err.starts_with("svc.yaml:10:"), "{err}");
+    assert!(err.contains("document 1: policy.dependencies.pricing.timeout: unknown field"), "{err}");
+}
+
+#[test]
+fn errors_in_a_later_document_name_that_document() {
+    let text = TWO_SERVICES.replace("service: search\n", "service: search\nowner: me\n");
+    let p = problem(&text);
+    assert_eq!(p.document, 2, "{p:?}");
+    assert!(p.message.contains("unknown field `owner`"), "{p:?}");
+}
+
+#[test]
+fn wrong_types_name_the_path() {
+    let text = TWO_SERVICES.replace("max_attempts: 2", "max_attempts: lots");
+    let p = problem(&text);
+    assert_eq!(p.path, "policy.dependencies.pricing.retry.max_attempts");
+}
+
+#[test]
+fn a_sequence_where_a_mapping_belongs_is_refused() {
+    let text =
+        TWO_SERVICES.replace("      retry: { max_attempts: 2, base: 50ms, cap: 500ms }", "      retry: []");
+    let p = problem(&text);
+    assert_eq!(p.path, "policy.dependencies.pricing.retry");
+}
+
+#[test]
+fn yaml_1_1_booleans_are_not_booleans() {
+    let text = TWO_SERVICES.replace("value: true, description", "value: on, description");
+    let err = parse("svc.yaml", &text).unwrap_err();
+    let p = &err.problems[0];
+    assert_eq!(p.path, "flags.pricing.enabled.value");
+    assert!(p.message.contains("must be a bool value"), "{err}");
+}
+
+#[test]
+fn duplicate_keys_are_refused() {
+    let text = TWO_SERVICES
+        .replace("  default_deadline: 800ms\n", "  default_deadline: 800ms\n  default_deadline: 900ms\n");
+    let p = problem(&text);
+    assert!(p.message.contains("duplicate"), "{p:?}");
+    assert_eq!(p.line, Some(7));
+}
+
+#[test]
+fn missing_and_wrong_api_version_are_refused() {
+    let p = problem("environment: prod\nservice: x\npolicy: {}\n");
+    assert!(p.message.contains("missing field `api_version`"), "{p:?}");
+    let p = problem("api_version: levee/v2\nenvironment: prod\nservice: x\npolicy: {}\n");
+    assert_eq!(p.path, "api_version");
+    assert!(p.message.contains("levee/v1"), "{p:?}");
+}
+
+#[test]
+fn out_of_range_values_are_reported_with_path_and_allowed_range() {
+    let text = TWO_SERVICES
+        .replace("max_attempts: 2", "max_attempts: 12")
+        .replace("failure_rate_threshold: 0.5", "failure_rate_threshold: 50")
+        .replace("service: search", "service: Search");
+    let err = parse("svc.yaml", &text).unwrap_err();
+    let paths: Vec<_> = err.problems.iter().map(|p| (p.document, p.path.as_str())).collect();
+    assert_eq!(
+        paths,
+        [
+            (1, "policy.dependencies.pricing.retry.max_attempts"),
+            (1, "policy.dependencies.pricing.circuit_breaker.failure_rate_threshold"),
+            (2, "service"),
+        ]
+    );
+    let text = err.to_string();
+    assert!(text.contains("svc.yaml: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts: must be between 1 and 10 (got 12)"), "{text}");
+    assert!(text.contains("must be a ratio, 0 < x <= 1 (got 50)"), "{text}");
+}
+
+#[test]
+fn the_same_service_twice_is_refused() {
+    let text = format!(
+        "{TWO_SERVICES}---\napi_version: levee/v1\nenvironment: prod\nservice: checkout\npolicy: {{}}\n"
+    );
+    let p = problem(&text);
+    assert_eq!(p.document, 3);
+    assert!(p.message.contains("twice"), "{p:?}");
+}
+
+#[test]
+fn an_empty_file_holds_no_service() {
+    let p = problem("# nothing here\n---\n");
+    assert!(p.message.contains("no service"), "{p:?}");
+}
+
+#[test]
+fn syntax_errors_carry_the_location() {
+    let p = problem("api_version: levee/v1\nenvironment: [prod\n");
+    assert!(p.line.is_some(), "{p:?}");
+}
+
+#[test]
+fn a_long_description_is_refused() {
+    let mut m = ServiceManifest::new("prod", "x");
+    m.description = "d".repeat(MAX_DESCRIPTION_BYTES + 1);
+    let e = m.validate().unwrap_err();
+    assert_eq!(e.0[0].path, "description");
+    m.description = "ok".into();
+    m.policy.dependencies.insert("db".into(), Dependency::default());
+    m.validate().unwrap();
+}
