@@ -11,6 +11,7 @@ pub mod diff;
 pub mod error;
 pub mod fleet;
 pub mod hub;
+pub mod import;
 pub mod listener;
 pub mod manifest;
 pub mod sync;

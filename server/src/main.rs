@@ -18,6 +18,9 @@ enum Command {
     Serve(ServeArgs),
     /// Applies database migrations and exits.
     Migrate(ServeArgs),
+    /// Turns resilience4j, Envoy, Istio, Sentinel or Hystrix settings into a Levee
+    /// manifest (stdout) and a report of every setting, mapped or not (stderr).
+    Import(levee_server::import::ImportArgs),
     /// Manages users.
     Users {
         #[command(subcommand)]
@@ -50,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve(ServeArgs::default_from_env())) {
         Command::Serve(args) => serve(Settings::load(args)?).await,
+        Command::Import(args) => levee_server::import::run_cli(&args),
         Command::Migrate(args) => {
             let s = Settings::load(args)?;
             init_tracing(&s.log);

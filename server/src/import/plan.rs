@@ -1,0 +1,367 @@
+//! What an importer produces while it reads a file: the source's settings, the Levee
+//! fields they set, and the validation that decides what is kept.
+//!
+//! An importer registers every setting of the file, then records *assignments* (a Levee
+//! field, the value, the settings it came from, and how to set it) or says why a setting
+//! is not mapped. [`Plan::finish`] applies the assignments, runs the agent's `validate()`
+//! and drops every assignment whose value Levee does not allow — the settings behind it
+//! are then reported as not mapped, with the allowed range from `validate()`. Nothing is
+//! clamped, and nothing is left out of the report.
+
+use std::collections::{BTreeMap, HashMap};
+
+use levee_agent::policy::{Dependency, ServiceConfig};
+
+use super::report::{Outcome, Report, Setting};
+use super::units::levee_name;
+use super::{ImportError, Source};
+use crate::manifest::ServiceManifest;
+
+/// Index of a setting in the plan.
+pub type Sid = usize;
+
+type Setter = Box<dyn Fn(&mut ServiceConfig)>;
+
+struct SettingState {
+    doc: usize,
+    path: String,
+    value: String,
+    reason: Option<String>,
+    notes: Vec<String>,
+    dropped: Vec<String>,
+}
+
+struct Assignment {
+    path: String,
+    value: String,
+    set: Setter,
+    sources: Vec<Sid>,
+    /// `Some(why)` for a value the source implies without a setting (its own default).
+    implied: Option<String>,
+    active: bool,
+    drop_reason: Option<String>,
+}
+
+/// The mutable state of one import.
+pub struct Plan {
+    source: Source,
+    file: String,
+    documents: usize,
+    settings: Vec<SettingState>,
+    by_path: HashMap<(usize, String), Sid>,
+    assignments: Vec<Assignment>,
+    notes: Vec<String>,
+    names: BTreeMap<String, String>,
+    suggested_service: Option<String>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan").field("file", &self.file).field("settings", &self.settings.len()).finish()
+    }
+}
+
+/// `policy.dependencies.<dep>.<field>`, the path `validate()` uses.
+pub fn dep_path(dep: &str, field: &str) -> String {
+    format!("policy.dependencies.{dep}.{field}")
+}
+
+/// The dependency named `dep`, created with the agent's defaults if absent.
+pub fn dep_mut<'a>(c: &'a mut ServiceConfig, dep: &str) -> &'a mut Dependency {
+    c.policy.dependencies.entry(dep.to_string()).or_default()
+}
+
+impl Plan {
+    pub fn new(source: Source, file: &str) -> Self {
+        Self {
+            source,
+            file: file.to_string(),
+            documents: 1,
+            settings: Vec::new(),
+            by_path: HashMap::new(),
+            assignments: Vec::new(),
+            notes: Vec::new(),
+            names: BTreeMap::new(),
+            suggested_service: None,
+        }
+    }
+
+    /// Tells how many documents the file has (paths then carry the document number).
+    pub fn set_documents(&mut self, n: usize) {
+        self.documents = n.max(1);
+    }
+
+    /// Registers one setting of the file; its path must be unique within its document.
+    pub fn setting(&mut self, doc: usize, path: &str, value: &str) -> Sid {
+        if let Some(&id) = self.by_path.get(&(doc, path.to_string())) {
+            return id;
+        }
+        let id = self.settings.len();
+        self.settings.push(SettingState {
+            doc,
+            path: path.to_string(),
+            value: value.to_string(),
+            reason: None,
+            notes: Vec::new(),
+            dropped: Vec::new(),
+        });
+        self.by_path.insert((doc, path.to_string()), id);
+        id
+    }
+
+    /// The setting at `path` of document `doc`, if the file has it.
+    pub fn find(&self, doc: usize, path: &str) -> Option<Sid> {
+        self.by_path.get(&(doc, path.to_string())).copied()
+    }
+
+    /// Every setting of document `doc` at or below `path` (`.` = the whole document).
+    pub fn below(&self, doc: usize, path: &str) -> Vec<Sid> {
+        let dot = format!("{path}.");
+        let idx = format!("{path}[");
+        (0..self.settings.len())
+            .filter(|&i| {
+                let s = &self.settings[i];
+                s.doc == doc
+                    && (path == "." || s.path == path || s.path.starts_with(&dot) || s.path.starts_with(&idx))
+            })
+            .collect()
+    }
+
+    /// The path of a setting as registered.
+    pub fn path_of(&self, id: Sid) -> &str {
+        &self.settings[id].path
+    }
+
+    /// Says why a setting is not mapped (the first reason given is kept).
+    pub fn not_mapped(&mut self, id: Sid, reason: impl Into<String>) {
+        let s = &mut self.settings[id];
+        if s.reason.is_none() {
+            s.reason = Some(reason.into());
+        }
+    }
+
+    /// Adds a note to a setting (a placeholder's default taken, an approximation).
+    pub fn note(&mut self, id: Sid, note: impl Into<String>) {
+        let note = note.into();
+        if !self.settings[id].notes.contains(&note) {
+            self.settings[id].notes.push(note);
+        }
+    }
+
+    /// A note about the whole import.
+    pub fn general_note(&mut self, note: impl Into<String>) {
+        let note = note.into();
+        if !self.notes.contains(&note) {
+            self.notes.push(note);
+        }
+    }
+
+    /// A name for the service when the user gave none (e.g. `spring.application.name`).
+    pub fn suggest_service(&mut self, name: &str) {
+        if self.suggested_service.is_none() {
+            self.suggested_service = Some(levee_name(name));
+        }
+    }
+
+    /// The Levee dependency name for a source name. Different source names that would get
+    /// the same Levee name are told apart with a suffix (`-2`); every renaming is noted.
+    pub fn dep_name(&mut self, source_name: &str) -> String {
+        if let Some(n) = self.names.get(source_name) {
+            return n.clone();
+        }
+        let base = levee_name(source_name);
+        let mut name = base.clone();
+        let mut i = 2;
+        while self.names.values().any(|n| *n == name) {
+            let suffix = format!("-{i}");
+            name = format!("{}{suffix}", &base[..base.len().min(64 - suffix.len())]);
+            i += 1;
+        }
+        if name != source_name {
+            self.general_note(format!("{source_name:?} is imported as dependency {name:?}"));
+        }
+        self.names.insert(source_name.to_string(), name.clone());
+        name
+    }
+
+    /// Sets a Levee field from source settings.
+    ///
+    /// A second assignment of the same field with the same value adds its settings to the
+    /// first; with a different value it is refused (the first one wins, as sources read
+    /// top to bottom) and its settings are told why.
+    pub fn assign(
+        &mut self,
+        path: String,
+        value: impl Into<String>,
+        sources: &[Sid],
+        set: impl Fn(&mut ServiceConfig) + 'static,
+    ) {
+        let value = value.into();
+        if let Some(prev) = self.assignments.iter_mut().find(|a| a.implied.is_none() && a.path == path) {
+            if prev.value == value {
+                for s in sources {
+                    if !prev.sources.contains(s) {
+                        prev.sources.push(*s);
+                    }
+                }
+                return;
+            }
+            let by: Vec<String> = prev.sources.iter().map(|&s| self.settings[s].path.clone()).collect();
+            let reason = format!(
+                "conflicts with {} which already set {path} = {}; Levee keeps one value",
+                if by.is_empty() { "an earlier setting".into() } else { by.join(", ") },
+                prev.value
+            );
+            for &s in sources {
+                self.settings[s].dropped.push(reason.clone());
+            }
+            return;
+        }
+        self.assignments.push(Assignment {
+            path,
+            value,
+            set: Box::new(set),
+            sources: sources.to_vec(),
+            implied: None,
+            active: true,
+            drop_reason: None,
+        });
+    }
+
+    /// Sets a Levee field to the source's own default (no setting in the file says it, but
+    /// the source behaves so). An explicit assignment of the same field wins.
+    pub fn implied(
+        &mut self,
+        path: String,
+        value: impl Into<String>,
+        why: impl Into<String>,
+        set: impl Fn(&mut ServiceConfig) + 'static,
+    ) {
+        if self.assignments.iter().any(|a| a.implied.is_some() && a.path == path) {
+            return;
+        }
+        self.assignments.push(Assignment {
+            path,
+            value: value.into(),
+            set: Box::new(set),
+            sources: Vec::new(),
+            implied: Some(why.into()),
+            active: true,
+            drop_reason: None,
+        });
+    }
+
+    fn build(&self) -> ServiceConfig {
+        let mut cfg = ServiceConfig::default();
+        let explicit: Vec<&str> =
+            self.assignments.iter().filter(|a| a.implied.is_none()).map(|a| a.path.as_str()).collect();
+        for a in self.assignments.iter().filter(|a| a.active && a.implied.is_some()) {
+            if !explicit.contains(&a.path.as_str()) {
+                (a.set)(&mut cfg);
+            }
+        }
+        for a in self.assignments.iter().filter(|a| a.active && a.implied.is_none()) {
+            (a.set)(&mut cfg);
+        }
+        cfg
+    }
+
+    /// Applies the assignments, validates, drops what Levee does not allow, and returns
+    /// the manifest and the report. `fallback` gives the reason for a setting the importer
+    /// never looked at (by its path).
+    pub fn finish(
+        mut self,
+        mut manifest: ServiceManifest,
+        fallback: &dyn Fn(&str) -> String,
+    ) -> Result<(ServiceManifest, Report), ImportError> {
+        let cfg = loop {
+            let cfg = self.build();
+            let Err(errors) = cfg.validate() else { break cfg };
+            let mut dropped_any = false;
+            for e in &errors.0 {
+                let hits = |a: &Assignment, p: &str| a.path == p || p.starts_with(&format!("{}.", a.path));
+                let mut idx: Vec<usize> = (0..self.assignments.len())
+                    .filter(|&i| self.assignments[i].active && hits(&self.assignments[i], &e.path))
+                    .collect();
+                if idx.is_empty()
+                    && let Some((parent, _)) = e.path.rsplit_once('.')
+                {
+                    let prefix = format!("{parent}.");
+                    idx = (0..self.assignments.len())
+                        .filter(|&i| {
+                            self.assignments[i].active && self.assignments[i].path.starts_with(&prefix)
+                        })
+                        .collect();
+                }
+                for i in idx {
+                    let a = &mut self.assignments[i];
+                    a.active = false;
+                    let got = if e.value.is_empty() { String::new() } else { format!(" (got {})", e.value) };
+                    a.drop_reason = Some(format!(
+                        "Levee does not allow {} = {}: {} {}{got}",
+                        a.path, a.value, e.path, e.message
+                    ));
+                    dropped_any = true;
+                }
+            }
+            if !dropped_any {
+                return Err(ImportError::Invalid(errors));
+            }
+        };
+        for a in self.assignments.iter().filter(|a| !a.active) {
+            let reason = a.drop_reason.clone().unwrap_or_default();
+            for &s in &a.sources {
+                self.settings[s].dropped.push(reason.clone());
+            }
+        }
+        let explicit: Vec<String> =
+            self.assignments.iter().filter(|a| a.implied.is_none()).map(|a| a.path.clone()).collect();
+        let mut notes = std::mem::take(&mut self.notes);
+        for a in self.assignments.iter().filter(|a| a.implied.is_some() && !explicit.contains(&a.path)) {
+            let why = a.implied.as_deref().unwrap_or_default();
+            match &a.drop_reason {
+                None => notes.push(format!("{} = {}: {why}", a.path, a.value)),
+                Some(r) => notes.push(format!("not applied ({why}): {r}")),
+            }
+        }
+        let mut settings = Vec::with_capacity(self.settings.len());
+        for (id, s) in self.settings.iter().enumerate() {
+            let to: Vec<String> = self
+                .assignments
+                .iter()
+                .filter(|a| a.active && a.implied.is_none() && a.sources.contains(&id))
+                .map(|a| format!("{} = {}", a.path, a.value))
+                .collect();
+            let mut setting_notes = s.notes.clone();
+            let outcome = if to.is_empty() {
+                let mut reasons = s.dropped.clone();
+                reasons.dedup();
+                let reason = match (&s.reason, reasons.is_empty()) {
+                    (Some(r), true) => r.clone(),
+                    (Some(r), false) => format!("{r}; {}", reasons.join("; ")),
+                    (None, false) => reasons.join("; "),
+                    (None, true) => fallback(&s.path),
+                };
+                Outcome::NotMapped { reason }
+            } else {
+                setting_notes.extend(s.dropped.iter().cloned());
+                Outcome::Mapped { to }
+            };
+            settings.push(Setting {
+                document: s.doc + 1,
+                path: s.path.clone(),
+                value: s.value.clone(),
+                outcome,
+                notes: setting_notes,
+            });
+        }
+        if manifest.service.is_empty() {
+            manifest.service = self.suggested_service.clone().unwrap_or_default();
+        }
+        manifest.policy = cfg.policy;
+        manifest.flags = cfg.flags;
+        let report =
+            Report { source: self.source, file: self.file, documents: self.documents, settings, notes };
+        Ok((manifest, report))
+    }
+}
