@@ -30,11 +30,12 @@ pub fn imply<V: Clone + 'static>(
     field: &str,
     shown: impl Into<String>,
     why: impl Into<String>,
+    because: &[Sid],
     value: V,
     apply: fn(&mut Dependency, V),
 ) {
     let d = dep.to_string();
-    p.implied(dep_path(dep, field), shown, why, move |c| apply(dep_mut(c, &d), value.clone()));
+    p.implied(dep_path(dep, field), shown, why, because, move |c| apply(dep_mut(c, &d), value.clone()));
 }
 
 /// Shorthand for a duration field.

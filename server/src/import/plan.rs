@@ -228,13 +228,16 @@ impl Plan {
         });
     }
 
-    /// Sets a Levee field to the source's own default (no setting in the file says it, but
-    /// the source behaves so). An explicit assignment of the same field wins.
+    /// Sets a Levee field to the source's own default: no setting in the file says it, but
+    /// the source behaves so. `because` are the settings that make the default apply (the
+    /// route or cluster it belongs to); they are reported as mapped to it. An explicit
+    /// assignment of the same field wins.
     pub fn implied(
         &mut self,
         path: String,
         value: impl Into<String>,
         why: impl Into<String>,
+        because: &[Sid],
         set: impl Fn(&mut ServiceConfig) + 'static,
     ) {
         if self.assignments.iter().any(|a| a.implied.is_some() && a.path == path) {
@@ -244,7 +247,7 @@ impl Plan {
             path,
             value: value.into(),
             set: Box::new(set),
-            sources: Vec::new(),
+            sources: because.to_vec(),
             implied: Some(why.into()),
             active: true,
             drop_reason: None,
@@ -308,7 +311,7 @@ impl Plan {
                 return Err(ImportError::Invalid(errors));
             }
         };
-        for a in self.assignments.iter().filter(|a| !a.active) {
+        for a in self.assignments.iter().filter(|a| !a.active && a.implied.is_none()) {
             let reason = a.drop_reason.clone().unwrap_or_default();
             for &s in &a.sources {
                 self.settings[s].dropped.push(reason.clone());
@@ -329,8 +332,12 @@ impl Plan {
             let to: Vec<String> = self
                 .assignments
                 .iter()
-                .filter(|a| a.active && a.implied.is_none() && a.sources.contains(&id))
-                .map(|a| format!("{} = {}", a.path, a.value))
+                .filter(|a| a.active && a.sources.contains(&id))
+                .filter(|a| a.implied.is_none() || !explicit.contains(&a.path))
+                .map(|a| match &a.implied {
+                    None => format!("{} = {}", a.path, a.value),
+                    Some(why) => format!("{} = {} ({why})", a.path, a.value),
+                })
                 .collect();
             let mut setting_notes = s.notes.clone();
             let outcome = if to.is_empty() {

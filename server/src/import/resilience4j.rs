@@ -473,6 +473,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                 } else {
                     "resilience4j's default minimumNumberOfCalls".into()
                 },
+                &[],
                 effective,
                 |d: &mut Dependency, v| d.circuit_breaker.minimum_calls = v,
             ),
@@ -525,6 +526,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             "circuit_breaker.slow_call_duration",
             "1m",
             "resilience4j's default slowCallDurationThreshold (60s), needed by slowCallRateThreshold",
+            &[],
             Some(Duration::from_secs(60)),
             |x: &mut Dependency, d| x.circuit_breaker.slow_call_duration = d,
         ),
@@ -541,6 +543,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                 "circuit_breaker.wait_in_open",
                 "1m",
                 "resilience4j's default waitDurationInOpenState",
+                &[],
                 w,
                 |d: &mut Dependency, w| d.circuit_breaker.wait_in_open = w,
             );
@@ -623,6 +626,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                     "circuit_breaker.max_wait_in_open",
                     fmt_duration(w),
                     why,
+                    &[],
                     w,
                     |x: &mut Dependency, d| x.circuit_breaker.max_wait_in_open = d,
                 ),
@@ -661,6 +665,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             "circuit_breaker.half_open_probes",
             "10",
             "resilience4j's default permittedNumberOfCallsInHalfOpenState",
+            &[],
             10u32,
             |d: &mut Dependency, n| d.circuit_breaker.half_open_probes = n,
         ),
@@ -753,6 +758,7 @@ fn retry(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> {
             "retry.base",
             fmt_duration(w),
             "resilience4j's default waitDuration",
+            &[],
             w,
             |d: &mut Dependency, w| d.retry.base = w,
         ),
@@ -798,7 +804,7 @@ fn retry(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> {
                 Some(v) => {
                     set_duration(p, dep, "retry.cap", &with(&v.sources, exp_v), w, |d, c| d.retry.cap = c)
                 }
-                None => imply(p, dep, "retry.cap", fmt_duration(w), why, w, |d: &mut Dependency, c| {
+                None => imply(p, dep, "retry.cap", fmt_duration(w), why, &[], w, |d: &mut Dependency, c| {
                     d.retry.cap = c
                 }),
             }
