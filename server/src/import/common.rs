@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use levee_agent::policy::Dependency;
+use levee_agent::policy::{Dependency, OutlierDetection};
 
 use super::doc::{Node, Seg, path_text};
 use super::plan::{Plan, Sid, dep_mut, dep_path};
@@ -23,7 +23,12 @@ pub fn set<V: Clone + 'static>(
     p.assign(dep_path(dep, field), shown, sources, move |c| apply(dep_mut(c, &d), value.clone()));
 }
 
-/// Sets `field` of dependency `dep` to the source's own default (`why` says which).
+/// Sets `field` of dependency `dep` to the source's own default (`why` says which;
+/// `because` are the settings that make it apply).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a thin forwarding helper; each argument is one piece of the report line"
+)]
 pub fn imply<V: Clone + 'static>(
     p: &mut Plan,
     dep: &str,
@@ -161,17 +166,98 @@ pub fn fault_reason(action: &str, percent: f64, deps: &[String]) -> String {
 pub const EXCEPTIONS: &str = "Levee classifies failures by error kind, not by exception class: connect \
 errors, resets, attempt timeouts and 5xx count as failures, 4xx do not; there is no list to set";
 
-/// `fmt_duration` of milliseconds, for messages.
-pub fn ms_text(ms: f64) -> String {
-    if ms >= 0.0 && ms.fract() == 0.0 {
-        fmt_duration(Duration::from_millis(ms as u64))
-    } else {
-        format!("{} ms", fmt_num(ms))
-    }
-}
-
 /// A non-negative whole number from a node.
 pub fn whole(n: &Node) -> Option<u64> {
     let v = n.as_f64()?;
     (v >= 0.0 && v.fract() == 0.0 && v <= u64::MAX as f64).then_some(v as u64)
+}
+
+/// Reasons the mesh importers (Envoy, Istio) and Hystrix share.
+pub const CONNECT: &str = "Levee has no separate connect timeout: its attempt_timeout covers connecting and \
+the response";
+pub const QUEUE: &str = "a queue length: Levee's bulkhead bounds waiting by time (bulkhead.max_wait, 0 = fail \
+fast), not by the number waiting";
+pub const CONNECTIONS: &str = "a connection-pool setting: Levee bounds calls, not connections";
+pub const CONCURRENT_RETRIES: &str = "a bound on concurrent retries: Levee bounds retries with a token-bucket \
+retry budget (retry.budget: ratio of successes, min_retries_per_sec)";
+pub const UNSPLIT: &str = "Levee counts connection failures and 5xx answers in one consecutive-error count \
+(Envoy's default, unsplit mode); a separate local-origin count has no equivalent";
+pub const ONE_COUNT: &str = "Levee has one consecutive-error count (5xx and connection failures), set from the \
+5xx count";
+pub const PANIC: &str = "Levee has no panic mode: it never ejects more than max_ejection_percent and always \
+keeps one endpoint";
+pub const WHOLE_REQUEST: &str = "timeout of the whole request across its retries: Levee bounds a whole call by \
+the caller's deadline, and each attempt by attempt_timeout (from the per-try timeout)";
+
+/// Envoy's outlier-detection defaults, which Istio keeps: 5 consecutive errors, 10 s
+/// interval, 30 s base ejection, at most 10 % ejected.
+pub fn mesh_outlier_defaults() -> OutlierDetection {
+    OutlierDetection {
+        consecutive_errors: 5,
+        interval: Duration::from_secs(10),
+        base_ejection_time: Duration::from_secs(30),
+        max_ejection_percent: 10,
+    }
+}
+
+/// A route's timeouts as Envoy and Istio apply them: the per-try timeout bounds an attempt;
+/// without one, each attempt may use the route timeout. Returns `false` when the route sets
+/// neither (the caller applies its source's default).
+pub fn route_timeout(
+    p: &mut Plan,
+    dep: &str,
+    base: &[Sid],
+    per_try: Option<(Duration, Sid)>,
+    timeout: Option<(Duration, Sid)>,
+    retrying: bool,
+) -> bool {
+    let with = |s: Sid| {
+        let mut v = base.to_vec();
+        v.push(s);
+        v
+    };
+    match (per_try, timeout) {
+        (Some((d, s)), t) => {
+            set_duration(p, dep, "attempt_timeout", &with(s), d, |x, d| x.attempt_timeout = d);
+            if let Some((_, ts)) = t {
+                p.not_mapped(ts, WHOLE_REQUEST);
+            }
+        }
+        (None, Some((d, s))) if d.is_zero() => {
+            p.not_mapped(
+                s,
+                "0s disables the timeout; Levee's timeouts are always finite (its default is kept)",
+            );
+        }
+        (None, Some((d, s))) => {
+            if retrying {
+                p.note(s, "with no per-try timeout, each attempt may use the whole route timeout");
+            }
+            set_duration(p, dep, "attempt_timeout", &with(s), d, |x, d| x.attempt_timeout = d);
+        }
+        (None, None) => return false,
+    }
+    true
+}
+
+/// A retry count (Envoy `num_retries`, Istio `attempts`) as Levee's attempts in total.
+pub fn set_retries(p: &mut Plan, dep: &str, n: &Node, sid: Sid, base: &[Sid]) {
+    let Some(k) = whole(n).and_then(|k| u32::try_from(k).ok()) else {
+        p.not_mapped(sid, "not a whole number of retries");
+        return;
+    };
+    let attempts = k.saturating_add(1);
+    p.note(
+        sid,
+        if k == 0 {
+            "0 retries: one attempt".to_string()
+        } else {
+            format!("{k} retries = {attempts} attempts in total")
+        },
+    );
+    let mut src = base.to_vec();
+    src.push(sid);
+    set(p, dep, "retry.max_attempts", attempts.to_string(), &src, attempts, |x: &mut Dependency, n| {
+        x.retry.max_attempts = n
+    });
 }

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::ImportError;
+use super::plan::Plan;
 
 /// A value of a source file; mappings keep their keys in file order.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,8 +208,6 @@ pub fn path_text(path: &[Seg]) -> String {
 /// A leaf of a document.
 #[derive(Clone, Debug)]
 pub struct Leaf {
-    /// Document number from 0.
-    pub doc: usize,
     /// Where it is.
     pub path: Vec<Seg>,
     /// Its value.
@@ -216,35 +215,48 @@ pub struct Leaf {
 }
 
 /// Every setting of `node`, depth first, in file order.
-pub fn leaves(doc: usize, node: &Node) -> Vec<Leaf> {
+pub fn leaves(node: &Node) -> Vec<Leaf> {
     let mut out = Vec::new();
-    walk(doc, node, &mut Vec::new(), &mut out);
+    walk(node, &mut Vec::new(), &mut out);
     out
 }
 
-fn walk(doc: usize, node: &Node, path: &mut Vec<Seg>, out: &mut Vec<Leaf>) {
+fn walk(node: &Node, path: &mut Vec<Seg>, out: &mut Vec<Leaf>) {
     match node {
         Node::Map(entries) if !entries.is_empty() => {
             for (k, v) in entries {
                 path.push(Seg::Key(k.clone()));
-                walk(doc, v, path, out);
+                walk(v, path, out);
                 path.pop();
             }
         }
         Node::Seq(items) if !items.is_empty() && !items.iter().all(Node::is_scalar) => {
             for (i, v) in items.iter().enumerate() {
                 path.push(Seg::Index(i));
-                walk(doc, v, path, out);
+                walk(v, path, out);
                 path.pop();
             }
         }
-        _ => out.push(Leaf { doc, path: path.clone(), node: node.clone() }),
+        _ => out.push(Leaf { path: path.clone(), node: node.clone() }),
+    }
+}
+
+/// Registers every setting of `docs` in the plan (document `i` is `docs[i]`).
+pub fn register(plan: &mut Plan, docs: &[Node]) {
+    plan.set_documents(docs.len());
+    for (i, d) in docs.iter().enumerate() {
+        for leaf in leaves(d) {
+            plan.setting(i, &path_text(&leaf.path), &leaf.node.text());
+        }
     }
 }
 
 /// Reads every YAML document of `text` (empty documents are skipped). JSON is YAML too.
+/// Only `true` / `false` are booleans: `on`, `y` or `no` stay the text they are, so the
+/// report shows values as written and each importer reads booleans as its source does.
 pub fn parse_yaml(text: &str) -> Result<Vec<Node>, ImportError> {
-    serde_saphyr::from_multiple::<Node>(text)
+    let options = serde_saphyr::options! { strict_booleans: true };
+    serde_saphyr::from_multiple_with_options::<Node>(text, options)
         .map_err(|e| ImportError::Syntax { format: "YAML", message: e.without_snippet().to_string() })
 }
 
@@ -286,7 +298,7 @@ mod tests {
     #[test]
     fn keys_keep_file_order_and_lists_of_scalars_are_one_setting() {
         let docs = parse_yaml("b: 1\na:\n  list: [x, y]\n  items:\n    - {k: 1}\n  empty: {}\n").unwrap();
-        let l = leaves(0, &docs[0]);
+        let l = leaves(&docs[0]);
         let paths: Vec<String> = l.iter().map(|l| path_text(&l.path)).collect();
         assert_eq!(paths, ["b", "a.list", "a.items[0].k", "a.empty"]);
         assert_eq!(l[1].node.text(), "[x, y]");

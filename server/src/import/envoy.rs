@@ -13,16 +13,17 @@ use std::time::Duration;
 
 use levee_agent::policy::{Dependency, OutlierDetection};
 
-use super::common::{At, fault_reason, imply, not_mapped_below, retry_on_reason, set, set_duration, whole};
-use super::doc::{self, Node, leaves, path_text};
+use super::common::{
+    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ONE_COUNT, PANIC, QUEUE, UNSPLIT, fault_reason, imply,
+    mesh_outlier_defaults, not_mapped_below, retry_on_reason, route_timeout, set, set_duration, set_retries,
+    whole,
+};
+use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
 use super::report::Report;
 use super::units::{fmt_duration, fmt_num, go_duration};
 use super::{ImportError, Source};
 use crate::manifest::ServiceManifest;
-
-const CONNECT: &str = "Levee has no separate connect timeout: its attempt_timeout covers connecting and \
-the response";
 
 pub fn import(
     file: &str,
@@ -31,12 +32,7 @@ pub fn import(
 ) -> Result<(ServiceManifest, Report), ImportError> {
     let mut p = Plan::new(Source::Envoy, file);
     let docs = read(text)?;
-    p.set_documents(docs.len());
-    for (i, d) in docs.iter().enumerate() {
-        for leaf in leaves(i, d) {
-            p.setting(i, &path_text(&leaf.path), &leaf.node.text());
-        }
-    }
+    doc::register(&mut p, &docs);
     let mut found = Found::default();
     for (i, d) in docs.iter().enumerate() {
         walk(d, At::root(i), None, &mut found);
@@ -234,30 +230,8 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
         v.push(s);
         v
     };
-    match (per_try, timeout) {
-        (Some((d, s)), t) => {
-            set_duration(p, dep, "attempt_timeout", &src(s), d, |x, d| x.attempt_timeout = d);
-            if let Some((_, ts)) = t {
-                p.not_mapped(
-                    ts,
-                    "timeout of the whole request across its retries: Levee bounds a whole call by the caller's \
-                     deadline, and each attempt by attempt_timeout (from per_try_timeout)",
-                );
-            }
-        }
-        (None, Some((d, s))) if d.is_zero() => {
-            p.not_mapped(
-                s,
-                "0s disables Envoy's timeout; Levee's timeouts are always finite (its default is kept)",
-            );
-        }
-        (None, Some((d, s))) => {
-            if retry.is_some() {
-                p.note(s, "with no per_try_timeout, Envoy gives each attempt the route timeout");
-            }
-            set_duration(p, dep, "attempt_timeout", &src(s), d, |x, d| x.attempt_timeout = d);
-        }
-        (None, None) => imply(
+    if !route_timeout(p, dep, base, per_try, timeout, retry.is_some()) {
+        imply(
             p,
             dep,
             "attempt_timeout",
@@ -266,7 +240,7 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
             base,
             Duration::from_secs(15),
             |x: &mut Dependency, d| x.attempt_timeout = d,
-        ),
+        );
     }
     let Some((ra_retry, r)) = retry else {
         imply(
@@ -283,23 +257,8 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
     };
     match r.get("num_retries") {
         Some(n) => {
-            let sid = ra_retry.key("num_retries").sid(p);
-            match (whole(n), sid) {
-                (Some(k), Some(s)) => {
-                    let attempts = u32::try_from(k.saturating_add(1)).unwrap_or(u32::MAX);
-                    p.note(s, format!("{k} retries = {attempts} attempts in total"));
-                    set(
-                        p,
-                        dep,
-                        "retry.max_attempts",
-                        attempts.to_string(),
-                        &src(s),
-                        attempts,
-                        |x: &mut Dependency, n| x.retry.max_attempts = n,
-                    );
-                }
-                (None, Some(s)) => p.not_mapped(s, "not a whole number of retries"),
-                _ => {}
+            if let Some(s) = ra_retry.key("num_retries").sid(p) {
+                set_retries(p, dep, n, s, base);
             }
         }
         None => imply(
@@ -440,23 +399,15 @@ fn cluster(p: &mut Plan, at: &At, c: &Node) {
             }
         }
         if let Some(s) = ta.key("max_pending_requests").sid(p) {
-            p.not_mapped(
-                s,
-                "a queue length: Levee's bulkhead bounds waiting by time (bulkhead.max_wait, 0 = fail fast), not by \
-                 the number waiting",
-            );
+            p.not_mapped(s, QUEUE);
         }
         for k in ["max_connections", "max_connection_pools"] {
             if let Some(s) = ta.key(k).sid(p) {
-                p.not_mapped(s, "a connection-pool limit: Levee bounds calls, not connections");
+                p.not_mapped(s, CONNECTIONS);
             }
         }
         if let Some(s) = ta.key("max_retries").sid(p) {
-            p.not_mapped(
-                s,
-                "Envoy bounds concurrent retries; Levee bounds retries with a token-bucket retry budget \
-                 (retry.budget: ratio of successes, min_retries_per_sec)",
-            );
+            p.not_mapped(s, CONCURRENT_RETRIES);
         }
         if let Some(rb) = t.get("retry_budget") {
             let rba = ta.key("retry_budget");
@@ -512,20 +463,11 @@ fn cluster(p: &mut Plan, at: &At, c: &Node) {
         &at.key("health_checks"),
         "active health checking: Levee has none; its outlier detection is passive (it watches real calls)",
     );
-    not_mapped_below(
-        p,
-        &at.key("common_lb_config").key("healthy_panic_threshold"),
-        "panic threshold: Levee never ejects more than max_ejection_percent and always keeps one endpoint",
-    );
+    not_mapped_below(p, &at.key("common_lb_config").key("healthy_panic_threshold"), PANIC);
 }
 
 fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
-    let envoy = OutlierDetection {
-        consecutive_errors: 5,
-        interval: Duration::from_secs(10),
-        base_ejection_time: Duration::from_secs(30),
-        max_ejection_percent: 10,
-    };
+    let envoy = mesh_outlier_defaults();
     let mut trigger = name_sid.to_vec();
     trigger.extend(at.sid(p));
     imply(
@@ -597,8 +539,6 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
             p.not_mapped(s, "Levee always enforces an ejection; a percentage below 100 has no equivalent");
         }
     }
-    let unsplit = "Levee counts connection failures and 5xx answers in one consecutive-error count (Envoy's \
-                   default, unsplit mode); a separate local-origin count has no equivalent";
     for k in [
         "split_external_local_origin_errors",
         "consecutive_local_origin_failure",
@@ -606,14 +546,10 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
         "enforcing_local_origin_success_rate",
         "failure_percentage_threshold_local_origin",
     ] {
-        not_mapped_below(p, &at.key(k), unsplit);
+        not_mapped_below(p, &at.key(k), UNSPLIT);
     }
     for k in ["consecutive_gateway_failure", "enforcing_consecutive_gateway_failure"] {
-        not_mapped_below(
-            p,
-            &at.key(k),
-            "Levee has one consecutive-error count (5xx and connection failures), set from consecutive_5xx",
-        );
+        not_mapped_below(p, &at.key(k), ONE_COUNT);
     }
     for k in [
         "success_rate_minimum_hosts",

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use levee_agent::policy::{Dependency, Window};
 
-use super::common::{EXCEPTIONS, imply, set, set_duration};
+use super::common::{CONNECT, EXCEPTIONS, imply, set, set_duration};
 use super::plan::{Plan, Sid};
 use super::report::Report;
 use super::spring::{self, Prop, canon};
@@ -63,17 +63,10 @@ pub fn import(
     let mut zuul_services: Vec<(String, Sid)> = Vec::new();
     for pr in &props {
         let c0 = pr.canon(0);
-        if pr.canon_from(0) == "spring.application.name" {
-            if let Some(v) = &pr.value {
-                p.suggest_service(v);
-            }
-            p.not_mapped(
-                pr.sid,
-                "names the application: used as the manifest's service when --service is not given",
-            );
-        } else if c0 == "hystrix"
-            && pr.keys.len() >= 4
-            && (pr.canon(1) == "command" || pr.canon(1) == "threadpool")
+        if spring::application_name(&mut p, pr) {
+            continue;
+        }
+        if c0 == "hystrix" && pr.keys.len() >= 4 && (pr.canon(1) == "command" || pr.canon(1) == "threadpool")
         {
             let scoped = if pr.canon(1) == "command" { &mut commands } else { &mut pools };
             let prop = pr.canon_from(3);
@@ -251,11 +244,7 @@ fn timeouts(
     });
     let r = rib.and_then(|(c, via)| get(c, "readtimeout").map(|v| (v.clone(), via)));
     if let Some((c, _)) = rib {
-        reason(
-            p,
-            get(c, "connecttimeout"),
-            "Levee has no separate connect timeout: its attempt_timeout covers connecting and the response",
-        );
+        reason(p, get(c, "connecttimeout"), CONNECT);
     }
     if let Some((c, _)) = cmd {
         if let Some(v) = get(c, "execution.timeout.enabled")

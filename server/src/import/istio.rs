@@ -13,8 +13,12 @@ use std::time::Duration;
 
 use levee_agent::policy::{Dependency, OutlierDetection};
 
-use super::common::{At, fault_reason, imply, not_mapped_below, retry_on_reason, set, set_duration, whole};
-use super::doc::{self, Node, leaves, path_text};
+use super::common::{
+    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ONE_COUNT, PANIC, QUEUE, UNSPLIT, fault_reason, imply,
+    mesh_outlier_defaults, not_mapped_below, retry_on_reason, route_timeout, set, set_duration, set_retries,
+    whole,
+};
+use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
 use super::report::Report;
 use super::units::{fmt_duration, go_duration};
@@ -28,12 +32,7 @@ pub fn import(
 ) -> Result<(ServiceManifest, Report), ImportError> {
     let mut p = Plan::new(Source::Istio, file);
     let docs = doc::parse_yaml(text)?;
-    p.set_documents(docs.len());
-    for (i, d) in docs.iter().enumerate() {
-        for leaf in leaves(i, d) {
-            p.setting(i, &path_text(&leaf.path), &leaf.node.text());
-        }
-    }
+    doc::register(&mut p, &docs);
     for (i, d) in docs.iter().enumerate() {
         resource(&mut p, &At::root(i), d);
     }
@@ -80,12 +79,6 @@ fn duration(p: &mut Plan, at: &At, n: &Node) -> Option<(Duration, Sid)> {
             None
         }
     }
-}
-
-fn with(a: &[Sid], s: Sid) -> Vec<Sid> {
-    let mut v = a.to_vec();
-    v.push(s);
-    v
 }
 
 fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
@@ -135,56 +128,16 @@ fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
         );
         let deps: Vec<String> = targets.iter().map(|(h, _)| p.dep_name(h)).collect();
         for ((_, host_sid), dep) in targets.iter().zip(&deps) {
-            match (per_try, timeout) {
-                (Some((d, s)), t) => {
-                    set_duration(p, dep, "attempt_timeout", &with(host_sid, s), d, |x, d| x.attempt_timeout = d);
-                    if let Some((_, ts)) = t {
-                        p.not_mapped(
-                            ts,
-                            "timeout of the whole request across its retries: Levee bounds a whole call by the \
-                             caller's deadline, and each attempt by attempt_timeout (from perTryTimeout)",
-                        );
-                    }
-                }
-                (None, Some((d, s))) if d.is_zero() => {
-                    p.not_mapped(s, "0s disables the timeout; Levee's timeouts are always finite (its default is kept)")
-                }
-                (None, Some((d, s))) => {
-                    if retries.is_some() {
-                        p.note(s, "with no perTryTimeout, each attempt may use the whole route timeout");
-                    }
-                    set_duration(p, dep, "attempt_timeout", &with(host_sid, s), d, |x, d| x.attempt_timeout = d);
-                }
-                (None, None) => p.general_note(format!(
+            if !route_timeout(p, dep, host_sid, per_try, timeout, retries.is_some()) {
+                p.general_note(format!(
                     "{dep}: Istio sets no timeout by default; a Levee attempt timeout is always finite, so Levee's \
                      default (1s) applies"
-                )),
+                ));
             }
             match retries.and_then(|r| r.get("attempts")) {
                 Some(n) => {
-                    let Some(s) = ret_at.key("attempts").sid(p) else { continue };
-                    match whole(n).and_then(|k| u32::try_from(k).ok()) {
-                        Some(k) => {
-                            let attempts = k.saturating_add(1);
-                            p.note(
-                                s,
-                                if k == 0 {
-                                    "attempts: 0 turns Istio's retries off: one attempt".to_string()
-                                } else {
-                                    format!("{k} retries = {attempts} attempts in total")
-                                },
-                            );
-                            set(
-                                p,
-                                dep,
-                                "retry.max_attempts",
-                                attempts.to_string(),
-                                &with(host_sid, s),
-                                attempts,
-                                |x: &mut Dependency, n| x.retry.max_attempts = n,
-                            );
-                        }
-                        None => p.not_mapped(s, "not a whole number of retries"),
+                    if let Some(s) = ret_at.key("attempts").sid(p) {
+                        set_retries(p, dep, n, s, host_sid);
                     }
                 }
                 None => imply(
@@ -360,17 +313,8 @@ fn traffic_policy(p: &mut Plan, dep: &str, places: &[(At, &Node)], host_sid: &[S
             }
         }
     }
-    below(
-        p,
-        &["connectionPool", "http", "http1MaxPendingRequests"],
-        "a queue length: Levee's bulkhead bounds waiting by time (bulkhead.max_wait, 0 = fail fast), not by the \
-         number waiting",
-    );
-    below(
-        p,
-        &["connectionPool", "http", "maxRetries"],
-        "Istio bounds concurrent retries; Levee bounds retries with a token-bucket retry budget (retry.budget)",
-    );
+    below(p, &["connectionPool", "http", "http1MaxPendingRequests"], QUEUE);
+    below(p, &["connectionPool", "http", "maxRetries"], CONCURRENT_RETRIES);
     for k in [
         "maxRequestsPerConnection",
         "idleTimeout",
@@ -380,17 +324,9 @@ fn traffic_policy(p: &mut Plan, dep: &str, places: &[(At, &Node)], host_sid: &[S
     ] {
         below(p, &["connectionPool", "http", k], "a connection setting: Levee bounds calls, not connections");
     }
-    below(
-        p,
-        &["connectionPool", "tcp", "connectTimeout"],
-        "Levee has no separate connect timeout: its attempt_timeout covers connecting and the response",
-    );
+    below(p, &["connectionPool", "tcp", "connectTimeout"], CONNECT);
     for k in ["maxConnections", "tcpKeepalive", "maxConnectionDuration", "idleTimeout"] {
-        below(
-            p,
-            &["connectionPool", "tcp", k],
-            "a connection-pool setting: Levee bounds calls, not connections",
-        );
+        below(p, &["connectionPool", "tcp", k], CONNECTIONS);
     }
     if get(&["connectionPool", "http"]).is_some_and(|n| n.entries().is_empty()) {
         below(p, &["connectionPool", "http"], "empty: nothing to map");
@@ -417,12 +353,7 @@ type Sids<'a> = dyn Fn(&Plan, &str) -> Vec<Sid> + 'a;
 type Below<'a> = dyn Fn(&mut Plan, &str, &str) + 'a;
 
 fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_>, host_sid: &[Sid]) {
-    let istio = OutlierDetection {
-        consecutive_errors: 5,
-        interval: Duration::from_secs(10),
-        base_ejection_time: Duration::from_secs(30),
-        max_ejection_percent: 10,
-    };
+    let istio = mesh_outlier_defaults();
     imply(
         p,
         dep,
@@ -440,11 +371,7 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
         let Some(n) = od.get(k) else { continue };
         let src = sids(p, k);
         if Some(k) != errors {
-            below(
-                p,
-                k,
-                "Levee has one consecutive-error count (5xx and connection failures), set from consecutive5xxErrors",
-            );
+            below(p, k, ONE_COUNT);
             continue;
         }
         let Some(v) = whole(n).and_then(|v| u32::try_from(v).ok()) else {
@@ -513,17 +440,8 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
             None => below(p, "maxEjectionPercent", "not a whole percentage"),
         }
     }
-    below(
-        p,
-        "minHealthPercent",
-        "Levee has no panic mode: it never ejects more than max_ejection_percent and always keeps one endpoint",
-    );
+    below(p, "minHealthPercent", PANIC);
     for k in ["splitExternalLocalOriginErrors", "consecutiveLocalOriginFailures"] {
-        below(
-            p,
-            k,
-            "Levee counts connection failures and 5xx answers in one consecutive-error count; a separate \
-             local-origin count has no equivalent",
-        );
+        below(p, k, UNSPLIT);
     }
 }

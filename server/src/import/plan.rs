@@ -127,11 +127,6 @@ impl Plan {
             .collect()
     }
 
-    /// The path of a setting as registered.
-    pub fn path_of(&self, id: Sid) -> &str {
-        &self.settings[id].path
-    }
-
     /// Says why a setting is not mapped (the first reason given is kept).
     pub fn not_mapped(&mut self, id: Sid, reason: impl Into<String>) {
         let s = &mut self.settings[id];

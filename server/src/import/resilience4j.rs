@@ -66,14 +66,7 @@ pub fn import(
     let props = spring::read(&mut p, text)?;
     let mut modules: BTreeMap<String, Module> = BTreeMap::new();
     for pr in &props {
-        if pr.canon_from(0) == "spring.application.name" {
-            if let Some(v) = &pr.value {
-                p.suggest_service(v);
-            }
-            p.not_mapped(
-                pr.sid,
-                "names the application: used as the manifest's service when --service is not given",
-            );
+        if spring::application_name(&mut p, pr) {
             continue;
         }
         if pr.canon(0) != "resilience4j" {
@@ -122,7 +115,7 @@ pub fn import(
 
     for (name, m) in &modules {
         for (inst, g) in &m.instances {
-            let eff = effective(&mut p, m, inst, g);
+            let eff = effective(&mut p, m, g);
             let handled: Vec<String> = match name.as_str() {
                 "circuitbreaker" => breaker(&mut p, &dependencies[inst], &eff),
                 "retry" => retry(&mut p, &dependencies[inst], &eff),
@@ -193,10 +186,13 @@ fn not_mapped(p: &mut Plan, v: &Val, reason: &str) {
     }
 }
 
+/// A gateway route filter: its name, and the instance name it gives (with its setting).
+type Filter = (Option<String>, Option<(String, Sid)>);
+
 /// Spring Cloud Gateway creates a circuit breaker and a time limiter per `CircuitBreaker`
 /// route filter, named by its `args.name` (or `CircuitBreaker=name`), from `configs.default`.
 fn gateway_instances(p: &mut Plan, props: &[Prop], modules: &mut BTreeMap<String, Module>) {
-    let mut filters: BTreeMap<Vec<String>, (Option<String>, Option<(String, Sid)>)> = BTreeMap::new();
+    let mut filters: BTreeMap<Vec<String>, Filter> = BTreeMap::new();
     for pr in props {
         let c: Vec<String> = pr.keys.iter().map(|k| canon(k)).collect();
         if c.len() < 7 || c[..4] != ["spring", "cloud", "gateway", "routes"] || c[5] != "filters" {
@@ -236,7 +232,7 @@ fn gateway_instances(p: &mut Plan, props: &[Prop], modules: &mut BTreeMap<String
 
 /// The instance's settings after inheritance: its base config (`baseConfig`, else
 /// `configs.default`), overridden by its own settings.
-fn effective(p: &mut Plan, m: &Module, inst: &str, g: &Group) -> BTreeMap<String, Val> {
+fn effective(p: &mut Plan, m: &Module, g: &Group) -> BTreeMap<String, Val> {
     let mut eff: BTreeMap<String, Val> = BTreeMap::new();
     let base_prop = g.props.get("baseconfig").and_then(|v| v.first());
     let base_name = match base_prop {
@@ -368,9 +364,10 @@ fn int(p: &mut Plan, v: &Val) -> Option<u32> {
 
 fn boolean(p: &mut Plan, v: &Val) -> Option<bool> {
     let text = v.value.as_deref()?;
+    // Spring's string-to-boolean conversion.
     match text.trim().to_ascii_lowercase().as_str() {
-        "true" => Some(true),
-        "false" => Some(false),
+        "true" | "on" | "yes" | "1" => Some(true),
+        "false" | "off" | "no" | "0" => Some(false),
         _ => {
             not_mapped(p, v, &format!("{text:?} is not true or false"));
             None

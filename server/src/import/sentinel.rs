@@ -13,7 +13,7 @@ use std::time::Duration;
 use levee_agent::policy::{Dependency, Flag, FlagType, LimitAlgorithm, StalePolicy, Window};
 
 use super::common::{At, imply, not_mapped_below, set, set_duration};
-use super::doc::{self, Node, leaves, path_text};
+use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
 use super::report::Report;
 use super::units::{fmt_duration, fmt_num};
@@ -35,9 +35,7 @@ pub fn import(
             "a Sentinel rule file is a JSON array of rules (flow, degrade or system rules)".into(),
         ));
     };
-    for leaf in leaves(0, &root) {
-        p.setting(0, &path_text(&leaf.path), &leaf.node.text());
-    }
+    doc::register(&mut p, std::slice::from_ref(&root));
     for (i, rule) in rules.iter().enumerate() {
         let at = At::root(0).index(i);
         let has = |k: &str| rule.get(k).is_some();

@@ -34,6 +34,22 @@ impl Prop {
     }
 }
 
+/// Handles `spring.application.name` (the service name when the user gives none);
+/// returns whether `pr` was it.
+pub fn application_name(plan: &mut Plan, pr: &Prop) -> bool {
+    if pr.canon_from(0) != "spring.application.name" {
+        return false;
+    }
+    if let Some(v) = &pr.value {
+        plan.suggest_service(v);
+    }
+    plan.not_mapped(
+        pr.sid,
+        "names the application: used as the manifest's service when --service is not given",
+    );
+    true
+}
+
 /// Spring's relaxed binding: case, `-` and `_` do not matter in property names.
 pub fn canon(key: &str) -> String {
     key.chars().filter(|c| *c != '-' && *c != '_').flat_map(char::to_lowercase).collect()
@@ -77,7 +93,7 @@ pub fn read(plan: &mut Plan, text: &str) -> Result<Vec<Prop>, ImportError> {
             );
         }
         for (i, d) in docs.iter().enumerate() {
-            for leaf in leaves(i, d) {
+            for leaf in leaves(d) {
                 let sid = plan.setting(i, &path_text(&leaf.path), &leaf.node.text());
                 let mut keys = Vec::new();
                 for seg in &leaf.path {

@@ -33,7 +33,10 @@ pub fn spring_duration(text: &str) -> Result<Duration, String> {
         "h" => Duration::from_secs(n.saturating_mul(3600)),
         "d" => Duration::from_secs(n.saturating_mul(86400)),
         other => {
-            return Err(format!("{text:?}: unknown unit {other:?} (Spring accepts ns, us, ms, s, m, h, d)"));
+            return Err(format!(
+                "{text:?}: unknown unit {other:?}; Spring reads a whole number with ns, us, ms, s, m, h or d \
+                 (500ms, 5s, 1m), ISO-8601 (PT5S), or a bare number in milliseconds"
+            ));
         }
     };
     Ok(d)
@@ -194,7 +197,8 @@ mod tests {
         for bad in ["1.5s", "-5s", "5 weeks", "PT", "P", "fast", ""] {
             assert!(spring_duration(bad).is_err(), "{bad}");
         }
-        assert!(spring_duration("1.5s").unwrap_err().contains("bare number is milliseconds"));
+        assert!(spring_duration("1.5s").unwrap_err().contains("bare number in milliseconds"));
+        assert!(spring_duration("-5s").unwrap_err().contains("bare number is milliseconds"));
     }
 
     #[test]

@@ -1,0 +1,72 @@
+//! The real `levee` binary: `levee import` prints the manifest on stdout and the report on
+//! stderr.
+
+use std::process::Command;
+
+use levee_server::manifest;
+
+use super::corpus_dir;
+
+fn levee() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_levee"))
+}
+
+#[test]
+fn levee_import_prints_a_manifest_and_a_report() {
+    let file = corpus_dir().join(
+        "istio/redhat-scholars__istio-tutorial__istiofiles__virtual-service-recommendation-v2_retry.yml",
+    );
+    let out = levee()
+        .args(["import", "--from", "istio", "--environment", "staging", "--service", "customer"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let ms = manifest::parse("stdout", &stdout).unwrap_or_else(|e| panic!("{e}\n{stdout}"));
+    assert_eq!(ms.len(), 1);
+    assert_eq!(ms[0].key(), "staging/customer");
+    assert_eq!(ms[0].policy.dependencies["recommendation"].retry.max_attempts, 4);
+    assert!(stderr.contains("7 settings, 3 mapped, 4 not mapped"), "{stderr}");
+    assert!(stderr.contains("spec.http[0].retries.attempts = 3"), "{stderr}");
+    assert!(stderr.contains("-> policy.dependencies.recommendation.retry.max_attempts = 4"), "{stderr}");
+}
+
+#[test]
+fn levee_import_json_output_and_json_report() {
+    let file = corpus_dir().join(
+        "sentinel/alibaba__spring-cloud-alibaba__spring-cloud-alibaba-starters__spring-cloud-starter-alibaba-sentinel__src__test__resources__system.json",
+    );
+    let out = levee()
+        .args(["import", "--from", "sentinel", "--output", "json", "--report", "json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let ms = manifest::parse("stdout.json", &stdout).unwrap();
+    assert_eq!(ms[0].policy.inbound.limit.initial_limit, 10);
+    let report: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(report["source"], "sentinel");
+    assert_eq!(report["settings"].as_array().unwrap().len(), 4);
+    assert_eq!(report["settings"][3]["outcome"], "mapped");
+    assert_eq!(report["settings"][0]["outcome"], "not_mapped");
+}
+
+#[test]
+fn levee_import_fails_with_the_file_name_on_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.json");
+    std::fs::write(&file, "{ not json").unwrap();
+    let out = levee().args(["import", "--from", "sentinel"]).arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("rules.json") && stderr.contains("not valid JSON"), "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    let out =
+        levee().args(["import", "--from", "sentinel"]).arg(dir.path().join("missing.json")).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.json"));
+}
