@@ -76,6 +76,7 @@ pub fn import(
         let section = pr.canon(2);
         let is_group = matches!(section.as_str(), "configs" | "instances" | "backends" | "limiters");
         if !is_group || pr.keys.len() < 5 {
+            let written = pr.keys.get(1).map_or("", String::as_str);
             let reason = if section == "tags" {
                 "metric tags: Levee's metrics are labelled by service, dependency and operation".to_string()
             } else if section.ends_with("aspectorder") {
@@ -83,9 +84,9 @@ pub fn import(
                  circuit breaker, attempt timeout), see docs/patterns.md"
                     .to_string()
             } else if !MODULES_WITH_POLICY.contains(&module.as_str()) && module != "ratelimiter" {
-                not_policy(&pr.keys[1])
+                not_policy(written)
             } else {
-                format!("resilience4j.{} setting outside configs/instances: no Levee equivalent", pr.keys[1])
+                format!("resilience4j.{written} setting outside configs/instances: no Levee equivalent")
             };
             p.not_mapped(pr.sid, reason);
             continue;

@@ -221,7 +221,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
             }
             return;
         };
-        let slow = Duration::from_millis(c as u64 + 1);
+        let slow = Duration::from_millis((c as u64).saturating_add(1));
         if let Some(s) = count_sid {
             p.note(
                 s,

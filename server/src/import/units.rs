@@ -51,11 +51,18 @@ fn iso8601_duration(text: &str) -> Result<Duration, String> {
         Some((d, t)) => (d, Some(t)),
         None => (rest, None),
     };
+    let too_long = || format!("{text:?} is longer than any timeout");
     let mut total = Duration::ZERO;
+    let mut add = |n: u64, secs: u64| -> Result<(), String> {
+        let d = n.checked_mul(secs).map(Duration::from_secs).ok_or_else(too_long)?;
+        total = total.checked_add(d).ok_or_else(too_long)?;
+        Ok(())
+    };
     if !days.is_empty() {
         let n: u64 = days.strip_suffix('D').ok_or_else(bad)?.parse().map_err(|_| bad())?;
-        total += Duration::from_secs(n * 86400);
+        add(n, 86400)?;
     }
+    let mut fraction = Duration::ZERO;
     if let Some(mut t) = time {
         if t.is_empty() {
             return Err(bad());
@@ -63,17 +70,18 @@ fn iso8601_duration(text: &str) -> Result<Duration, String> {
         for (unit, secs) in [('H', 3600u64), ('M', 60)] {
             if let Some(i) = t.find(unit) {
                 let n: u64 = t[..i].parse().map_err(|_| bad())?;
-                total += Duration::from_secs(n * secs);
+                add(n, secs)?;
                 t = &t[i + 1..];
             }
         }
         if !t.is_empty() {
             let s = t.strip_suffix('S').ok_or_else(bad)?.replace(',', ".");
-            total += decimal_seconds(&s).ok_or_else(bad)?;
+            fraction = decimal_seconds(&s).ok_or_else(bad)?;
         }
     } else if days.is_empty() {
         return Err(bad());
     }
+    let total = total.checked_add(fraction).ok_or_else(too_long)?;
     Ok(total)
 }
 
@@ -126,7 +134,12 @@ pub fn go_duration(text: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(bad("unknown unit")),
         };
-        total += if unit == "s" { secs } else { secs.mul_f64(scale) };
+        let part = if unit == "s" {
+            Some(secs)
+        } else {
+            Duration::try_from_secs_f64(secs.as_secs_f64() * scale).ok()
+        };
+        total = part.and_then(|p| total.checked_add(p)).ok_or_else(|| bad("too long"))?;
         t = next;
     }
     Ok(total)
@@ -194,7 +207,17 @@ mod tests {
         assert_eq!(spring_duration("PT90S").unwrap(), ms(90_000));
         assert_eq!(spring_duration("pt0.5s").unwrap(), ms(500));
         assert_eq!(spring_duration("P1DT2H3M4.5S").unwrap(), ms(86_400_000 + 7_200_000 + 180_000 + 4_500));
-        for bad in ["1.5s", "-5s", "5 weeks", "PT", "P", "fast", ""] {
+        for bad in [
+            "1.5s",
+            "-5s",
+            "5 weeks",
+            "PT",
+            "P",
+            "fast",
+            "",
+            "P18446744073709551615D",
+            "PT99999999999999999H",
+        ] {
             assert!(spring_duration(bad).is_err(), "{bad}");
         }
         assert!(spring_duration("1.5s").unwrap_err().contains("bare number in milliseconds"));
@@ -212,7 +235,7 @@ mod tests {
         assert_eq!(go_duration("100ms").unwrap(), ms(100));
         assert_eq!(go_duration("3600s").unwrap(), ms(3_600_000));
         assert_eq!(go_duration("1.5ms").unwrap(), Duration::from_micros(1500));
-        for bad in ["5", "-1s", "1x", "s", "1.2.3s", ""] {
+        for bad in ["5", "-1s", "1x", "s", "1.2.3s", "", "18446744073709551615h", "18446744073709551615s1s"] {
             assert!(go_duration(bad).is_err(), "{bad}");
         }
     }

@@ -1,7 +1,11 @@
 //! The examples of docs/importers.md are checked: a block after `<!-- check: manifest -->`
 //! must decode and validate as a manifest; a block after `<!-- check: import SOURCE -->` is
 //! imported, and the block after the next `<!-- check: output -->` must be contained in the
-//! manifest it produced (every key and value it shows, at the same place).
+//! manifest it produced (every key and value it shows, at the same place). A block after
+//! `<!-- check: bad-manifest -->` must be refused, with every line of the next
+//! `<!-- check: message -->` block in the error (the file named `checkout.yaml`). The lines
+//! of a block after `<!-- check: report SOURCE FILE -->` must all appear in the report of
+//! that corpus file.
 
 use levee_server::import::{ImportOptions, Source, import};
 use levee_server::manifest;
@@ -51,6 +55,7 @@ fn the_examples_in_docs_importers_md_are_true() {
     let blocks = blocks(&md);
     let mut checked = 0;
     let mut last_import: Option<serde_json::Value> = None;
+    let mut last_error: Option<String> = None;
     for (kind, body) in &blocks {
         let mut words = kind.split_whitespace();
         match words.next() {
@@ -73,8 +78,32 @@ fn the_examples_in_docs_importers_md_are_true() {
                 contained(&expected, actual, "").unwrap_or_else(|e| panic!("{e}\n{body}"));
                 checked += 1;
             }
+            Some("bad-manifest") => {
+                let e = manifest::parse("checkout.yaml", body).expect_err("the example must be refused");
+                last_error = Some(e.to_string());
+                checked += 1;
+            }
+            Some("message") => {
+                let error = last_error.take().expect("a message block follows a bad-manifest block");
+                for line in body.lines().filter(|l| !l.trim().is_empty()) {
+                    assert!(error.contains(line), "the docs show {line:?}, the error is:\n{error}");
+                }
+                checked += 1;
+            }
+            Some("report") => {
+                let source: Source = clap::ValueEnum::from_str(words.next().unwrap(), true).unwrap();
+                let file = words.next().unwrap();
+                let report = super::import_file(source, file).report.render();
+                for line in body.lines().filter(|l| !l.trim().is_empty()) {
+                    assert!(
+                        report.lines().any(|r| r.ends_with(line) || r == line),
+                        "the docs show {line:?}, the report is:\n{report}"
+                    );
+                }
+                checked += 1;
+            }
             other => panic!("unknown check {other:?}"),
         }
     }
-    assert!(checked >= 10, "only {checked} checked blocks in docs/importers.md");
+    assert!(checked >= 15, "only {checked} checked blocks in docs/importers.md");
 }

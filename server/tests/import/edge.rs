@@ -195,3 +195,34 @@ fn the_service_name_comes_from_spring_or_the_file_name() {
     let i = import(Source::Sentinel, "rules/DegradeRule.json", "[]", &opts).unwrap();
     assert_eq!(i.manifest.service, "degrade-rule");
 }
+
+#[test]
+fn no_importer_panics_on_truncated_or_foreign_files() {
+    let sources = [Source::Resilience4j, Source::Envoy, Source::Istio, Source::Sentinel, Source::Hystrix];
+    let opts = ImportOptions::default();
+    for kind in std::fs::read_dir(super::corpus_dir()).unwrap() {
+        let kind = kind.unwrap().path();
+        if !kind.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&kind).unwrap() {
+            let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+            // Every importer on every file (most are foreign to it), then the file cut short
+            // at many places: an error or a report, never a panic, and a valid manifest.
+            for source in sources {
+                if let Ok(i) = import(source, "f", &text, &opts) {
+                    i.manifest.validate().unwrap();
+                }
+            }
+            let cuts: Vec<usize> =
+                (0..text.len()).step_by(53).filter(|&c| text.is_char_boundary(c)).collect();
+            for cut in cuts {
+                for source in sources {
+                    if let Ok(i) = import(source, "f", &text[..cut], &opts) {
+                        i.manifest.validate().unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
