@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -9,7 +10,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use super::limit::Limiter;
-use super::permit::{AdmissionPermit, Outcome};
+use super::permit::{AdmissionPermit, CoreRef, Outcome};
 use super::queue::{self, Wait, Waiter};
 use super::route::{DEFAULT_EXEMPT_PATHS, RouteEntry, RouteTable};
 use super::{AdmissionStatus, Reason, Rejected};
@@ -24,10 +25,6 @@ use crate::state::Shared;
 // wrapping), so admitting is one CAS that also numbers the request.
 const IN_FLIGHT: u64 = 0xffff_ffff;
 const ADMITTED_ONE: u64 = 1 << 32;
-/// Under a fixed limit and without a deadline, one admitted request in this many has its
-/// service time measured (for the route's expected service time); adaptive limits
-/// measure every request.
-const SAMPLE_EVERY: u64 = 16;
 
 /// The policy an engine enforces, resolved for the request path; swapped as a whole.
 pub(crate) struct Settings {
@@ -214,8 +211,8 @@ impl fmt::Debug for Admission {
 }
 
 /// What admission decided for one request.
-pub(crate) enum Start {
-    Admitted(AdmissionPermit),
+pub(crate) enum Start<'p> {
+    Admitted(AdmissionPermit<'p>),
     Rejected(Rejected),
     Queued(Wait),
 }
@@ -325,6 +322,10 @@ impl Admission {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(queue::run(core.clone(), rx));
         Self { inner: Arc::new(Handle { core, tx }) }
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.inner.core
     }
 
     /// Reports this engine in the agent's status report without keeping it alive.
@@ -441,10 +442,10 @@ impl Admission {
     /// The entry of route `name`, registering it on first sight (bounded: past
     /// [`MAX_TRACKED_ROUTES`](super::MAX_TRACKED_ROUTES), the shared overflow route).
     #[inline]
-    pub(crate) fn route(&self, settings: &Settings, name: &str) -> Arc<RouteEntry> {
+    pub(crate) fn route<'s>(&self, settings: &'s Settings, name: &str) -> Cow<'s, Arc<RouteEntry>> {
         match settings.routes.get(name) {
-            Some(e) => e.clone(),
-            None => self.register(name),
+            Some(e) => Cow::Borrowed(e),
+            None => Cow::Owned(self.register(name)),
         }
     }
 
@@ -474,18 +475,21 @@ impl Admission {
     }
 
     /// Decides for one request (see the module docs for the order of the checks).
-    pub(crate) fn start(
+    /// `owner` makes the engine reference of a permit holding a slot (called only then).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start<'p>(
         &self,
         settings: &Settings,
-        entry: Arc<RouteEntry>,
+        entry: &Arc<RouteEntry>,
         criticality: Criticality,
         deadline: Option<Deadline>,
         may_wait: bool,
         outcome: Outcome,
-    ) -> Start {
+        owner: impl FnOnce() -> CoreRef<'p>,
+    ) -> Start<'p> {
         let core = &self.inner.core;
         if entry.exempt {
-            return Start::Admitted(AdmissionPermit::uncounted(entry, criticality, outcome));
+            return Start::Admitted(AdmissionPermit::uncounted(criticality, outcome));
         }
         let shadow = settings.inbound.mode == AdmissionMode::Shadow;
         // Read-only mode is a deliberate operator switch, not a policy on trial: enforced
@@ -500,11 +504,8 @@ impl Admission {
         {
             return Self::shed(entry, criticality, Reason::Operator, shadow, outcome);
         }
-        let mut now = None;
         if let Some(d) = deadline {
-            let t = Instant::now();
-            now = Some(t);
-            let left = d.instant().saturating_duration_since(t);
+            let left = d.instant().saturating_duration_since(Instant::now());
             if left.is_zero() || left < entry.state.expected() {
                 return Self::shed(entry, criticality, Reason::Deadline, shadow, outcome);
             }
@@ -517,12 +518,14 @@ impl Admission {
             None // others wait: no overtaking them
         };
         if let Some((in_flight, seq)) = acquired {
-            let measure = now.is_some() || core.limiter.is_adaptive() || seq % SAMPLE_EVERY == 0;
-            let started = measure.then(|| now.unwrap_or_else(Instant::now));
-            entry.state.count_admitted();
-            let permit =
-                AdmissionPermit::counted(core.clone(), entry, criticality, in_flight, started, outcome);
-            return Start::Admitted(permit);
+            let measured = (seq % core.limiter.sample_stride() == 0).then(|| (entry.clone(), Instant::now()));
+            return Start::Admitted(AdmissionPermit::counted(
+                owner(),
+                measured,
+                criticality,
+                in_flight,
+                outcome,
+            ));
         }
         let max_len = settings.inbound.queue.max_len;
         if shadow {
@@ -530,24 +533,24 @@ impl Admission {
                 return Self::shed(entry, criticality, Reason::Limit, true, outcome);
             }
             entry.state.count_would_queue(criticality);
-            return Start::Admitted(AdmissionPermit::uncounted(entry, criticality, outcome));
+            return Start::Admitted(AdmissionPermit::uncounted(criticality, outcome));
         }
         if max_len == 0 || !may_wait {
             return Self::shed(entry, criticality, Reason::Limit, false, outcome);
         }
-        self.enqueue(entry, criticality, deadline, outcome)
+        self.enqueue(entry.clone(), criticality, deadline, outcome)
     }
 
-    fn shed(
-        entry: Arc<RouteEntry>,
+    fn shed<'p>(
+        entry: &RouteEntry,
         criticality: Criticality,
         reason: Reason,
         shadow: bool,
         outcome: Outcome,
-    ) -> Start {
+    ) -> Start<'p> {
         entry.state.count_shed(shadow, criticality, reason);
         if shadow {
-            Start::Admitted(AdmissionPermit::uncounted(entry, criticality, outcome))
+            Start::Admitted(AdmissionPermit::uncounted(criticality, outcome))
         } else {
             Start::Rejected(Rejected::new(reason, criticality))
         }
@@ -560,7 +563,7 @@ impl Admission {
         criticality: Criticality,
         deadline: Option<Deadline>,
         outcome: Outcome,
-    ) -> Start {
+    ) -> Start<'static> {
         let core = &self.inner.core;
         core.waiting.fetch_add(1, Ordering::SeqCst);
         let (waiter, wait) = queue::waiter(core.clone(), entry, criticality, deadline, outcome);
@@ -588,7 +591,8 @@ impl Admission {
         let entry = self.route(&settings, req.route);
         let deadline = req.deadline.or_else(crate::deadline::current_deadline);
         let criticality = req.criticality.unwrap_or(entry.criticality);
-        match self.start(&settings, entry, criticality, deadline, true, Outcome::Success) {
+        let owner = || CoreRef::Shared(self.inner.core.clone());
+        match self.start(&settings, &entry, criticality, deadline, true, Outcome::Success, owner) {
             Start::Admitted(p) => super::Admit::ready(Ok(p)),
             Start::Rejected(r) => super::Admit::ready(Err(r)),
             Start::Queued(w) => super::Admit::waiting(w),
@@ -601,12 +605,13 @@ impl Admission {
     ///
     /// # Errors
     /// [`Rejected`] with its [`Reason`].
-    pub fn try_admit(&self, req: &AdmissionRequest<'_>) -> Result<AdmissionPermit, Rejected> {
+    pub fn try_admit(&self, req: &AdmissionRequest<'_>) -> Result<AdmissionPermit<'_>, Rejected> {
         let settings = self.settings();
         let entry = self.route(&settings, req.route);
         let deadline = req.deadline.or_else(crate::deadline::current_deadline);
         let criticality = req.criticality.unwrap_or(entry.criticality);
-        match self.start(&settings, entry, criticality, deadline, false, Outcome::Success) {
+        let owner = || CoreRef::Borrowed(&self.inner.core);
+        match self.start(&settings, &entry, criticality, deadline, false, Outcome::Success, owner) {
             Start::Admitted(p) => Ok(p),
             Start::Rejected(r) => Err(r),
             Start::Queued(_) => unreachable!("may_wait is false"),
@@ -627,7 +632,7 @@ impl Admission {
         let core = &self.inner.core;
         let mut routes: Vec<_> = settings.routes.states().map(|s| s.status()).collect();
         let overflow = settings.routes.overflow_state().status();
-        if overflow.admitted > 0 || !overflow.shed.is_empty() || !overflow.would_shed.is_empty() {
+        if !overflow.shed.is_empty() || !overflow.would_shed.is_empty() {
             routes.push(overflow);
         }
         routes.sort_by(|a, b| a.route.cmp(&b.route));

@@ -28,7 +28,7 @@ pin_project! {
 pin_project! {
     #[project = AdmitProj]
     enum AdmitState {
-        Ready { result: Option<Result<AdmissionPermit, Rejected>> },
+        Ready { result: Option<Result<AdmissionPermit<'static>, Rejected>> },
         Waiting { #[pin] wait: Wait },
     }
 }
@@ -40,7 +40,7 @@ impl std::fmt::Debug for Admit {
 }
 
 impl Admit {
-    pub(crate) fn ready(result: Result<AdmissionPermit, Rejected>) -> Self {
+    pub(crate) fn ready(result: Result<AdmissionPermit<'static>, Rejected>) -> Self {
         Self { state: AdmitState::Ready { result: Some(result) } }
     }
 
@@ -50,7 +50,7 @@ impl Admit {
 }
 
 impl Future for Admit {
-    type Output = Result<AdmissionPermit, Rejected>;
+    type Output = Result<AdmissionPermit<'static>, Rejected>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
@@ -98,8 +98,8 @@ pin_project! {
         S: Service<Req>,
     {
         Queued { #[pin] wait: Wait, svc: Option<S>, req: Option<Req>, ctx: RequestContext },
-        Readying { permit: Option<AdmissionPermit>, svc: Option<S>, req: Option<Req>, ctx: RequestContext },
-        Running { #[pin] fut: TaskLocalFuture<RequestContext, S::Future>, permit: Option<AdmissionPermit> },
+        Readying { permit: Option<AdmissionPermit<'static>>, svc: Option<S>, req: Option<Req>, ctx: RequestContext },
+        Running { #[pin] fut: TaskLocalFuture<RequestContext, S::Future>, permit: Option<AdmissionPermit<'static>> },
         Rejected { rejected: Option<Rejected> },
     }
 }
@@ -113,7 +113,7 @@ impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     pub(crate) fn running(
         fut: TaskLocalFuture<RequestContext, S::Future>,
-        permit: AdmissionPermit,
+        permit: AdmissionPermit<'static>,
         grpc: bool,
     ) -> Self {
         Self { state: State::Running { fut, permit: Some(permit) }, grpc }

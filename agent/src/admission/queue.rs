@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::codel::CoDel;
 use super::engine::Core;
-use super::permit::{AdmissionPermit, Outcome};
+use super::permit::{AdmissionPermit, CoreRef, Outcome};
 use super::reason::crit_index;
 use super::route::RouteEntry;
 use super::{Reason, Rejected};
@@ -129,17 +129,16 @@ impl Wait {
         route: Arc<RouteEntry>,
         criticality: Criticality,
         outcome: Outcome,
-    ) -> Result<AdmissionPermit, Rejected> {
+    ) -> Result<AdmissionPermit<'static>, Rejected> {
         match grant {
             Grant::Admitted { in_flight, slot } => {
                 debug_assert!(Arc::ptr_eq(core, slot.0.as_ref().expect("untaken slot")));
-                route.state.count_admitted();
+                let core = CoreRef::Shared(slot.take());
                 Ok(AdmissionPermit::counted(
-                    slot.take(),
-                    route,
+                    core,
+                    Some((route, Instant::now())),
                     criticality,
                     in_flight,
-                    Some(Instant::now()),
                     outcome,
                 ))
             }
@@ -149,7 +148,7 @@ impl Wait {
 }
 
 impl Future for Wait {
-    type Output = Result<AdmissionPermit, Rejected>;
+    type Output = Result<AdmissionPermit<'static>, Rejected>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();

@@ -113,23 +113,44 @@ pub fn route_key<B>(req: &http::Request<B>) -> RouteKey {
     RouteKey::from_parts(&[UNMATCHED_ROUTE])
 }
 
-/// FNV-1a: route names are short and chosen by the service (or bounded by
-/// [`MAX_TRACKED_ROUTES`]), so a fast non-keyed hash is enough.
+/// Hashes route names a machine word at a time (the Fx hash of rustc): route names are
+/// short and chosen by the service (or bounded by [`MAX_TRACKED_ROUTES`]), so a fast
+/// non-keyed hash is enough.
 #[derive(Default)]
-pub(crate) struct Fnv(u64);
+pub(crate) struct WordHash(u64);
 
-impl Hasher for Fnv {
+impl WordHash {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for WordHash {
+    #[inline]
     fn finish(&self) -> u64 {
         self.0
     }
 
+    #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
         }
-        self.0 = h;
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(last));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, b: u8) {
+        self.add(u64::from(b));
     }
 }
 
@@ -145,7 +166,6 @@ pub(crate) struct RouteState {
     shed_handles: Handles,
     shadow_handles: Handles,
     would_queue: [AtomicU64; 4],
-    admitted: AtomicU64,
     /// Exponential average (1/8 per sample) of measured service times, in ns.
     expected_ns: AtomicU64,
 }
@@ -159,7 +179,6 @@ impl RouteState {
             shed_handles: Default::default(),
             shadow_handles: Default::default(),
             would_queue: Default::default(),
-            admitted: AtomicU64::new(0),
             expected_ns: AtomicU64::new(0),
         }
     }
@@ -187,10 +206,6 @@ impl RouteState {
     /// Counts a request that would have waited in the queue (shadow mode).
     pub(crate) fn count_would_queue(&self, c: Criticality) {
         self.would_queue[crit_index(c)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn count_admitted(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The expected service time of this route (zero before any measurement).
@@ -223,7 +238,6 @@ impl RouteState {
     pub(crate) fn status(&self) -> super::RouteStatus {
         super::RouteStatus {
             route: self.name.to_string(),
-            admitted: self.admitted.load(Ordering::Relaxed),
             shed: Self::collect(&self.shed),
             would_shed: Self::collect(&self.shadow),
             would_queue: self.would_queue.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
@@ -260,7 +274,7 @@ impl RouteEntry {
     }
 }
 
-type Map = HashMap<Box<str>, Arc<RouteEntry>, BuildHasherDefault<Fnv>>;
+type Map = HashMap<Box<str>, Arc<RouteEntry>, BuildHasherDefault<WordHash>>;
 
 /// The routes an engine tracks, resolved against one policy. Rebuilt (states kept) when
 /// the policy changes; extended copy-on-write the first time a route is seen.

@@ -5,7 +5,7 @@ use tower::Service;
 
 use super::engine::Start;
 use super::future::ResponseFuture;
-use super::permit::Outcome;
+use super::permit::{CoreRef, Outcome};
 use super::response::AdmissionBody;
 use super::route::{is_grpc, route_key};
 use super::{Admission, criticality};
@@ -84,7 +84,16 @@ where
             ),
             inbound_retried: inbound_is_marked(headers),
         };
-        match admission.start(&settings, entry, ctx.criticality, Some(ctx.deadline), true, Outcome::Ignore) {
+        let owner = || CoreRef::Shared(admission.core().clone());
+        match admission.start(
+            &settings,
+            &entry,
+            ctx.criticality,
+            Some(ctx.deadline),
+            true,
+            Outcome::Ignore,
+            owner,
+        ) {
             Start::Admitted(permit) => {
                 let fut = self.inner.call(req);
                 ResponseFuture::running(scope(ctx, fut), permit, grpc)

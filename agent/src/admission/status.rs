@@ -22,8 +22,6 @@ pub struct ShedCount {
 pub struct RouteStatus {
     /// The route (template, gRPC method path, `_unmatched` or `_overflow`).
     pub route: String,
-    /// Requests admitted with a slot.
-    pub admitted: u64,
     /// Requests rejected, by criticality and reason.
     pub shed: Vec<ShedCount>,
     /// Shadow mode: requests that would have been rejected, by criticality and reason

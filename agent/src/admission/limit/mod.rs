@@ -21,6 +21,9 @@ use window::Window;
 
 use crate::policy::{self, LimitAlgorithm};
 
+/// Under a fixed limit, one admitted request in this many has its service time measured.
+pub(crate) const FIXED_SAMPLE_EVERY: u64 = 16;
+
 /// What one window of finished requests tells a limit algorithm.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sample {
@@ -115,10 +118,18 @@ impl Limiter {
         self.rule.load().limit()
     }
 
-    /// Whether the limit adapts (then every admitted request's latency is measured).
-    #[inline]
+    /// Whether the limit adapts.
+    #[cfg(test)]
     pub(crate) fn is_adaptive(&self) -> bool {
         self.adaptive.load(Ordering::Relaxed)
+    }
+
+    /// One admitted request in this many has its service time measured: the window's
+    /// stride for an adaptive limit, [`FIXED_SAMPLE_EVERY`] for a fixed one (which only
+    /// needs the routes' expected service times).
+    #[inline]
+    pub(crate) fn sample_stride(&self) -> u64 {
+        if self.adaptive.load(Ordering::Relaxed) { self.window.stride() } else { FIXED_SAMPLE_EVERY }
     }
 
     /// The algorithm in force.

@@ -21,7 +21,15 @@ pub(crate) struct Window {
     min_ns: AtomicU64,
     max_in_flight: AtomicU32,
     drops: AtomicU32,
+    /// One admitted request in this many is measured (see [`Window::stride`]).
+    stride: AtomicU64,
 }
+
+/// Samples a window aims at: enough for a stable average, few enough that a busy service
+/// reads the clock for a small share of its requests.
+const TARGET_SAMPLES: u64 = 64;
+/// Largest measuring stride.
+const MAX_STRIDE: u64 = 32;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -37,11 +45,20 @@ impl Window {
             min_ns: AtomicU64::new(u64::MAX),
             max_in_flight: AtomicU32::new(0),
             drops: AtomicU32::new(0),
+            stride: AtomicU64::new(1),
         }
     }
 
     fn since_epoch(&self, now: Instant) -> u64 {
         nanos(now.saturating_duration_since(self.epoch))
+    }
+
+    /// Which admitted requests are measured: those whose sequence number is a multiple of
+    /// this. Starts at 1 (every request) and is set at each window close so that a window
+    /// holds about `TARGET_SAMPLES` measurements (at most one request in `MAX_STRIDE`):
+    /// a quiet service measures everything, a busy one a sample.
+    pub(crate) fn stride(&self) -> u64 {
+        self.stride.load(Ordering::Relaxed)
     }
 
     /// Adds one finished request; returns whether the window is due to close.
@@ -69,6 +86,8 @@ impl Window {
         let min = self.min_ns.swap(u64::MAX, Ordering::Relaxed);
         let in_flight = self.max_in_flight.swap(0, Ordering::Relaxed);
         let drops = self.drops.swap(0, Ordering::Relaxed);
+        let arrivals = u64::from(count) * self.stride();
+        self.stride.store((arrivals / TARGET_SAMPLES).clamp(1, MAX_STRIDE), Ordering::Relaxed);
         let length = Duration::from_nanos(min.saturating_mul(2))
             .clamp(d::LIMIT_WINDOW_MIN_TIME, d::LIMIT_WINDOW_MAX_TIME);
         self.next_close_ns.store(self.since_epoch(now).saturating_add(nanos(length)), Ordering::Relaxed);

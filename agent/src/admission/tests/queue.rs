@@ -17,7 +17,7 @@ fn queue_up(
     name: &'static str,
     c: Criticality,
     deadline: Option<Deadline>,
-    out: &mpsc::UnboundedSender<(&'static str, Result<AdmissionPermit, Rejected>)>,
+    out: &mpsc::UnboundedSender<(&'static str, Result<AdmissionPermit<'static>, Rejected>)>,
 ) {
     let mut r = req("GET /q", c);
     if let Some(d) = deadline {
