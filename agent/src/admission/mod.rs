@@ -4,7 +4,31 @@
 //!
 //! One [`Admission`] engine per service ([`Agent::admission`](crate::Agent::admission)),
 //! shared by the tower [`AdmissionLayer`] for servers (axum, hyper, tonic) and the plain
-//! API ([`Admission::admit`] → [`AdmissionPermit`]).
+//! API ([`Admission::admit`] → [`AdmissionPermit`]). docs/agent-guide.md shows this
+//! example (a test checks that the two stay the same):
+//!
+//! ```
+//! # use axum::routing::{get, post};
+//! # use levee_agent::AdmissionRequest;
+//! # use levee_agent::policy::Criticality;
+//! # async fn example(agent: levee_agent::Agent) {
+//! // admission example (compiled: it is the doctest of `levee_agent::admission`)
+//! let app = axum::Router::new()
+//!     .route("/quote/{sku}", get(|| async { "42" }))
+//!     .route("/orders", post(|| async { "created" }))
+//!     .route("/healthz", get(|| async { "ok" })) // never shed
+//!     .layer(agent.admission_layer()); // Router::layer: the matched template is known
+//!
+//! // Anything else (a queue consumer, a custom protocol): the plain API.
+//! let admission = agent.admission(); // the same engine: one limit for the whole service
+//! let req = AdmissionRequest::new("CONSUME orders").criticality(Criticality::SheddablePlus);
+//! match admission.admit(&req).await {
+//!     Ok(permit) => { /* do the work; dropping the permit records its latency */ drop(permit) }
+//!     Err(rejected) => { /* overloaded: rejected.reason(), rejected.retry_after() */ }
+//! }
+//! # let _: axum::Router = app;
+//! # }
+//! ```
 //!
 //! # Order
 //! Each request, outside in:
