@@ -70,19 +70,24 @@ fn main() {
             .sample_size(10);
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let (adaptive, fixed) = rt.block_on(async {
+    let (adaptive, fixed, agent) = rt.block_on(async {
         let fixed = Inbound {
             limit: Limit { algorithm: LimitAlgorithm::Fixed, initial_limit: 1000, ..Limit::default() },
             ..Inbound::default()
         };
-        (Admission::new(&Inbound::default()), Admission::new(&fixed))
+        // An agent on compiled-in defaults (no control plane reachable): its engine also
+        // checks, per request, whether the agent applied a new configuration.
+        let agent =
+            levee_agent::Agent::builder("http://127.0.0.1:9", "bench", "bench", "bench").build().unwrap();
+        (Admission::new(&Inbound::default()), Admission::new(&fixed), agent)
     });
+    let agents = agent.admission();
     let tower_fixed = tower::limit::ConcurrencyLimit::new(inner(), 1000);
     let acc =
         tower::Layer::layer(&tower_acc::ConcurrencyLimitLayer::new(tower_acc::Gradient2::default()), inner());
 
     let mut g = c.benchmark_group("inbound_admission");
-    for (name, a) in [("levee_aimd", &adaptive), ("levee_fixed", &fixed)] {
+    for (name, a) in [("levee_aimd", &adaptive), ("levee_fixed", &fixed), ("levee_agent_engine", &agents)] {
         g.bench_function(name, |b| {
             b.to_async(&rt).iter_custom(|iters| async move {
                 let start = Instant::now();
@@ -131,6 +136,7 @@ fn main() {
     let timed_tower = |svc: &dyn Fn() -> Duration| best_of(rounds, svc, n);
     let ours = timed_levee(&adaptive);
     let ours_fixed = timed_levee(&fixed);
+    let ours_agent = timed_levee(&agents);
     let acc_ns = timed_tower(&|| {
         rt.block_on(async {
             let start = Instant::now();
@@ -155,17 +161,20 @@ fn main() {
     };
     let ours_allocs = allocs(&|| rt.block_on(levee_calls(&adaptive, calls)));
     let ours_fixed_allocs = allocs(&|| rt.block_on(levee_calls(&fixed, calls)));
+    let ours_agent_allocs = allocs(&|| rt.block_on(levee_calls(&agents, calls)));
     let acc_allocs = allocs(&|| rt.block_on(tower_calls(&acc, calls)));
     let tower_allocs = allocs(&|| rt.block_on(tower_calls(&tower_fixed, calls)));
     // Hot-path discipline, checked on every run (smoke mode in CI included): admitting a
     // request below the limit allocates nothing.
     assert!(ours_allocs < 0.01, "admission allocates: {ours_allocs:.2} allocations per request");
     assert!(ours_fixed_allocs < 0.01, "admission allocates: {ours_fixed_allocs:.2} allocations per request");
+    assert!(ours_agent_allocs < 0.01, "admission allocates: {ours_agent_allocs:.2} allocations per request");
 
     println!("\n== inbound admission, not saturated (best of {rounds} runs, {n} requests) ==");
     println!("{:<26} {:>10} {:>14}", "impl", "ns/call", "allocs/call");
     println!("{:<26} {:>10.1} {:>14.2}", "levee (AIMD, default)", ours, ours_allocs);
     println!("{:<26} {:>10.1} {:>14.2}", "levee (fixed limit)", ours_fixed, ours_fixed_allocs);
+    println!("{:<26} {:>10.1} {:>14.2}", "levee (an agent's engine)", ours_agent, ours_agent_allocs);
     println!("{:<26} {:>10.1} {:>14.2}", "tower-acc Gradient2", acc_ns, acc_allocs);
     println!("{:<26} {:>10.1} {:>14.2}", "tower ConcurrencyLimit", tower_ns, tower_allocs);
     println!(

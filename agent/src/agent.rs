@@ -201,6 +201,7 @@ impl AgentBuilder {
                 refuse_until_fresh: self.refuse_until_fresh,
                 instance_id,
                 admission: std::sync::OnceLock::new(),
+                runtime,
             }),
         })
     }
@@ -213,6 +214,8 @@ struct Inner {
     refuse_until_fresh: bool,
     instance_id: String,
     admission: std::sync::OnceLock<crate::admission::Admission>,
+    /// The runtime the agent was built on (admission's queue task runs there).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for Inner {
@@ -358,13 +361,15 @@ impl Agent {
     }
 
     /// The service's inbound admission engine (see [`crate::admission`]): one per agent,
-    /// created on first use (inside the tokio runtime), following this agent's policy
-    /// (`inbound`) and read-only flag, and reported in the agent's status report.
+    /// created on first use (its queue task runs on the runtime the agent was built on),
+    /// following this agent's policy (`inbound`) and read-only flag, and reported in the
+    /// agent's status report.
     pub fn admission(&self) -> crate::admission::Admission {
         self.inner
             .admission
             .get_or_init(|| {
-                let a = crate::admission::Admission::for_agent(self.inner.shared.clone());
+                let a =
+                    crate::admission::Admission::for_agent(self.inner.shared.clone(), &self.inner.runtime);
                 self.add_status_contributor(a.contributor());
                 a
             })

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use metrics::{Counter, Gauge, Histogram};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use super::limit::Limiter;
@@ -35,15 +35,24 @@ pub(crate) struct Settings {
     shed_permyriad: u64,
     read_only: Option<(String, FlagBool)>,
     pub(crate) routes: RouteTable,
-    /// The agent configuration this was resolved from, held so that its address cannot
-    /// be reused by a newer one (the change check compares addresses).
-    source: Option<Arc<ServiceConfig>>,
+    /// The agent configuration this was resolved from (`None` for a standalone engine).
+    source: Option<Source>,
     exempt: Arc<Vec<Box<str>>>,
 }
 
+/// An agent configuration the settings were resolved from, and how to tell it changed.
+#[derive(Clone)]
+struct Source {
+    /// Held, so its address cannot be reused by a newer configuration.
+    config: Arc<ServiceConfig>,
+    /// Subscribed before `config` was read: the agent bumps this channel every time it
+    /// installs or confirms a configuration, so "has it changed?" is one atomic load.
+    changes: watch::Receiver<bool>,
+}
+
 impl Settings {
-    /// The same settings over other routes and exempt paths.
-    fn with_routes(&self, routes: RouteTable, exempt: Arc<Vec<Box<str>>>) -> Self {
+    /// The same settings over other routes, exempt paths and source.
+    fn with(&self, routes: RouteTable, exempt: Arc<Vec<Box<str>>>, source: Option<Source>) -> Self {
         Self {
             inbound: self.inbound.clone(),
             max_deadline: self.max_deadline,
@@ -51,7 +60,7 @@ impl Settings {
             shed_permyriad: self.shed_permyriad,
             read_only: self.read_only.clone(),
             routes,
-            source: self.source.clone(),
+            source,
             exempt,
         }
     }
@@ -185,7 +194,8 @@ impl Core {
 /// queue, operator levers, shadow mode (agent-semantics §5).
 ///
 /// One engine per service: [`Agent::admission`](crate::Agent::admission) returns the
-/// agent's (it follows the agent's policy by itself); [`Admission::new`] builds a
+/// agent's (it follows the agent's policy by itself: whether the agent installed a new
+/// configuration is one atomic load per request); [`Admission::new`] builds a
 /// standalone one fed with [`Admission::update`]. Cheap to clone; every clone, every
 /// [`AdmissionLayer`](super::AdmissionLayer) built from it and every [`admit`](Self::admit)
 /// call share the same limit and queue.
@@ -265,12 +275,19 @@ impl Admission {
     /// When called outside a tokio runtime.
     pub fn with_seed(inbound: &policy::Inbound, seed: u64) -> Self {
         let p = policy::Policy::default();
-        Self::build(inbound, p.max_deadline, p.default_deadline, None, seed)
+        Self::build(
+            inbound,
+            p.max_deadline,
+            p.default_deadline,
+            None,
+            seed,
+            &tokio::runtime::Handle::current(),
+        )
     }
 
-    /// The engine of an agent: follows the agent's applied policy (checked with one
-    /// pointer comparison per request) and its read-only flag.
-    pub(crate) fn for_agent(shared: Arc<Shared>) -> Self {
+    /// The engine of an agent: follows the agent's applied policy (whether it changed is
+    /// one atomic load per request) and its read-only flag.
+    pub(crate) fn for_agent(shared: Arc<Shared>, runtime: &tokio::runtime::Handle) -> Self {
         let config = shared.current.load().config.clone();
         let policy = &config.policy;
         let a = Self::build(
@@ -279,8 +296,9 @@ impl Admission {
             policy.default_deadline,
             Some(shared.clone()),
             rand::random(),
+            runtime,
         );
-        a.refresh_from(&shared, &config);
+        a.refresh(&shared);
         a
     }
 
@@ -290,6 +308,7 @@ impl Admission {
         default_deadline: Duration,
         feed: Option<Arc<Shared>>,
         seed: u64,
+        runtime: &tokio::runtime::Handle,
     ) -> Self {
         let exempt: Arc<Vec<Box<str>>> = Arc::new(DEFAULT_EXEMPT_PATHS.iter().map(|p| (*p).into()).collect());
         let limiter = Limiter::new(&inbound.limit, seed);
@@ -320,7 +339,7 @@ impl Admission {
         });
         core.set_limit(core.limiter.limit());
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(queue::run(core.clone(), rx));
+        runtime.spawn(queue::run(core.clone(), rx));
         Self { inner: Arc::new(Handle { core, tx }) }
     }
 
@@ -360,7 +379,7 @@ impl Admission {
                 exempt.push(path.into());
             }
             let exempt = Arc::new(exempt);
-            s.with_routes(RouteTable::build(&s.inbound, &exempt, Some(&s.routes)), exempt)
+            s.with(RouteTable::build(&s.inbound, &exempt, Some(&s.routes)), exempt, s.source.clone())
         });
     }
 
@@ -370,55 +389,64 @@ impl Admission {
         max_deadline: Duration,
         default_deadline: Duration,
         read_only: Option<(String, FlagBool)>,
-        source: Option<Arc<ServiceConfig>>,
+        source: Option<Source>,
     ) {
         let core = &self.inner.core;
-        let old = core.settings.load_full();
-        let routes = if old.inbound == *inbound {
-            old.routes.clone()
-        } else {
-            RouteTable::build(inbound, &old.exempt, Some(&old.routes))
-        };
         let limit = core.limiter.reconfigure(&inbound.limit);
-        core.settings.store(Arc::new(Settings {
-            inbound: inbound.clone(),
-            max_deadline,
-            default_deadline,
-            shed_permyriad: permyriad(inbound.shed_sheddable_percent),
-            read_only,
-            routes,
-            source,
-            exempt: old.exempt.clone(),
-        }));
+        core.settings.rcu(|old| {
+            let routes = if old.inbound == *inbound {
+                old.routes.clone()
+            } else {
+                RouteTable::build(inbound, &old.exempt, Some(&old.routes))
+            };
+            Settings {
+                inbound: inbound.clone(),
+                max_deadline,
+                default_deadline,
+                shed_permyriad: permyriad(inbound.shed_sheddable_percent),
+                read_only: read_only.clone(),
+                routes,
+                source: source.clone(),
+                exempt: old.exempt.clone(),
+            }
+        });
         core.set_limit(limit);
         // The queue task re-reads the settings (CoDel, flush generation).
         core.notify.notify_one();
     }
 
-    /// Re-resolves the settings from the agent's applied configuration `config`.
-    fn refresh_from(&self, shared: &Shared, config: &Arc<ServiceConfig>) {
+    /// Re-resolves the settings from the agent's applied configuration.
+    fn refresh(&self, shared: &Shared) {
         let core = &self.inner.core;
         if core.applying.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             return; // another request is applying it; this one uses the previous settings
         }
+        let changes = shared.live_tx.subscribe();
+        let config = shared.current.load().config.clone();
         let old = core.settings.load_full();
-        let policy = &config.policy;
-        let read_only = match (&policy.inbound.read_only_flag, &old.read_only) {
-            (Some(key), Some((k, handle))) if k == key => Some((k.clone(), handle.clone())),
-            (Some(key), _) => {
-                let handle = shared.with_ctx(|ctx| shared.flags.declare_bool(key, false, ctx));
-                shared.refresh();
-                Some((key.clone(), handle))
-            }
-            (None, _) => None,
-        };
-        self.apply(
-            &policy.inbound,
-            policy.max_deadline,
-            policy.default_deadline,
-            read_only,
-            Some(config.clone()),
-        );
+        let source = Source { config: config.clone(), changes };
+        if old.source.as_ref().is_some_and(|s| Arc::ptr_eq(&s.config, &config)) {
+            // The same configuration, confirmed again: only remember that it was seen.
+            core.settings.rcu(|s| s.with(s.routes.clone(), s.exempt.clone(), Some(source.clone())));
+        } else {
+            let policy = &config.policy;
+            let read_only = match (&policy.inbound.read_only_flag, &old.read_only) {
+                (Some(key), Some((k, handle))) if k == key => Some((k.clone(), handle.clone())),
+                (Some(key), _) => {
+                    let handle = shared.with_ctx(|ctx| shared.flags.declare_bool(key, false, ctx));
+                    shared.refresh();
+                    Some((key.clone(), handle))
+                }
+                (None, _) => None,
+            };
+            self.apply(
+                &policy.inbound,
+                policy.max_deadline,
+                policy.default_deadline,
+                read_only,
+                Some(source),
+            );
+        }
         core.applying.store(false, Ordering::Release);
     }
 
@@ -427,14 +455,12 @@ impl Admission {
     pub(crate) fn settings(&self) -> arc_swap::Guard<Arc<Settings>> {
         let core = &self.inner.core;
         let settings = core.settings.load();
-        if let Some(shared) = &core.feed {
-            let current = shared.current.load();
-            if !settings.source.as_ref().is_some_and(|s| Arc::ptr_eq(s, &current.config)) {
-                let config = current.config.clone();
-                drop(current);
-                self.refresh_from(shared, &config);
-                return core.settings.load();
-            }
+        if let Some(shared) = &core.feed
+            && settings.source.as_ref().is_none_or(|s| s.changes.has_changed().unwrap_or(false))
+        {
+            drop(settings);
+            self.refresh(shared);
+            return core.settings.load();
         }
         settings
     }
@@ -464,7 +490,7 @@ impl Admission {
             }
             let (routes, entry) = s.routes.with(name, &s.inbound, &s.exempt);
             out = Some(entry);
-            Arc::new(s.with_routes(routes, s.exempt.clone()))
+            Arc::new(s.with(routes, s.exempt.clone(), s.source.clone()))
         });
         let entry = out.expect("rcu ran at least once");
         if Arc::ptr_eq(&entry.state, core.settings.load().routes.overflow_state()) {

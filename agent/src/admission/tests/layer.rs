@@ -3,6 +3,7 @@
 //! limit, and (with the `axum` feature) route templates from axum's router.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -130,4 +131,36 @@ async fn axum_routes_are_named_by_their_matched_template() {
     assert_eq!(res.status(), StatusCode::OK);
     let routes: Vec<_> = a.status().routes.into_iter().map(|r| r.route).collect();
     assert_eq!(routes, ["GET /quote/{sku}", "POST /orders"], "templates only, never raw paths");
+}
+
+/// The inbound context layer finds a route's settings by template too: a route deadline
+/// for `GET /quote/{sku}` applies to `/quote/123` (it never did while routes were keyed by
+/// raw path).
+#[tokio::test(start_paused = true)]
+async fn the_inbound_context_applies_route_settings_by_template() {
+    let cfg: crate::policy::ServiceConfig = crate::policy::decode_config(
+        br#"{"policy": {"inbound": {"routes": {"GET /quote/{sku}": {"deadline": "250ms", "criticality": "SHEDDABLE"}}}}}"#,
+    )
+    .unwrap();
+    let agent =
+        crate::Agent::builder("http://127.0.0.1:9", "t", "test", "inbound").defaults(cfg).build().unwrap();
+    let ctx = crate::inbound::context_for(&agent, &request("/quote/123", "/quote/{sku}", &[]));
+    assert_eq!((ctx.deadline.remaining(), ctx.criticality), (250 * MS, Criticality::Sheddable));
+    let raw = Request::get("/quote/123").body(()).unwrap();
+    let ctx = crate::inbound::context_for(&agent, &raw);
+    assert_eq!((ctx.deadline.remaining(), ctx.criticality), (Duration::from_secs(1), Criticality::Critical));
+    #[cfg(feature = "axum")]
+    {
+        let app = axum::Router::new()
+            .route(
+                "/quote/{sku}",
+                axum::routing::get(|| async {
+                    deadline::current().unwrap().deadline.remaining().as_millis().to_string()
+                }),
+            )
+            .layer(agent.inbound_layer());
+        let res =
+            app.oneshot(Request::get("/quote/9").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(text(res).await, "250");
+    }
 }
