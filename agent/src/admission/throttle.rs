@@ -44,7 +44,7 @@ struct Bucket {
 /// backend does not spend its capacity rejecting; as accepts come back, so does the
 /// traffic. `K` and the window come from the policy (`client_throttle`: 2 and 2 minutes).
 ///
-/// Lock-free: the window is a ring of [`BUCKETS`](self) atomic buckets, rotated by
+/// Lock-free: the window is a ring of 20 atomic buckets, rotated by
 /// whichever call first notices a new period; the random draw is one atomic add.
 pub struct AdaptiveThrottle {
     epoch: Instant,
