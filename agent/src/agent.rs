@@ -200,6 +200,8 @@ impl AgentBuilder {
                 tasks: tokio::sync::Mutex::new(tasks),
                 refuse_until_fresh: self.refuse_until_fresh,
                 instance_id,
+                admission: std::sync::OnceLock::new(),
+                runtime,
             }),
         })
     }
@@ -211,6 +213,9 @@ struct Inner {
     tasks: tokio::sync::Mutex<Vec<JoinHandle<()>>>,
     refuse_until_fresh: bool,
     instance_id: String,
+    admission: std::sync::OnceLock<crate::admission::Admission>,
+    /// The runtime the agent was built on (admission's queue task runs there).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for Inner {
@@ -353,6 +358,29 @@ impl Agent {
     /// agent's policy (see [`crate::inbound`]).
     pub fn inbound_layer(&self) -> crate::InboundContextLayer {
         crate::InboundContextLayer::new(self.clone())
+    }
+
+    /// The service's inbound admission engine (see [`crate::admission`]): one per agent,
+    /// created on first use (its queue task runs on the runtime the agent was built on),
+    /// following this agent's policy (`inbound`) and read-only flag, and reported in the
+    /// agent's status report.
+    pub fn admission(&self) -> crate::admission::Admission {
+        self.inner
+            .admission
+            .get_or_init(|| {
+                let a =
+                    crate::admission::Admission::for_agent(self.inner.shared.clone(), &self.inner.runtime);
+                self.add_status_contributor(a.contributor());
+                a
+            })
+            .clone()
+    }
+
+    /// A tower layer admitting every inbound request through [`admission`](Self::admission)
+    /// (axum: `Router::layer`; tonic: `Server::builder().layer`); it also installs the
+    /// request context, so it replaces [`inbound_layer`](Self::inbound_layer).
+    pub fn admission_layer(&self) -> crate::admission::AdmissionLayer {
+        self.admission().layer()
     }
 
     /// The handle of an outgoing dependency; handles of the same name share state.

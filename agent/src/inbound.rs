@@ -7,7 +7,10 @@
 //! `deadline`) when absent or malformed; `levee-criticality` (SRE names) — else the route's
 //! criticality, else `inbound.default_criticality`; `levee-retried` — the caller already
 //! retries this request, so outgoing calls made for it are not retried again (retry on one
-//! layer). Routes are matched by `"METHOD /path"` exactly as written in the policy.
+//! layer). Routes are matched by template (`"GET /quote/{sku}"`: axum's `MatchedPath`, a
+//! [`RouteTemplate`](crate::admission::RouteTemplate) extension, or a gRPC method path; see
+//! [`route_key`]), never by raw path. [`Agent::admission_layer`] does all of this too, and
+//! admits the request.
 
 use std::fmt;
 use std::task::{Context, Poll};
@@ -15,7 +18,8 @@ use std::task::{Context, Poll};
 use tower::{Layer, Service};
 
 use crate::Agent;
-use crate::deadline::{self, CRITICALITY_HEADER, RequestContext, inbound_deadline, parse_criticality};
+use crate::admission::{criticality_from_headers, route_key};
+use crate::deadline::{self, RequestContext, inbound_deadline};
 use crate::retry::inbound_is_marked;
 
 /// Applies [`InboundContext`]. Build with [`Agent::inbound_layer`].
@@ -62,15 +66,13 @@ impl<S: fmt::Debug> fmt::Debug for InboundContext<S> {
 pub fn context_for<B>(agent: &Agent, req: &http::Request<B>) -> RequestContext {
     let config = agent.config();
     let policy = &config.policy;
-    let route_key = format!("{} {}", req.method(), req.uri().path());
-    let route = policy.inbound.routes.get(&route_key);
+    let key = route_key(req);
+    let route = policy.inbound.routes.get(key.as_str());
     let default_budget = route.and_then(|r| r.deadline).unwrap_or(policy.default_deadline);
     let headers = req.headers();
-    let criticality = headers
-        .get(CRITICALITY_HEADER)
-        .and_then(|v| parse_criticality(v.as_bytes()))
-        .or(route.map(|r| r.criticality))
-        .unwrap_or(policy.inbound.default_criticality);
+    let route_criticality = route.map_or(policy.inbound.default_criticality, |r| r.criticality);
+    let criticality =
+        criticality_from_headers(headers, route_criticality, policy.inbound.max_header_criticality);
     RequestContext {
         deadline: inbound_deadline(headers, policy.max_deadline, default_budget),
         criticality,

@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 mod agent;
 pub mod breaker;
 pub mod bulkhead;
@@ -49,6 +50,7 @@ mod state;
 pub mod sync;
 pub mod telemetry;
 
+pub use admission::{Admission, AdmissionLayer, AdmissionPermit, AdmissionRequest, AdmissionService};
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
 pub use enforce::{
     AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,

@@ -25,6 +25,11 @@ pub const LABEL_LEVEL: &str = "level";
 pub const LABEL_FEATURE: &str = "feature";
 /// Label key: kind of injected fault (`delay`, `abort`, `connection_error`).
 pub const LABEL_FAULT: &str = "fault";
+/// Label key: inbound route (a route template or gRPC method path, never a raw path).
+pub const LABEL_ROUTE: &str = "route";
+/// Label key: request criticality (`CRITICAL_PLUS`, `CRITICAL`, `SHEDDABLE_PLUS`,
+/// `SHEDDABLE`).
+pub const LABEL_CRITICALITY: &str = "criticality";
 /// Label: how a call ended (`ok`, `failed`, `timeout`, `kill_switched`, `breaker_open`,
 /// `bulkhead_full`, `deadline_exceeded`, `injected`).
 pub const LABEL_OUTCOME: &str = "outcome";
@@ -60,6 +65,29 @@ pub const FEATURE_RESULTS: &str = "levee_feature_results_total";
 pub const FEATURE_DEGRADED_SECONDS: &str = "levee_feature_degraded_seconds";
 /// Counter: faults injected, labelled `fault`.
 pub const FAULTS_INJECTED: &str = "levee_faults_injected_total";
+
+/// Gauge: the inbound concurrency limit.
+pub const ADMISSION_LIMIT: &str = "levee_admission_limit";
+/// Gauge: inbound requests holding an admission slot (updated on limit changes and queue
+/// activity, not per request).
+pub const ADMISSION_IN_FLIGHT: &str = "levee_admission_in_flight";
+/// Gauge: inbound requests waiting in the admission queue.
+pub const ADMISSION_QUEUE_LENGTH: &str = "levee_admission_queue_length";
+/// Histogram, seconds: how long admitted requests waited in the queue.
+pub const ADMISSION_QUEUE_DELAY: &str = "levee_admission_queue_delay_seconds";
+/// Gauge: 1 while the admission queue is overloaded (non-empty for a CoDel interval).
+pub const ADMISSION_OVERLOADED: &str = "levee_admission_overloaded";
+/// Counter: inbound requests rejected, labelled `route`, `criticality` and `reason`
+/// (`limit`, `queue_full`, `displaced`, `queue_timeout`, `deadline`, `operator`,
+/// `read_only`, `flushed`).
+pub const ADMISSION_SHED: &str = "levee_admission_shed_total";
+/// Counter: in shadow mode, inbound requests that would have been rejected (same labels
+/// as [`ADMISSION_SHED`]).
+pub const ADMISSION_SHADOW_SHED: &str = "levee_admission_shadow_shed_total";
+/// Counter: inbound requests of routes seen after the route cap, tracked as `_overflow`.
+pub const ADMISSION_ROUTE_OVERFLOW: &str = "levee_admission_route_overflow_total";
+/// Counter: outgoing calls refused locally by client-side adaptive throttling.
+pub const CLIENT_THROTTLED: &str = "levee_client_throttled_total";
 
 /// Identifies a (dependency, operation) in metrics and registers its handles.
 ///

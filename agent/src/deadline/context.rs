@@ -36,6 +36,15 @@ pub async fn with_context<F: Future>(ctx: RequestContext, fut: F) -> F::Output {
     CONTEXT.scope(ctx, fut).await
 }
 
+/// `fut` with `ctx` as its request context, as a nameable future (for tower response
+/// futures, which cannot hold an `async fn`'s anonymous type).
+pub fn scope<F: Future>(
+    ctx: RequestContext,
+    fut: F,
+) -> tokio::task::futures::TaskLocalFuture<RequestContext, F> {
+    CONTEXT.scope(ctx, fut)
+}
+
 /// Runs `fut` with `deadline`, keeping the rest of the enclosing context (criticality,
 /// retry marker) when there is one. A deadline later than the enclosing one is ignored:
 /// a callee never gets more time than its caller.

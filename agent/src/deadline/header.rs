@@ -83,17 +83,26 @@ pub(super) fn format_grpc_timeout(budget: Duration) -> String {
     format!("{MAX}H")
 }
 
+/// The value of header `name` when it appears exactly once; a repeated header is treated
+/// as malformed (a caller sending two budgets is trusted with neither).
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => Some(v.as_bytes()),
+        _ => None,
+    }
+}
+
 /// The deadline of an inbound request (agent-semantics §1).
 ///
 /// Takes `grpc-timeout` when present and well formed, else `levee-deadline-ms`, else
-/// `default_budget`. A malformed value is ignored (as if absent); a budget is clamped to
+/// `default_budget`. A malformed or repeated value is ignored (as if absent); a budget is clamped to
 /// `MIN_INBOUND_BUDGET..=max` (zero is raised, huge values are capped). The default is
 /// capped by `max` too. Never panics on any header content.
 pub fn inbound_deadline(headers: &HeaderMap, max: Duration, default_budget: Duration) -> Deadline {
-    let sent = headers
-        .get(GRPC_TIMEOUT_HEADER)
-        .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-        .or_else(|| headers.get(DEADLINE_MS_HEADER).and_then(|v| parse_deadline_ms(v.as_bytes())));
+    let sent = single(headers, GRPC_TIMEOUT_HEADER)
+        .and_then(parse_grpc_timeout)
+        .or_else(|| single(headers, DEADLINE_MS_HEADER).and_then(parse_deadline_ms));
     let max = max.max(MIN_INBOUND_BUDGET);
     let budget = match sent {
         Some(b) => b.clamp(MIN_INBOUND_BUDGET, max),

@@ -13,7 +13,7 @@ mod context;
 mod header;
 
 pub use budget::{Deadline, DeadlineExceeded};
-pub use context::{RequestContext, current, current_deadline, with_context, with_deadline};
+pub use context::{RequestContext, current, current_deadline, scope, with_context, with_deadline};
 pub use header::{
     CRITICALITY_HEADER, DEADLINE_MS_HEADER, GRPC_TIMEOUT_HEADER, MIN_INBOUND_BUDGET, format_criticality,
     inbound_deadline, parse_criticality, parse_deadline_ms, parse_grpc_timeout,

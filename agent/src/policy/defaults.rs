@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use super::model::Criticality;
+
 /// Inbound budget used when the caller sends no deadline.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(1);
 /// Cap on any inbound deadline, whatever the caller sends.
@@ -82,6 +84,11 @@ pub const LIMIT_BACKOFF_RATIO: f64 = 0.9;
 pub const LIMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Gradient2: smoothing of the limit (`smoothing`).
 pub const LIMIT_SMOOTHING: f64 = 0.2;
+/// Vegas: smoothing of the limit (`smoothing`; 1.0 = the new estimate replaces the limit).
+pub const VEGAS_SMOOTHING: f64 = 1.0;
+/// Vegas: the no-load RTT is re-measured every `probeMultiplier × limit × jitter(0.5..1)`
+/// updates (`probeMultiplier`).
+pub const VEGAS_PROBE_MULTIPLIER: u32 = 30;
 /// Gradient2: samples in the long RTT window (`longWindow`).
 pub const LIMIT_LONG_WINDOW: u32 = 600;
 /// Gradient2: tolerated ratio of short to long RTT (`rttTolerance`).
@@ -95,6 +102,21 @@ pub const QUEUE_MAX_LEN: u32 = 100;
 pub const CODEL_TARGET: Duration = Duration::from_millis(5);
 /// CoDel interval.
 pub const CODEL_INTERVAL: Duration = Duration::from_millis(100);
+/// Adaptive limits update once per window of samples (Netflix `WindowedLimit`): a window
+/// lasts twice its smallest round trip, at least this long.
+pub const LIMIT_WINDOW_MIN_TIME: Duration = Duration::from_millis(100);
+/// Longest window of samples between two limit updates.
+pub const LIMIT_WINDOW_MAX_TIME: Duration = Duration::from_secs(1);
+/// Fewest samples a window needs to update the limit (a sparser window is discarded).
+pub const LIMIT_WINDOW_MIN_SAMPLES: u32 = 10;
+/// Highest criticality a caller may claim in the `levee-criticality` header.
+pub const MAX_HEADER_CRITICALITY: Criticality = Criticality::Critical;
+
+/// Client-side throttling: multiplier `K` of accepted requests (SRE book default).
+pub const THROTTLE_K: f64 = 2.0;
+/// Client-side throttling: sliding window of request and accept counts (SRE book: the
+/// last two minutes).
+pub const THROTTLE_WINDOW: Duration = Duration::from_secs(120);
 
 /// How long a feature may live on a fallback before the server alerts.
 pub const ALERT_AFTER: Duration = Duration::from_secs(900);

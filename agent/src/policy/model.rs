@@ -38,6 +38,7 @@ duration_default! {
     codel_target => d::CODEL_TARGET,
     codel_interval => d::CODEL_INTERVAL,
     alert_after => d::ALERT_AFTER,
+    throttle_window => d::THROTTLE_WINDOW,
 }
 
 const fn yes() -> bool {
@@ -91,6 +92,8 @@ pub struct Policy {
     pub inbound: Inbound,
     /// Product features, what they depend on and what users get when that fails.
     pub degradation_matrix: Vec<MatrixRow>,
+    /// Client-side adaptive throttling of outgoing calls (SRE book, "Handling Overload").
+    pub client_throttle: ClientThrottle,
 }
 
 impl Default for Policy {
@@ -103,6 +106,7 @@ impl Default for Policy {
             dependencies: BTreeMap::new(),
             inbound: Inbound::default(),
             degradation_matrix: Vec::new(),
+            client_throttle: ClientThrottle::default(),
         }
     }
 }
@@ -455,8 +459,10 @@ pub struct Limit {
     #[serde(with = "humantime_serde", default = "limit_timeout")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5s"))]
     pub timeout: Duration,
-    /// Gradient2/Vegas smoothing. Ratio 0..=1 (exclusive of 0).
-    pub smoothing: f64,
+    /// Gradient2/Vegas smoothing: how much of the new estimate replaces the limit at each
+    /// update. Ratio 0..=1 (exclusive of 0); `None` = the algorithm's own default
+    /// (Gradient2 0.2, Vegas 1.0, as Netflix concurrency-limits).
+    pub smoothing: Option<f64>,
     /// Gradient2 long window, in samples. Allowed 1..=100000.
     pub long_window: u32,
     /// Gradient2 RTT tolerance. Allowed 1..=10.
@@ -474,7 +480,7 @@ impl Default for Limit {
             max_limit: d::LIMIT_MAX,
             backoff_ratio: d::LIMIT_BACKOFF_RATIO,
             timeout: d::LIMIT_TIMEOUT,
-            smoothing: d::LIMIT_SMOOTHING,
+            smoothing: None,
             long_window: d::LIMIT_LONG_WINDOW,
             rtt_tolerance: d::LIMIT_RTT_TOLERANCE,
             queue_size: d::LIMIT_QUEUE_SIZE,
@@ -501,6 +507,10 @@ pub struct Queue {
     /// Serve the newest waiter first while overloaded.
     #[serde(default = "yes")]
     pub adaptive_lifo: bool,
+    /// Operator lever: raising this number (any change) makes every agent reject all the
+    /// requests waiting in its queue once (reason `flushed`). Requests arriving afterwards
+    /// queue normally.
+    pub flush_generation: u64,
 }
 
 impl Default for Queue {
@@ -510,6 +520,7 @@ impl Default for Queue {
             codel_target: d::CODEL_TARGET,
             codel_interval: d::CODEL_INTERVAL,
             adaptive_lifo: true,
+            flush_generation: 0,
         }
     }
 }
@@ -525,10 +536,25 @@ pub struct Route {
     #[serde(with = "humantime_serde::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "500ms"))]
     pub deadline: Option<Duration>,
+    /// The route changes data: while the read-only flag is on, it answers 503.
+    pub mutating: bool,
+}
+
+/// Whether inbound admission rejects what it decides to reject.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum AdmissionMode {
+    /// Decisions are enforced: rejected requests get 503 / RESOURCE_EXHAUSTED.
+    #[default]
+    Enforce,
+    /// Every decision is computed and counted ("would have shed"), nothing is rejected:
+    /// for trying a limit on production traffic before enforcing it.
+    Shadow,
 }
 
 /// Inbound admission.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Inbound {
@@ -544,6 +570,53 @@ pub struct Inbound {
     pub shed_sheddable_percent: f64,
     /// Operator lever: no outgoing retries at all while set.
     pub retries_paused: bool,
+    /// `enforce` (default) or `shadow` (decide and count, reject nothing).
+    pub mode: AdmissionMode,
+    /// Highest criticality a caller may claim with the `levee-criticality` header; a higher
+    /// claim is lowered to it (a route's own default is not capped).
+    pub max_header_criticality: Criticality,
+    /// Operator lever: key of a bool flag; while it is `true` the service is read-only and
+    /// routes marked `mutating` answer 503. The service reads the same flag for its own
+    /// logic. `None` = no read-only mode.
+    pub read_only_flag: Option<String>,
+}
+
+impl Default for Inbound {
+    fn default() -> Self {
+        Self {
+            limit: Limit::default(),
+            queue: Queue::default(),
+            routes: BTreeMap::new(),
+            default_criticality: Criticality::default(),
+            shed_sheddable_percent: 0.0,
+            retries_paused: false,
+            mode: AdmissionMode::default(),
+            max_header_criticality: d::MAX_HEADER_CRITICALITY,
+            read_only_flag: None,
+        }
+    }
+}
+
+/// Client-side adaptive throttling (SRE book, "Handling Overload"): a client rejects a
+/// call locally with probability `max(0, (requests − k × accepts) / (requests + 1))` over
+/// the last `window`, so a backend that is shedding is not hammered by rejections.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClientThrottle {
+    /// Multiplier `K`: requests may exceed accepts by this factor before any local
+    /// rejection (2 = the book's default; lower is more aggressive). Allowed 1..=10.
+    pub k: f64,
+    /// Length of the sliding window of request and accept counts.
+    #[serde(with = "humantime_serde", default = "throttle_window")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2m"))]
+    pub window: Duration,
+}
+
+impl Default for ClientThrottle {
+    fn default() -> Self {
+        Self { k: d::THROTTLE_K, window: d::THROTTLE_WINDOW }
+    }
 }
 
 /// One row of the degradation matrix.

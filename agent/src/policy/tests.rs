@@ -152,3 +152,36 @@ fn lint_flags_retry_longer_than_deadline() {
     let codes: Vec<&str> = lint(&cfg.policy).iter().map(|l| l.code).collect();
     assert_eq!(codes, vec!["retry_exceeds_deadline"]);
 }
+
+#[test]
+fn admission_and_throttling_fields_are_checked_with_their_ranges() {
+    let err = check(
+        r#"{"policy":{"inbound":{"limit":{"smoothing":0},"read_only_flag":"Read Only",
+            "mode":"shadow","max_header_criticality":"SHEDDABLE","queue":{"flush_generation":7},
+            "routes":{"POST /orders":{"mutating":true}}},
+            "client_throttle":{"k":0.5,"window":"0s"}}}"#,
+    )
+    .unwrap_err();
+    let errors = err.field_errors();
+    let fields: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "policy.inbound.limit.smoothing",
+            "policy.inbound.read_only_flag",
+            "policy.client_throttle.k",
+            "policy.client_throttle.window",
+        ]
+    );
+    let text = err.to_string();
+    assert!(text.contains("k: must be between 1 and 10 (got 0.5)"), "{text}");
+    assert!(text.contains("window: must be between 1s and 1h"), "{text}");
+    // Absent, they take the named defaults.
+    let cfg = check("{}").unwrap();
+    assert_eq!(cfg.policy.client_throttle.k, defaults::THROTTLE_K);
+    assert_eq!(cfg.policy.inbound.max_header_criticality, defaults::MAX_HEADER_CRITICALITY);
+    assert_eq!(cfg.policy.inbound.mode, AdmissionMode::Enforce);
+    assert_eq!(cfg.policy.inbound.limit.smoothing, None);
+    let ok = check(r#"{"policy":{"inbound":{"mode":"shadow","read_only_flag":"shop.read_only"}}}"#).unwrap();
+    assert_eq!(ok.policy.inbound.read_only_flag.as_deref(), Some("shop.read_only"));
+}

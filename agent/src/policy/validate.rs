@@ -209,6 +209,7 @@ fn validate_policy(c: &mut Check, p: &str, policy: &Policy) {
         validate_dependency(c, &dp, dep);
     }
     validate_inbound(c, &join(p, "inbound"), &policy.inbound);
+    validate_client_throttle(c, &join(p, "client_throttle"), &policy.client_throttle);
     c.count(&join(p, "degradation_matrix"), policy.degradation_matrix.len(), d::MAX_MATRIX_ROWS);
     let mut features = BTreeSet::new();
     for (i, row) in policy.degradation_matrix.iter().enumerate() {
@@ -407,7 +408,9 @@ fn validate_inbound(c: &mut Check, p: &str, i: &Inbound) {
         c.push(join(&lp, "backoff_ratio"), l.backoff_ratio.to_string(), "must be a ratio, 0.5 <= x < 1");
     }
     c.duration(&join(&lp, "timeout"), l.timeout, Duration::from_millis(1), MAX_TIMEOUT);
-    c.ratio(&join(&lp, "smoothing"), l.smoothing, false);
+    if let Some(smoothing) = l.smoothing {
+        c.ratio(&join(&lp, "smoothing"), smoothing, false);
+    }
     c.range_u32(&join(&lp, "long_window"), l.long_window, 1, 100_000);
     c.range_f64(&join(&lp, "rtt_tolerance"), l.rtt_tolerance, 1.0, 10.0, "");
     c.range_u32(&join(&lp, "queue_size"), l.queue_size, 0, 10_000);
@@ -443,6 +446,14 @@ fn validate_inbound(c: &mut Check, p: &str, i: &Inbound) {
         }
     }
     c.range_f64(&join(p, "shed_sheddable_percent"), i.shed_sheddable_percent, 0.0, 100.0, " percent");
+    if let Some(f) = &i.read_only_flag {
+        c.name(&join(p, "read_only_flag"), f, "flag key");
+    }
+}
+
+fn validate_client_throttle(c: &mut Check, p: &str, t: &ClientThrottle) {
+    c.range_f64(&join(p, "k"), t.k, 1.0, 10.0, "");
+    c.duration(&join(p, "window"), t.window, Duration::from_secs(1), Duration::from_secs(3600));
 }
 
 fn validate_flags(c: &mut Check, flags: &std::collections::BTreeMap<String, Flag>) {

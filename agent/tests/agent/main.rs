@@ -3,6 +3,8 @@
 //! virtual and exact to within a few [`support::TICK`]s (see
 //! [`support::clock_granularity`] for why a tick is needed with real sockets).
 
+#[cfg(feature = "axum")]
+mod admission;
 mod clients;
 mod support;
 

@@ -1,0 +1,369 @@
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics::Counter;
+
+use super::reason::{CRITICALITIES, crit_index};
+use super::{Reason, ShedCount};
+use crate::metrics_names as names;
+use crate::policy::{self, Criticality};
+
+/// Route of requests that match no route template. Raw paths are never used as route
+/// names (they would make metrics and state unbounded).
+pub const UNMATCHED_ROUTE: &str = "_unmatched";
+/// Route shared by every route seen after [`MAX_TRACKED_ROUTES`] were tracked; counted in
+/// `levee_admission_route_overflow_total` and the status.
+pub const OVERFLOW_ROUTE: &str = "_overflow";
+/// Most routes one admission engine tracks (the policy may name at most
+/// [`MAX_ROUTES`](crate::policy::defaults::MAX_ROUTES), which always fit).
+pub const MAX_TRACKED_ROUTES: usize = 1024;
+/// Paths (route templates without the method) that are never shed: health, readiness,
+/// liveness and metrics endpoints, and the standard gRPC health service. Add more with
+/// [`Admission::exempt`](super::Admission::exempt).
+pub const DEFAULT_EXEMPT_PATHS: [&str; 9] = [
+    "/health",
+    "/healthz",
+    "/ready",
+    "/readyz",
+    "/live",
+    "/livez",
+    "/metrics",
+    "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+];
+
+/// Names the route template of a request for routers other than axum (whose
+/// `MatchedPath` is read directly with the `axum` feature): insert it as a request
+/// extension before the admission layer runs, e.g. `"/users/{id}"`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteTemplate(pub Arc<str>);
+
+const KEY_CAP: usize = 160;
+
+/// The route name of a request, built without allocating: `"METHOD template"` for HTTP
+/// (`"GET /quote/{sku}"`), the method path for gRPC (`"/shop.Pricing/Quote"`), or
+/// [`UNMATCHED_ROUTE`].
+#[derive(Clone, Copy)]
+pub struct RouteKey {
+    buf: [u8; KEY_CAP],
+    len: usize,
+}
+
+impl std::fmt::Debug for RouteKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RouteKey").field(&self.as_str()).finish()
+    }
+}
+
+impl RouteKey {
+    fn from_parts(parts: &[&str]) -> Self {
+        let mut key = Self { buf: [0; KEY_CAP], len: 0 };
+        for p in parts {
+            let b = p.as_bytes();
+            if key.len + b.len() > KEY_CAP {
+                return Self::from_parts(&[UNMATCHED_ROUTE]);
+            }
+            key.buf[key.len..key.len + b.len()].copy_from_slice(b);
+            key.len += b.len();
+        }
+        key
+    }
+
+    /// The route name.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or(UNMATCHED_ROUTE)
+    }
+}
+
+/// Whether `path` is a gRPC method path: `/package.Service/Method`.
+fn is_grpc_method(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else { return false };
+    match rest.split_once('/') {
+        Some((service, method)) => !service.is_empty() && !method.is_empty() && !method.contains('/'),
+        None => false,
+    }
+}
+
+/// Whether the request is gRPC (`content-type: application/grpc…`).
+pub(crate) fn is_grpc<B>(req: &http::Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The route name of `req` (see [`RouteKey`]): the template the router matched (axum's
+/// `MatchedPath` with the `axum` feature, or a [`RouteTemplate`] extension) prefixed by
+/// the method; for a gRPC request without a template, its method path; else
+/// [`UNMATCHED_ROUTE`]. The raw path of an HTTP request is never used.
+pub fn route_key<B>(req: &http::Request<B>) -> RouteKey {
+    #[cfg(feature = "axum")]
+    if let Some(p) = req.extensions().get::<axum::extract::MatchedPath>() {
+        return RouteKey::from_parts(&[req.method().as_str(), " ", p.as_str()]);
+    }
+    if let Some(t) = req.extensions().get::<RouteTemplate>() {
+        return RouteKey::from_parts(&[req.method().as_str(), " ", &t.0]);
+    }
+    let path = req.uri().path();
+    if is_grpc(req) && is_grpc_method(path) {
+        return RouteKey::from_parts(&[path]);
+    }
+    RouteKey::from_parts(&[UNMATCHED_ROUTE])
+}
+
+/// Hashes route names a machine word at a time (the Fx hash of rustc): route names are
+/// short and chosen by the service (or bounded by [`MAX_TRACKED_ROUTES`]), so a fast
+/// non-keyed hash is enough.
+#[derive(Default)]
+pub(crate) struct WordHash(u64);
+
+impl WordHash {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for WordHash {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(last));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, b: u8) {
+        self.add(u64::from(b));
+    }
+}
+
+type Counters = [[AtomicU64; Reason::ALL.len()]; 4];
+type Handles = [[OnceLock<Counter>; Reason::ALL.len()]; 4];
+
+/// What a route accumulates across policy changes: counters and the expected service time.
+#[derive(Debug)]
+pub(crate) struct RouteState {
+    pub(crate) name: Arc<str>,
+    shed: Counters,
+    shadow: Counters,
+    shed_handles: Handles,
+    shadow_handles: Handles,
+    would_queue: [AtomicU64; 4],
+    /// Exponential average (1/8 per sample) of measured service times, in ns.
+    expected_ns: AtomicU64,
+}
+
+impl RouteState {
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            shed: Default::default(),
+            shadow: Default::default(),
+            shed_handles: Default::default(),
+            shadow_handles: Default::default(),
+            would_queue: Default::default(),
+            expected_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn counter(&self, shadow: bool, c: Criticality, r: Reason) -> &Counter {
+        let handles = if shadow { &self.shadow_handles } else { &self.shed_handles };
+        handles[crit_index(c)][r.index()].get_or_init(|| {
+            let name = if shadow { names::ADMISSION_SHADOW_SHED } else { names::ADMISSION_SHED };
+            metrics::counter!(
+                name,
+                names::LABEL_ROUTE => self.name.to_string(),
+                names::LABEL_CRITICALITY => crate::deadline::format_criticality(c),
+                names::LABEL_REASON => r.as_str(),
+            )
+        })
+    }
+
+    /// Counts a rejection (or, with `shadow`, a would-be rejection).
+    pub(crate) fn count_shed(&self, shadow: bool, c: Criticality, r: Reason) {
+        let cells = if shadow { &self.shadow } else { &self.shed };
+        cells[crit_index(c)][r.index()].fetch_add(1, Ordering::Relaxed);
+        self.counter(shadow, c, r).increment(1);
+    }
+
+    /// Counts a request that would have waited in the queue (shadow mode).
+    pub(crate) fn count_would_queue(&self, c: Criticality) {
+        self.would_queue[crit_index(c)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The expected service time of this route (zero before any measurement).
+    pub(crate) fn expected(&self) -> Duration {
+        Duration::from_nanos(self.expected_ns.load(Ordering::Relaxed))
+    }
+
+    /// Learns one measured service time. Racy on purpose: a lost update of an average
+    /// costs nothing.
+    pub(crate) fn learn(&self, rtt: Duration) {
+        let x = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.expected_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { x } else { old - old / 8 + x / 8 };
+        self.expected_ns.store(new, Ordering::Relaxed);
+    }
+
+    fn collect(cells: &Counters) -> Vec<ShedCount> {
+        let mut out = Vec::new();
+        for (ci, row) in cells.iter().enumerate() {
+            for (ri, cell) in row.iter().enumerate() {
+                let count = cell.load(Ordering::Relaxed);
+                if count > 0 {
+                    out.push(ShedCount { criticality: CRITICALITIES[ci], reason: Reason::ALL[ri], count });
+                }
+            }
+        }
+        out
+    }
+
+    pub(crate) fn status(&self) -> super::RouteStatus {
+        super::RouteStatus {
+            route: self.name.to_string(),
+            shed: Self::collect(&self.shed),
+            would_shed: Self::collect(&self.shadow),
+            would_queue: self.would_queue.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+            expected_service_time: self.expected(),
+        }
+    }
+}
+
+/// A route's settings from the policy, with its state.
+#[derive(Debug)]
+pub(crate) struct RouteEntry {
+    pub(crate) state: Arc<RouteState>,
+    pub(crate) criticality: Criticality,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) mutating: bool,
+    pub(crate) exempt: bool,
+}
+
+fn is_exempt(name: &str, exempt: &[Box<str>]) -> bool {
+    let path = name.split_once(' ').map_or(name, |(_, p)| p);
+    exempt.iter().any(|e| **e == *path)
+}
+
+impl RouteEntry {
+    pub(crate) fn resolve(state: Arc<RouteState>, inbound: &policy::Inbound, exempt: &[Box<str>]) -> Self {
+        let route = inbound.routes.get(&*state.name);
+        Self {
+            criticality: route.map_or(inbound.default_criticality, |r| r.criticality),
+            deadline: route.and_then(|r| r.deadline),
+            mutating: route.is_some_and(|r| r.mutating),
+            exempt: is_exempt(&state.name, exempt),
+            state,
+        }
+    }
+}
+
+type Map = HashMap<Box<str>, Arc<RouteEntry>, BuildHasherDefault<WordHash>>;
+
+/// The routes an engine tracks, resolved against one policy. Rebuilt (states kept) when
+/// the policy changes; extended copy-on-write the first time a route is seen.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteTable {
+    map: Map,
+    overflow: Arc<RouteEntry>,
+    overflow_exempt: Arc<RouteEntry>,
+}
+
+impl RouteTable {
+    /// A table for `inbound` over the states of `previous` (when any), with every route
+    /// the policy names registered.
+    pub(crate) fn build(
+        inbound: &policy::Inbound,
+        exempt: &[Box<str>],
+        previous: Option<&RouteTable>,
+    ) -> Self {
+        let state_of = |name: &str| -> Arc<RouteState> {
+            previous
+                .and_then(|t| t.map.get(name))
+                .map(|e| e.state.clone())
+                .unwrap_or_else(|| Arc::new(RouteState::new(name)))
+        };
+        let mut map = Map::default();
+        if let Some(prev) = previous {
+            for name in prev.map.keys() {
+                map.insert(name.clone(), Arc::new(RouteEntry::resolve(state_of(name), inbound, exempt)));
+            }
+        }
+        for name in inbound.routes.keys() {
+            if !map.contains_key(name.as_str()) && map.len() < MAX_TRACKED_ROUTES {
+                map.insert(
+                    name.as_str().into(),
+                    Arc::new(RouteEntry::resolve(state_of(name), inbound, exempt)),
+                );
+            }
+        }
+        let overflow_state = previous
+            .map(|t| t.overflow.state.clone())
+            .unwrap_or_else(|| Arc::new(RouteState::new(OVERFLOW_ROUTE)));
+        let overflow = Arc::new(RouteEntry::resolve(overflow_state, inbound, exempt));
+        let overflow_exempt = Arc::new(RouteEntry {
+            state: overflow.state.clone(),
+            criticality: Criticality::CriticalPlus,
+            deadline: None,
+            mutating: false,
+            exempt: true,
+        });
+        Self { map, overflow, overflow_exempt }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<RouteEntry>> {
+        self.map.get(name)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.map.len() >= MAX_TRACKED_ROUTES
+    }
+
+    /// The entry for a route past the cap: the shared overflow route (exempt when its path
+    /// is exempt, so probes are never shed even then).
+    pub(crate) fn overflow(&self, name: &str, exempt: &[Box<str>]) -> Arc<RouteEntry> {
+        if is_exempt(name, exempt) { self.overflow_exempt.clone() } else { self.overflow.clone() }
+    }
+
+    pub(crate) fn overflow_state(&self) -> &Arc<RouteState> {
+        &self.overflow.state
+    }
+
+    /// A copy with `name` added.
+    pub(crate) fn with(
+        &self,
+        name: &str,
+        inbound: &policy::Inbound,
+        exempt: &[Box<str>],
+    ) -> (Self, Arc<RouteEntry>) {
+        let mut t = self.clone();
+        let entry = Arc::new(RouteEntry::resolve(Arc::new(RouteState::new(name)), inbound, exempt));
+        t.map.insert(name.into(), entry.clone());
+        (t, entry)
+    }
+
+    pub(crate) fn states(&self) -> impl Iterator<Item = &Arc<RouteState>> {
+        self.map.values().map(|e| &e.state)
+    }
+}

@@ -1,0 +1,227 @@
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+
+use super::*;
+use crate::deadline::{Deadline, inbound_deadline};
+
+const FIXED_2_NO_QUEUE: &str =
+    r#"{"limit": {"algorithm": "fixed", "initial_limit": 2}, "queue": {"max_len": 0}}"#;
+
+#[tokio::test]
+async fn a_free_slot_is_taken_at_once_and_given_back_on_drop() {
+    let a = engine(FIXED_2_NO_QUEUE);
+    let p1 = a.try_admit(&req("GET /x", Criticality::Critical)).unwrap();
+    let p2 = a.admit(&req("GET /x", Criticality::Sheddable)).await.unwrap();
+    assert!(p1.is_counted() && p2.is_counted());
+    assert_eq!(a.status().in_flight, 2);
+    let r = a.try_admit(&req("GET /x", Criticality::Critical)).unwrap_err();
+    assert_eq!(r.reason(), Reason::Limit);
+    assert_eq!(r.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.retry_after(), RETRY_AFTER_OVERLOAD);
+    assert_eq!(r.to_string(), "overloaded: request shed (limit)");
+    drop(p1);
+    assert_eq!(a.status().in_flight, 1);
+    let _p3 = a.try_admit(&req("GET /x", Criticality::Critical)).unwrap();
+    let s = a.status();
+    let x = s.routes.iter().find(|r| r.route == "GET /x").unwrap();
+    assert_eq!(
+        x.shed,
+        vec![ShedCount { criticality: Criticality::Critical, reason: Reason::Limit, count: 1 }]
+    );
+}
+
+#[tokio::test]
+async fn critical_plus_and_exempt_routes_are_never_shed() {
+    let a = engine(FIXED_2_NO_QUEUE);
+    let _busy = [
+        a.try_admit(&req("GET /x", Criticality::Critical)).unwrap(),
+        a.try_admit(&req("GET /x", Criticality::Critical)).unwrap(),
+    ];
+    // CRITICAL_PLUS goes past the limit and counts in flight.
+    let vip = a.try_admit(&req("GET /x", Criticality::CriticalPlus)).unwrap();
+    assert!(vip.is_counted());
+    assert_eq!(a.status().in_flight, 3);
+    // Probes, whatever their method and criticality, take no slot at all.
+    for route in ["GET /healthz", "GET /readyz", "HEAD /metrics", "/grpc.health.v1.Health/Check"] {
+        let p = a.try_admit(&req(route, Criticality::Sheddable)).unwrap();
+        assert!(!p.is_counted(), "{route}");
+    }
+    a.exempt("/status");
+    assert!(!a.try_admit(&req("GET /status", Criticality::Sheddable)).unwrap().is_counted());
+    assert_eq!(a.try_admit(&req("GET /other", Criticality::Sheddable)).unwrap_err().reason(), Reason::Limit);
+    assert_eq!(a.status().in_flight, 3);
+}
+
+#[tokio::test]
+async fn route_default_criticality_comes_from_the_policy() {
+    let a = engine(
+        r#"{"limit": {"algorithm": "fixed", "initial_limit": 1}, "queue": {"max_len": 0},
+            "default_criticality": "SHEDDABLE",
+            "routes": {"POST /orders": {"criticality": "CRITICAL_PLUS"}}}"#,
+    );
+    let _busy = a.try_admit(&AdmissionRequest::new("GET /browse")).unwrap();
+    let r = a.try_admit(&AdmissionRequest::new("GET /browse")).unwrap_err();
+    assert_eq!(r.criticality(), Criticality::Sheddable);
+    let order = a.try_admit(&AdmissionRequest::new("POST /orders")).unwrap();
+    assert_eq!(order.criticality(), Criticality::CriticalPlus);
+}
+
+#[test]
+fn hostile_criticality_values_fall_back_to_the_route_default_and_claims_are_capped() {
+    let route = Criticality::SheddablePlus;
+    let cap = Criticality::Critical;
+    let check = |values: &[&[u8]], want: Criticality| {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("levee-criticality", HeaderValue::from_bytes(v).unwrap());
+        }
+        assert_eq!(criticality_from_headers(&h, route, cap), want, "{values:?}");
+    };
+    check(&[], route);
+    check(&[b"SHEDDABLE"], Criticality::Sheddable);
+    check(&[b" critical "], Criticality::Critical);
+    // A claim above the cap is lowered to it.
+    check(&[b"CRITICAL_PLUS"], Criticality::Critical);
+    for bad in
+        [&b"-1"[..], b"999999999999999999999", b"NaN", b"URGENT", b"", b"\xff\xfe", b"CRITICAL;SHEDDABLE"]
+    {
+        check(&[bad], route);
+    }
+    // Repeated: trusted with neither value.
+    check(&[b"SHEDDABLE", b"SHEDDABLE"], route);
+    check(&[b"CRITICAL", b"SHEDDABLE"], route);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hostile_deadline_values_fall_back_to_the_default_budget() {
+    let default = Duration::from_millis(700);
+    let max = Duration::from_secs(5);
+    let check = |pairs: &[(&'static str, &[u8])], want: Duration| {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_bytes(v).unwrap());
+        }
+        assert_eq!(inbound_deadline(&h, max, default).remaining(), want, "{pairs:?}");
+    };
+    for bad in [&b"-5"[..], b"1e9", b"abc", b"", b"\xff", b"12345678901234567890"] {
+        check(&[("levee-deadline-ms", bad)], default);
+        check(&[("grpc-timeout", bad)], default);
+    }
+    check(&[("levee-deadline-ms", b"99999999999")], max);
+    check(&[("levee-deadline-ms", b"100"), ("levee-deadline-ms", b"200")], default);
+    check(&[("grpc-timeout", b"100m"), ("grpc-timeout", b"100m"), ("levee-deadline-ms", b"300")], 300 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_finish_before_its_deadline_is_dropped() {
+    let a = engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 4}}"#);
+    // Learn the route's service time: 50 ms.
+    let p = a
+        .try_admit(&req("GET /slow", Criticality::Critical).deadline(Deadline::after(Duration::from_secs(1))))
+        .unwrap();
+    tokio::time::advance(50 * MS).await;
+    drop(p);
+    let s = a.status();
+    assert_eq!(s.routes.iter().find(|r| r.route == "GET /slow").unwrap().expected_service_time, 50 * MS);
+    let short = req("GET /slow", Criticality::Critical).deadline(Deadline::after(30 * MS));
+    assert_eq!(a.try_admit(&short).unwrap_err().reason(), Reason::Deadline);
+    let expired = req("GET /other", Criticality::CriticalPlus).deadline(Deadline::after(Duration::ZERO));
+    assert_eq!(a.try_admit(&expired).unwrap_err().reason(), Reason::Deadline);
+    let fits = req("GET /slow", Criticality::Critical).deadline(Deadline::after(80 * MS));
+    assert!(a.try_admit(&fits).is_ok());
+    // The deadline of the task's request context is used when none is given.
+    let ctx = crate::deadline::RequestContext::new(Deadline::after(10 * MS));
+    let r = crate::deadline::with_context(ctx, async {
+        a.try_admit(&req("GET /slow", Criticality::Critical)).map(|_| ())
+    })
+    .await;
+    assert_eq!(r.unwrap_err().reason(), Reason::Deadline);
+}
+
+#[tokio::test]
+async fn the_operator_lever_sheds_the_given_share_of_sheddable_traffic_only() {
+    let a =
+        engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 100}, "shed_sheddable_percent": 30}"#);
+    let mut shed = [0u32; 4];
+    for c in
+        [Criticality::CriticalPlus, Criticality::Critical, Criticality::SheddablePlus, Criticality::Sheddable]
+    {
+        for _ in 0..10_000 {
+            if let Err(r) = a.try_admit(&req("GET /x", c)) {
+                assert_eq!(r.reason(), Reason::Operator);
+                shed[super::super::reason::crit_index(c)] += 1;
+            }
+        }
+    }
+    assert_eq!(&shed[..2], &[0, 0]);
+    for n in &shed[2..] {
+        assert!((2800..=3200).contains(n), "{shed:?}");
+    }
+    a.update(&inbound(
+        r#"{"limit": {"algorithm": "fixed", "initial_limit": 100}, "shed_sheddable_percent": 100}"#,
+    ));
+    assert!(a.try_admit(&req("GET /x", Criticality::Sheddable)).is_err());
+    a.update(&inbound(r#"{"limit": {"algorithm": "fixed", "initial_limit": 100}}"#));
+    assert!(a.try_admit(&req("GET /x", Criticality::Sheddable)).is_ok());
+}
+
+#[tokio::test]
+async fn route_names_are_templates_and_the_number_tracked_is_bounded() {
+    let a = engine(r#"{"routes": {"GET /quote/{sku}": {"criticality": "SHEDDABLE"}}}"#);
+    let mut r = http::Request::get("/quote/123?x=1").body(()).unwrap();
+    assert_eq!(route_key(&r).as_str(), UNMATCHED_ROUTE, "a raw path is never a route");
+    r.extensions_mut().insert(RouteTemplate("/quote/{sku}".into()));
+    assert_eq!(route_key(&r).as_str(), "GET /quote/{sku}");
+    let grpc = http::Request::post("/shop.Pricing/Quote")
+        .header("content-type", "application/grpc+proto")
+        .body(())
+        .unwrap();
+    assert_eq!(route_key(&grpc).as_str(), "/shop.Pricing/Quote");
+    let not_a_method =
+        http::Request::post("/a/b/c").header("content-type", "application/grpc").body(()).unwrap();
+    assert_eq!(route_key(&not_a_method).as_str(), UNMATCHED_ROUTE);
+    let mut long = http::Request::get("/").body(()).unwrap();
+    long.extensions_mut().insert(RouteTemplate("x".repeat(300).into()));
+    assert_eq!(route_key(&long).as_str(), UNMATCHED_ROUTE);
+
+    for i in 0..MAX_TRACKED_ROUTES + 5 {
+        drop(a.try_admit(&req(&format!("GET /r{i}"), Criticality::Critical)).unwrap());
+    }
+    // Probes past the cap are still exempt.
+    assert!(!a.try_admit(&req("GET /healthz", Criticality::Sheddable)).unwrap().is_counted());
+    let s = a.status();
+    assert_eq!(s.tracked_routes, MAX_TRACKED_ROUTES);
+    // One policy route plus 1023 new ones fit; 6 requests went to `_overflow`.
+    assert_eq!(s.route_overflow, 7);
+    assert!(s.routes.iter().all(|r| r.route != "GET /r1024"));
+}
+
+#[tokio::test]
+async fn read_only_mode_refuses_mutating_routes_from_the_agents_flag_even_in_shadow_mode() {
+    let cfg: crate::policy::ServiceConfig = crate::policy::decode_config(
+        br#"{"policy": {"inbound": {"mode": "shadow", "read_only_flag": "checkout.read_only",
+              "routes": {"POST /orders": {"mutating": true}}}},
+             "flags": {"checkout.read_only": {"type": "bool", "value": true}}}"#,
+    )
+    .unwrap();
+    let agent = crate::Agent::builder("http://127.0.0.1:9", "t", "test", "ro").defaults(cfg).build().unwrap();
+    let a = agent.admission();
+    assert!(a.read_only());
+    let r = a.try_admit(&AdmissionRequest::new("POST /orders")).unwrap_err();
+    assert_eq!(r.reason(), Reason::ReadOnly);
+    assert_eq!(r.retry_after(), RETRY_AFTER_READ_ONLY);
+    assert_eq!(r.grpc_code(), tonic::Code::Unavailable);
+    assert!(r.to_string().contains("read-only"));
+    assert!(a.try_admit(&AdmissionRequest::new("GET /orders")).is_ok());
+    // The same engine for every caller, reported in the agent's status report.
+    assert_eq!(agent.admission().status().routes, a.status().routes);
+    let report = agent.current(); // keep the agent alive while reading
+    drop(report);
+    let mut rep = crate::proto::StatusReport::default();
+    a.status().contribute(&mut rep);
+    assert!(rep.counters.iter().any(|c| c.name
+        == r#"admission_shed{route="POST /orders",criticality="CRITICAL",reason="read_only"}"#
+        && c.value == 1));
+    assert!(rep.counters.iter().any(|c| c.name == "admission_shadow" && c.value == 1));
+}

@@ -1,0 +1,68 @@
+//! Tests of the admission engine: the request path and its levers (`engine`), the queue
+//! under a paused clock (`queue`), shadow mode (`shadow`), permits never leaked (`leaks`),
+//! recovery after overload (`in_3`), the tower layer (`layer`) and client-side
+//! throttling (`throttle`). IN-1 and IN-2 run on real HTTP in `agent/tests/agent`.
+
+mod engine;
+mod in_3;
+mod layer;
+mod leaks;
+mod queue;
+mod shadow;
+mod throttle;
+
+use std::time::Duration;
+
+use super::*;
+use crate::policy::{self, Criticality};
+
+pub(super) const MS: Duration = Duration::from_millis(1);
+
+/// Inbound settings from JSON (absent fields take their defaults).
+pub(super) fn inbound(json: &str) -> policy::Inbound {
+    let i: policy::Inbound = serde_json::from_str(json).expect("valid inbound settings");
+    let p = policy::Policy { inbound: i.clone(), ..Default::default() };
+    p.validate().expect("test settings validate");
+    i
+}
+
+/// A standalone engine with seeded draws.
+pub(super) fn engine(json: &str) -> Admission {
+    Admission::with_seed(&inbound(json), 42)
+}
+
+pub(super) fn req(route: &str, c: Criticality) -> AdmissionRequest<'_> {
+    AdmissionRequest::new(route).criticality(c)
+}
+
+/// Lets the queue task run until it has nothing left to do (current-thread runtime).
+pub(super) async fn settle() {
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The example in docs/agent-guide.md is the module's doctest (which the compiler checks):
+/// every line of the guide's snippet is a line of the doctest.
+#[test]
+fn the_guides_admission_example_is_the_compiled_doctest() {
+    let guide = include_str!("../../../../docs/agent-guide.md");
+    let module = include_str!("../mod.rs");
+    let start =
+        guide.find("```rust\n// admission example").expect("the guide shows the example") + "```rust\n".len();
+    let snippet = &guide[start..start + guide[start..].find("\n```").expect("closed code block")];
+    let doc: Vec<&str> = module
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect();
+    let at =
+        doc.iter().position(|l| l.starts_with("// admission example")).expect("the doctest has the example");
+    for (i, line) in snippet.lines().enumerate() {
+        assert_eq!(
+            doc.get(at + i).copied(),
+            Some(line),
+            "line {i} of the guide's example differs from the doctest"
+        );
+    }
+}
