@@ -2,18 +2,21 @@
 //! versions and audits every change, serves the API (and UI), and pushes snapshots to agents
 //! over gRPC.
 
+pub mod actions;
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;
 pub mod db;
 pub mod diff;
-pub mod error;
 pub mod fleet;
 pub mod hub;
 pub mod listener;
+pub mod shutdown;
+pub mod sweeper;
 pub mod sync;
 pub mod ui;
+pub mod web;
 
-pub use app::Server;
+pub use app::{Server, app};
 pub use config::Settings;

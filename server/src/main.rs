@@ -68,16 +68,13 @@ async fn main() -> anyhow::Result<()> {
             levee_agent::policy::check_name(&username).map_err(|m| anyhow::anyhow!("username {m}"))?;
             let password = std::env::var("LEVEE_USER_PASSWORD")
                 .map_err(|_| anyhow::anyhow!("set LEVEE_USER_PASSWORD to the new password"))?;
-            anyhow::ensure!(
-                password.chars().count() >= 12,
-                "the password must be at least 12 characters long"
-            );
+            levee_server::auth::check_password(&password).map_err(|m| anyhow::anyhow!("the password {m}"))?;
             if s.database_url.expose().starts_with("sqlite:") {
                 std::fs::create_dir_all(&s.data_dir)?;
             }
             let store = Store::connect(s.database_url.expose()).await?;
             let hash = levee_server::auth::hash_password(password).await?;
-            if store.create_user(&username, &hash, role).await? {
+            if store.create_user(&username, &hash, role, None).await? {
                 println!("user {username} created with role {}", role.as_str());
             } else {
                 store.update_user(&username, Some(&hash), Some(role)).await?;

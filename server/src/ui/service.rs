@@ -15,8 +15,8 @@ use super::error::UiError;
 use super::fleet::{AgentReport, FleetSummary};
 use super::page::{Layout, Page, duration, percent, service_url, time};
 use super::session::UiUser;
-use crate::api::AppState;
 use crate::db::{AgentRow, NackRow, ServiceRow};
+use crate::web::AppState;
 
 /// How often the page reloads itself while a change is still spreading (no JavaScript).
 pub const PROPAGATION_REFRESH_SECS: u32 = 2;
