@@ -41,13 +41,13 @@ pub struct Claims {
     pub sub: String,
     /// Issuer (`levee`).
     pub iss: String,
-    /// Audience.
+    /// Audience: [`AUDIENCE_API`] or [`AUDIENCE_AGENT`].
     pub aud: String,
     /// Expiry, seconds since the epoch.
     pub exp: u64,
     /// Issued at, seconds since the epoch.
     pub iat: u64,
-    /// Token id.
+    /// Token id: a UUID; for API and agent tokens the id of its row (revocation looks it up).
     pub jti: String,
     /// `session`, `api` or `agent`.
     pub kind: String,
@@ -67,32 +67,32 @@ pub struct Claims {
 pub struct Principal {
     /// Name recorded in the audit log (`alice`, `token:deploy-bot`).
     pub actor: String,
-    /// Role.
+    /// Read on this request: a user's from the database, an API token's from its row.
     pub role: Role,
-    /// Token id.
+    /// Token id (`jti`); logging out records it as ended.
     pub jti: String,
 }
 
 /// An authenticated agent.
 #[derive(Clone, Debug)]
 pub struct AgentPrincipal {
-    /// Token name.
+    /// Token name, for logs.
     pub name: String,
     /// Environment it may read.
     pub environment: String,
     /// Services it may read.
     pub services: Vec<String>,
-    /// Token id.
+    /// Token id (`jti`).
     pub jti: String,
 }
 
 /// Why a token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
-    /// No token.
+    /// No token was sent.
     #[error("missing bearer token")]
     Missing,
-    /// Expired.
+    /// Past its `exp` (5 s leeway).
     #[error("token expired")]
     Expired,
     /// Bad signature, algorithm, audience, issuer or shape.

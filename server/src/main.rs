@@ -32,7 +32,7 @@ enum UsersCommand {
     /// Creates a user, or sets the password and role of an existing one. The password is
     /// read from the LEVEE_USER_PASSWORD environment variable.
     Set {
-        /// Username.
+        /// Login name (the rule for names is in the error for a bad one).
         username: String,
         /// Role: viewer, operator or admin.
         #[arg(long, default_value = "viewer")]

@@ -22,7 +22,7 @@ pub const SESSION_COOKIE: &str = "levee_session";
 /// Shared state of the HTTP side. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct AppState {
-    /// Reads.
+    /// Everything the handlers read.
     pub store: Store,
     /// Every audited write.
     pub actions: Actions,

@@ -9,39 +9,19 @@ use crate::db::MutateError;
 /// What an action refers to that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Missing {
-    /// An environment.
+    /// The environment of the service, or the one a request names.
     #[error("no environment {env:?}")]
-    Environment {
-        /// Its name.
-        env: String,
-    },
+    Environment { env: String },
     /// A service of an environment.
     #[error("no service {service:?} in environment {env:?}")]
-    Service {
-        /// The environment.
-        env: String,
-        /// The service.
-        service: String,
-    },
+    Service { env: String, service: String },
     /// A stored revision of a service.
     #[error("no revision {revision} of service {service:?} in {env:?}")]
-    Revision {
-        /// The environment.
-        env: String,
-        /// The service.
-        service: String,
-        /// The revision asked for.
-        revision: u64,
-    },
+    Revision { env: String, service: String, revision: u64 },
     /// A flag of a service.
     #[error("no flag {key:?} in service {service:?}")]
-    Flag {
-        /// The service.
-        service: String,
-        /// The flag's key.
-        key: String,
-    },
-    /// A breaker override.
+    Flag { service: String, key: String },
+    /// An override of a breaker of the dependency (any operation).
     #[error("no override on breaker {dependency:?}")]
     BreakerOverride {
         /// The dependency whose breaker it would force.
@@ -49,14 +29,11 @@ pub enum Missing {
     },
     /// A fault-injection rule.
     #[error("no fault rule {id:?}")]
-    FaultRule {
-        /// The rule's id.
-        id: String,
-    },
-    /// A minted token.
+    FaultRule { id: String },
+    /// A minted token (API or agent).
     #[error("no token {id:?}")]
     Token {
-        /// The token's id (`jti`).
+        /// Its id (the JWT's `jti`).
         id: String,
     },
 }
@@ -66,24 +43,13 @@ pub enum Missing {
 pub enum Existing {
     /// An environment of that name.
     #[error("environment {name:?} already exists")]
-    Environment {
-        /// The name.
-        name: String,
-    },
+    Environment { name: String },
     /// A service of that name in the environment.
     #[error("service {name:?} already exists in {env:?}")]
-    Service {
-        /// The environment.
-        env: String,
-        /// The name.
-        name: String,
-    },
+    Service { env: String, name: String },
     /// A user of that name.
     #[error("user {name:?} already exists")]
-    User {
-        /// The username.
-        name: String,
-    },
+    User { name: String },
 }
 
 /// Why a change to a service's configuration (a new revision) was not made.
@@ -114,10 +80,7 @@ pub enum ChangeError {
     InvalidField(FieldError),
     /// A fault rule in an environment that does not allow fault injection.
     #[error("environment {env:?} does not allow fault injection (allow_faults is false)")]
-    FaultsNotAllowed {
-        /// The environment.
-        env: String,
-    },
+    FaultsNotAllowed { env: String },
     /// The database failed; the cause is for the log only.
     #[error("storage failed")]
     Storage(#[source] anyhow::Error),
@@ -179,7 +142,7 @@ pub enum TokenError {
     /// One value refused (an agent token for an environment that does not exist).
     #[error("invalid value: {0}")]
     InvalidField(FieldError),
-    /// No such token.
+    /// No token of that id.
     #[error(transparent)]
     NotFound(Missing),
     /// The database or the signing key failed; the cause is for the log only.

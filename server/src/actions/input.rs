@@ -49,7 +49,6 @@ impl Name {
         Ok(Name(value.to_string()))
     }
 
-    /// The name.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -62,9 +62,7 @@ pub struct Actions {
 /// The service a change is for, and the revision the change was based on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceAt {
-    /// The environment.
     pub env: String,
-    /// The service.
     pub service: String,
     /// The revision the caller read (the API's `If-Match`, the revision a UI page showed):
     /// the change is refused with a conflict unless the service is still at it. `None`

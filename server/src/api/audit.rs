@@ -14,17 +14,17 @@ use crate::web::AppState;
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
-    /// Environment.
+    /// Only entries of this environment.
     pub environment: Option<String>,
-    /// Service.
+    /// Only entries of this service.
     pub service: Option<String>,
-    /// Actor (username or `token:<name>`).
+    /// Only entries by this actor (a username or `token:<name>`).
     pub actor: Option<String>,
-    /// From (RFC 3339).
+    /// Only entries at or after this time (RFC 3339).
     pub since: Option<String>,
-    /// Until (RFC 3339).
+    /// Only entries at or before this time (RFC 3339).
     pub until: Option<String>,
-    /// Page: entries older than this id.
+    /// The next page: entries older than this id (the last id of the previous page).
     pub before_id: Option<i64>,
     /// Most entries (default 100; the allowed range is in the 400 answer).
     pub limit: Option<i64>,

@@ -10,7 +10,7 @@ use crate::auth::{end_session, login as open_session};
 use crate::db::Role;
 use crate::web::AppState;
 
-/// Login request.
+/// Body of `POST /auth/login`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LoginRequest {
@@ -20,7 +20,7 @@ pub struct LoginRequest {
     pub password: String,
 }
 
-/// Login answer.
+/// A new session.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct LoginResponse {
     /// Bearer token (JWT, HS256, audience `levee-api`).

@@ -26,14 +26,14 @@ pub struct CreateEnvironment {
     pub reason: String,
 }
 
-/// Lists environments.
+/// Lists environments by name.
 #[utoipa::path(get, path = "/api/v1/environments", tag = "environments",
     responses((status = 200, body = [EnvironmentRow]), (status = 401, body = super::Problem)))]
 pub async fn list(State(s): State<AppState>, _auth: Auth) -> ApiResult<Json<Vec<EnvironmentRow>>> {
     Ok(Json(s.store.environments().await?))
 }
 
-/// One environment.
+/// One environment: its description and whether it allows faults.
 #[utoipa::path(get, path = "/api/v1/environments/{env}", tag = "environments",
     params(("env" = String, Path, description = "Environment name")),
     responses((status = 200, body = EnvironmentRow), (status = 404, body = super::Problem)))]

@@ -29,7 +29,7 @@ pub enum ApiError {
     /// 422: well-formed but semantically invalid; lists every bad field.
     #[error("{detail}")]
     Invalid {
-        /// Summary.
+        /// The count and every bad field, for a person.
         detail: String,
         /// Every bad field.
         errors: Vec<FieldError>,
@@ -234,7 +234,7 @@ pub struct Problem {
     pub kind: String,
     /// Short summary of the problem type.
     pub title: String,
-    /// HTTP status.
+    /// The HTTP status code, as in the response line.
     pub status: u16,
     /// What went wrong, for a person.
     pub detail: String,

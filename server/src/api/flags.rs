@@ -89,7 +89,7 @@ pub async fn list(
     Ok(Json(current_flags(&s, &env, &svc).await?))
 }
 
-/// One flag.
+/// One flag: its type, value, expiry, offline behaviour and rollout.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/flags/{key}", tag = "flags",
     params(("env" = String, Path), ("svc" = String, Path), ("key" = String, Path)),
     responses((status = 200, body = Flag), (status = 404, body = super::Problem)))]

@@ -24,7 +24,7 @@ pub struct ServiceSummary {
     pub name: String,
     /// Free text given at creation.
     pub description: String,
-    /// Current revision: the number of changes made to it so far, starting at 1.
+    /// Current revision; the first is 1 and every change that alters the service makes the next.
     pub revision: u64,
     /// Last change, ms since the epoch.
     pub updated_at: i64,
@@ -55,7 +55,6 @@ pub struct CreateService {
 pub struct WriteResult {
     /// Environment of the service.
     pub environment: String,
-    /// The service.
     pub service: String,
     /// Revision now current (also the `ETag`; send it as `If-Match` with the next change).
     pub revision: u64,
@@ -72,11 +71,9 @@ pub struct WriteResult {
 pub struct PolicyDocument {
     /// Environment of the service.
     pub environment: String,
-    /// The service.
     pub service: String,
     /// Revision the policy was read at (also the `ETag`; send it back as `If-Match`).
     pub revision: u64,
-    /// The policy.
     pub policy: Policy,
     /// Warnings about the policy.
     pub lints: Vec<Lint>,
@@ -97,9 +94,7 @@ pub struct PutPolicy {
 pub struct SnapshotDocument {
     /// Environment of the service.
     pub environment: String,
-    /// The service.
     pub service: String,
-    /// Its revision.
     pub revision: u64,
     /// SHA-256 hex of the canonical body.
     pub hash: String,
@@ -140,7 +135,7 @@ pub struct DiffQuery {
 pub struct RevisionDiff {
     /// Older revision (0: the empty configuration before the first).
     pub from: u64,
-    /// Newer revision.
+    /// Newer revision (the one asked for).
     pub to: u64,
     /// Every changed leaf, in path order.
     pub changes: Vec<DiffEntry>,
@@ -235,7 +230,7 @@ pub async fn list(
     ))
 }
 
-/// One service.
+/// One service with its current revision.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path)),
     responses((status = 200, body = ServiceSummary), (status = 404, body = super::Problem)))]

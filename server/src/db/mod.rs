@@ -105,7 +105,7 @@ impl Store {
         &self.pool
     }
 
-    /// Closes the pool.
+    /// Closes every connection of the pool (waiting for those in use).
     pub async fn close(&self) {
         self.pool.close().await;
     }
@@ -368,7 +368,7 @@ impl Store {
         rows.iter().map(EnvironmentRow::from_row).collect()
     }
 
-    /// One environment.
+    /// The environment `name`, if it exists.
     pub async fn environment(&self, name: &str) -> anyhow::Result<Option<EnvironmentRow>> {
         let row = sqlx::query(
             "SELECT name, description, allow_faults, created_at FROM environments WHERE name = $1",
@@ -391,7 +391,7 @@ impl Store {
         rows.iter().map(ServiceRow::from_row).collect()
     }
 
-    /// One service.
+    /// Service `name` of `env` with its current revision, if it exists.
     pub async fn service(&self, env: &str, name: &str) -> anyhow::Result<Option<ServiceRow>> {
         let row = sqlx::query(
             "SELECT environment, name, description, revision, policy, created_at, updated_at FROM services \
@@ -431,7 +431,7 @@ impl Store {
         rows.iter().map(RevisionMeta::from_row).collect()
     }
 
-    /// One stored snapshot.
+    /// Revision `revision` of a service, if it was stored.
     pub async fn revision(
         &self,
         env: &str,

@@ -29,7 +29,6 @@ pub struct AuditCtx {
 /// The editable parts of a service, loaded inside the write transaction.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parts {
-    /// The policy.
     pub policy: Policy,
     /// Flags by key.
     pub flags: BTreeMap<String, Flag>,
@@ -103,18 +102,13 @@ pub enum MutateError<E = Infallible> {
     NoEnvironment(String),
     /// The service does not exist.
     #[error("no service {service:?} in environment {env:?}")]
-    NoService {
-        /// The environment.
-        env: String,
-        /// The service.
-        service: String,
-    },
+    NoService { env: String, service: String },
     /// The service is not at the expected revision.
     #[error("revision conflict: expected {expected}, current {current}")]
     Conflict {
         /// The revision the change was based on.
         expected: u64,
-        /// The stored revision.
+        /// The revision stored now.
         current: u64,
     },
     /// The edit refused (bad target, missing entry…).
@@ -123,7 +117,7 @@ pub enum MutateError<E = Infallible> {
     /// The resulting configuration does not validate.
     #[error("{0}")]
     Invalid(ValidationErrors),
-    /// Database failure.
+    /// The database failed; the cause is for the log.
     #[error(transparent)]
     Db(#[from] anyhow::Error),
 }
@@ -303,9 +297,7 @@ async fn store_parts(
 /// Description of one mutation for the audit log.
 #[derive(Clone, Debug)]
 pub struct Change<'a> {
-    /// The environment.
     pub env: &'a str,
-    /// The service.
     pub service: &'a str,
     /// The audit row's `action`: `policy.update`, `flag.set`, …
     pub action: &'a str,

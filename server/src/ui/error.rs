@@ -37,7 +37,7 @@ pub enum UiError {
     /// The service changed between reading and writing.
     #[error("{0}")]
     Conflict(String),
-    /// Too many attempts.
+    /// Too many failed logins for this user (`auth::LOGIN_MAX_FAILURES`).
     #[error("{0}")]
     TooManyRequests(String),
     /// A bug or an unreachable database.

@@ -116,7 +116,7 @@ pub fn local_path(next: &str) -> &str {
 /// Without a session the answer is the login page; with a missing or wrong token, 403.
 #[derive(Debug)]
 pub struct Posted<T> {
-    /// Who posted.
+    /// The logged-in user whose session token the form carried.
     pub user: UiUser,
     /// The decoded form.
     pub form: T,
