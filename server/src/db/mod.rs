@@ -3,9 +3,13 @@
 //! One `Store` speaks both through sqlx's `Any` driver; the SQL is written to run on both
 //! (numbered `$n` placeholders in first-use order, BIGINT millisecond times, TEXT JSON).
 //! Each backend has its own migrations folder. Every change to what agents receive goes
-//! through [`Store::mutate`], which bumps the per-service revision counter row inside the
-//! same transaction as the change, stores the full snapshot with its hash and appends the
-//! audit row — so history, diff and rollback are exact and no update is ever lost.
+//! through [`Store::mutate`] (a new service through [`Store::create_service`]), which bumps
+//! the per-service revision counter row inside the same transaction as the change, stores
+//! the full snapshot with its hash and appends the audit row — so history, diff and
+//! rollback are exact and no update is ever lost.
+//!
+//! The store knows nothing of who may do what or of HTTP: its errors are storage outcomes
+//! (not found, conflict, invalid, the caller's own refusal, database failure).
 
 mod mutate;
 mod rows;
