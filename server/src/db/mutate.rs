@@ -319,7 +319,7 @@ struct Start<'t> {
 impl Store {
     /// Applies `edit` to a service's parts in one transaction: bumps the revision counter
     /// row (checking `expected` for optimistic concurrency), then writes the revision
-    /// ([`Store::write_revision`]).
+    /// (`write_revision`, the one path that writes a revision).
     ///
     /// `edit` returns what it changed, for the audit row. When the edit changes nothing,
     /// nothing is written and `changed` is false.

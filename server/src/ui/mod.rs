@@ -12,7 +12,7 @@
 //! cross-site (`Sec-Fetch-Site`, else `Origin` against `Host`), and every form carries a
 //! token bound to the session (an HMAC of the session id under the JWT key) that
 //! [`session::Posted`] checks before the handler runs. Every change asks for a
-//! confirmation and a reason first (see [`changes`]).
+//! confirmation and a reason first (see `changes.rs`).
 
 mod audit;
 mod changes;
