@@ -36,9 +36,12 @@ impl UiUser {
         Ok(Forbidden::check(self.principal.role, role)?)
     }
 
-    /// Whether the user may flip switches and override breakers.
+    /// Whether the user may flip switches and override breakers (the roles those actions
+    /// need), so the page shows their forms.
     pub fn can_operate(&self) -> bool {
-        self.principal.role >= Role::Operator
+        [Action::FlagSet, Action::BreakerOverride, Action::BreakerOverrideDelete]
+            .iter()
+            .all(|a| self.principal.role >= a.role())
     }
 
     /// The user as the actor of `action` through the UI, refused with 403 unless the role
