@@ -7,6 +7,7 @@
 //! environment and a list of services, revocable). Only HS256 is accepted, so a token signed
 //! with `none` or another algorithm, or minted for the other audience, is refused.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use argon2::Argon2;
@@ -14,6 +15,7 @@ use argon2::password_hash::phc::PasswordHash;
 use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use crate::db::{Role, Store, TokenKind, TokenRow, now_ms};
 
@@ -27,6 +29,10 @@ pub const AUDIENCE_AGENT: &str = "levee-agent";
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Default lifetime of minted API and agent tokens.
 pub const TOKEN_TTL: Duration = Duration::from_secs(365 * 86400);
+/// Failed logins allowed per username within [`LOGIN_WINDOW`].
+pub const LOGIN_MAX_FAILURES: u32 = 10;
+/// Window of the failed-login count.
+pub const LOGIN_WINDOW: Duration = Duration::from_secs(300);
 
 /// Claims of every Levee token.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -35,13 +41,13 @@ pub struct Claims {
     pub sub: String,
     /// Issuer (`levee`).
     pub iss: String,
-    /// Audience.
+    /// Audience: [`AUDIENCE_API`] or [`AUDIENCE_AGENT`].
     pub aud: String,
     /// Expiry, seconds since the epoch.
     pub exp: u64,
     /// Issued at, seconds since the epoch.
     pub iat: u64,
-    /// Token id.
+    /// Token id: a UUID; for API and agent tokens the id of its row (revocation looks it up).
     pub jti: String,
     /// `session`, `api` or `agent`.
     pub kind: String,
@@ -61,32 +67,32 @@ pub struct Claims {
 pub struct Principal {
     /// Name recorded in the audit log (`alice`, `token:deploy-bot`).
     pub actor: String,
-    /// Role.
+    /// Read on this request: a user's from the database, an API token's from its row.
     pub role: Role,
-    /// Token id.
+    /// Token id (`jti`); logging out records it as ended.
     pub jti: String,
 }
 
 /// An authenticated agent.
 #[derive(Clone, Debug)]
 pub struct AgentPrincipal {
-    /// Token name.
+    /// Token name, for logs.
     pub name: String,
     /// Environment it may read.
     pub environment: String,
     /// Services it may read.
     pub services: Vec<String>,
-    /// Token id.
+    /// Token id (`jti`).
     pub jti: String,
 }
 
 /// Why a token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
-    /// No token.
+    /// No token was sent.
     #[error("missing bearer token")]
     Missing,
-    /// Expired.
+    /// Past its `exp` (5 s leeway).
     #[error("token expired")]
     Expired,
     /// Bad signature, algorithm, audience, issuer or shape.
@@ -203,6 +209,22 @@ fn csrf_message(session_id: &str) -> Vec<u8> {
     format!("levee-ui-csrf\0{session_id}").into_bytes()
 }
 
+/// Fewest characters of a password.
+pub const MIN_PASSWORD_CHARS: usize = 12;
+/// Most bytes of a password.
+pub const MAX_PASSWORD_BYTES: usize = 1024;
+
+/// Checks a new password: [`MIN_PASSWORD_CHARS`] characters to [`MAX_PASSWORD_BYTES`] bytes.
+///
+/// # Errors
+/// What is allowed, in words.
+pub fn check_password(password: &str) -> Result<(), String> {
+    if password.chars().count() < MIN_PASSWORD_CHARS || password.len() > MAX_PASSWORD_BYTES {
+        return Err(format!("must be {MIN_PASSWORD_CHARS} to {MAX_PASSWORD_BYTES} characters long"));
+    }
+    Ok(())
+}
+
 /// Hashes a password with argon2id (default parameters). Runs on a blocking thread.
 pub async fn hash_password(password: String) -> anyhow::Result<String> {
     tokio::task::spawn_blocking(move || {
@@ -276,6 +298,123 @@ pub async fn authenticate_agent(
         }),
         _ => Err(AuthError::Revoked),
     }
+}
+
+/// Counts failed logins per username, so guessing a password is throttled per user (a
+/// lockout of [`LOGIN_WINDOW`] after [`LOGIN_MAX_FAILURES`]; a success clears the count).
+#[derive(Debug, Default)]
+pub struct LoginLimiter {
+    failures: tokio::sync::Mutex<HashMap<String, (u32, Instant)>>,
+}
+
+impl LoginLimiter {
+    /// Whether another attempt for `user` is allowed now.
+    pub async fn allowed(&self, user: &str) -> bool {
+        let mut m = self.failures.lock().await;
+        match m.get(user) {
+            Some((n, since)) if since.elapsed() < LOGIN_WINDOW => *n < LOGIN_MAX_FAILURES,
+            Some(_) => {
+                m.remove(user);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Records a failure.
+    pub async fn failed(&self, user: &str) {
+        let mut m = self.failures.lock().await;
+        if m.len() > 100_000 {
+            m.retain(|_, (_, since)| since.elapsed() < LOGIN_WINDOW);
+        }
+        let e = m.entry(user.to_string()).or_insert((0, Instant::now()));
+        if e.1.elapsed() >= LOGIN_WINDOW {
+            *e = (0, Instant::now());
+        }
+        e.0 += 1;
+    }
+
+    /// Clears the count after a success.
+    pub async fn succeeded(&self, user: &str) {
+        self.failures.lock().await.remove(user);
+    }
+}
+
+/// A session opened by logging in.
+#[derive(Clone)]
+pub struct Session {
+    /// The session JWT ([`AUDIENCE_API`], [`SESSION_TTL`]).
+    pub token: String,
+    /// Its expiry, seconds since the epoch.
+    pub expires_at: u64,
+    /// The user's role.
+    pub role: Role,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("expires_at", &self.expires_at).field("role", &self.role).finish()
+    }
+}
+
+/// Why a login failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// Unknown user, disabled user or wrong password (never told apart).
+    #[error("wrong username or password")]
+    WrongCredentials,
+    /// [`LOGIN_MAX_FAILURES`] failures within [`LOGIN_WINDOW`] for this username.
+    #[error("too many failed logins for this user; try again in {} minutes", LOGIN_WINDOW.as_secs() / 60)]
+    TooManyAttempts,
+    /// The database or the signing key failed; the cause is for the log only.
+    #[error("login failed")]
+    Internal(#[from] anyhow::Error),
+}
+
+const DUMMY_HASH: &str =
+    "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$Jr1h7BO0U6A4lR2UMmNGZhbNvnxKkPfJuLx9c/7nQg8";
+
+/// Checks a username and password and opens a session. Rate limited per username by
+/// `limiter`; an unknown user costs the same argon2 verification as a known one, so timing
+/// does not tell them apart.
+///
+/// # Errors
+/// [`LoginError`].
+pub async fn login(
+    store: &Store,
+    keys: &Keys,
+    limiter: &LoginLimiter,
+    username: &str,
+    password: &str,
+) -> Result<Session, LoginError> {
+    if levee_agent::policy::check_name(username).is_err() || password.len() > MAX_PASSWORD_BYTES {
+        return Err(LoginError::WrongCredentials);
+    }
+    if !limiter.allowed(username).await {
+        return Err(LoginError::TooManyAttempts);
+    }
+    let user = store.user(username).await?;
+    let (phc, known) = match &user {
+        Some(u) if !u.disabled => (u.password_hash.clone(), true),
+        _ => (DUMMY_HASH.to_string(), false),
+    };
+    let ok = verify_password(password.to_string(), phc).await && known;
+    let Some(user) = user.filter(|_| ok) else {
+        limiter.failed(username).await;
+        return Err(LoginError::WrongCredentials);
+    };
+    limiter.succeeded(username).await;
+    let (token, expires_at) = keys.session(&user.username, user.role)?;
+    Ok(Session { token, expires_at, role: user.role })
+}
+
+/// Ends a session before its expiry: its token is refused from now on. The record is kept
+/// until the token would have expired anyway ([`SESSION_TTL`]).
+///
+/// # Errors
+/// The database failed.
+pub async fn end_session(store: &Store, jti: &str) -> anyhow::Result<()> {
+    store.revoke_session(jti, now_ms() + SESSION_TTL.as_millis() as i64).await
 }
 
 #[cfg(test)]

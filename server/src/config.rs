@@ -113,30 +113,31 @@ struct FileLayer {
     log: Option<String>,
 }
 
-/// Validated settings of a running server.
+/// Validated settings of a running server; the module documentation gives the flag,
+/// variable, file key and default of each.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Data directory.
+    /// Where the SQLite file lives (created when missing).
     pub data_dir: PathBuf,
-    /// API and UI address.
+    /// Where the API, the UI and the probes listen (port 0: any free port).
     pub http_addr: SocketAddr,
-    /// gRPC address.
+    /// Where agents sync (gRPC).
     pub grpc_addr: SocketAddr,
-    /// Database URL.
+    /// `sqlite:…` or `postgres://…`; a secret because it may hold a password.
     pub database_url: Secret,
-    /// Bootstrap admin password, if given.
+    /// Sets the password of user `admin` at every start; `None`: generated once and printed.
     pub admin_password: Option<Secret>,
-    /// JWT secret, if given.
+    /// Signs every token; `None`: generated once and stored in the database.
     pub jwt_secret: Option<Secret>,
-    /// Heartbeat interval.
+    /// How often an agent stream gets a heartbeat.
     pub heartbeat_interval: Duration,
-    /// Maximum stream age.
+    /// How long an agent stream lives before the agent is asked to reconnect (jittered).
     pub max_stream_age: Duration,
-    /// New streams per second.
+    /// Most new agent streams accepted per second, so a reconnect storm is spread out.
     pub new_streams_per_sec: u32,
-    /// Body limit.
+    /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
-    /// Log filter.
+    /// `tracing` filter directives, e.g. `info,levee_server=debug`.
     pub log: String,
 }
 

@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-/// One difference.
+/// One leaf that differs between two JSON documents.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DiffEntry {
     /// Dotted path (`policy.dependencies.pricing.attempt_timeout`, `faults[0]`).

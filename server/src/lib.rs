@@ -2,20 +2,23 @@
 //! versions and audits every change, serves the API (and UI), and pushes snapshots to agents
 //! over gRPC.
 
+pub mod actions;
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;
 pub mod db;
 pub mod diff;
-pub mod error;
 pub mod fleet;
 pub mod hub;
 pub mod import;
 pub mod listener;
 pub mod manifest;
+pub mod shutdown;
+pub mod sweeper;
 pub mod sync;
 pub mod ui;
+pub mod web;
 
-pub use app::Server;
+pub use app::{Server, app};
 pub use config::Settings;

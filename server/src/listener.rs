@@ -56,7 +56,7 @@ async fn publish_one(store: &Store, hub: &Hub, payload: &str) {
 pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        if crate::app::is_stopped(&shutdown) {
+        if crate::shutdown::is_stopped(&shutdown) {
             return;
         }
         let mut listener = match PgListener::connect(&url).await {
@@ -65,7 +65,7 @@ pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Recei
                 tracing::warn!(error = %e, "LISTEN connection failed; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
-                    _ = crate::app::stopped(&mut shutdown) => return,
+                    _ = crate::shutdown::stopped(&mut shutdown) => return,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(10));
                 continue;
@@ -98,7 +98,7 @@ pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Recei
                         tracing::warn!(error = ?e, "safety-net poll failed");
                     }
                 }
-                _ = crate::app::stopped(&mut shutdown) => return,
+                _ = crate::shutdown::stopped(&mut shutdown) => return,
             }
         }
     }

@@ -35,7 +35,7 @@ enum UsersCommand {
     /// Creates a user, or sets the password and role of an existing one. The password is
     /// read from the LEVEE_USER_PASSWORD environment variable.
     Set {
-        /// Username.
+        /// Login name (the rule for names is in the error for a bad one).
         username: String,
         /// Role: viewer, operator or admin.
         #[arg(long, default_value = "viewer")]
@@ -72,16 +72,13 @@ async fn main() -> anyhow::Result<()> {
             levee_agent::policy::check_name(&username).map_err(|m| anyhow::anyhow!("username {m}"))?;
             let password = std::env::var("LEVEE_USER_PASSWORD")
                 .map_err(|_| anyhow::anyhow!("set LEVEE_USER_PASSWORD to the new password"))?;
-            anyhow::ensure!(
-                password.chars().count() >= 12,
-                "the password must be at least 12 characters long"
-            );
+            levee_server::auth::check_password(&password).map_err(|m| anyhow::anyhow!("the password {m}"))?;
             if s.database_url.expose().starts_with("sqlite:") {
                 std::fs::create_dir_all(&s.data_dir)?;
             }
             let store = Store::connect(s.database_url.expose()).await?;
             let hash = levee_server::auth::hash_password(password).await?;
-            if store.create_user(&username, &hash, role).await? {
+            if store.create_user(&username, &hash, role, None).await? {
                 println!("user {username} created with role {}", role.as_str());
             } else {
                 store.update_user(&username, Some(&hash), Some(role)).await?;

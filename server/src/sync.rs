@@ -92,7 +92,7 @@ impl StreamLimiter {
     }
 }
 
-/// The gRPC service.
+/// The `LeveeSync` gRPC service: one bidirectional stream per agent. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SyncService {
     inner: Arc<Inner>,
@@ -111,7 +111,9 @@ struct Inner {
 }
 
 impl SyncService {
-    /// Builds the service.
+    /// The service over `store`, authenticating agents with `keys`, pushing what `hub`
+    /// publishes, recording agent state through `fleet`; its streams end (with `GoAway`)
+    /// once `shutdown` is set.
     pub fn new(
         store: Store,
         keys: Keys,
@@ -140,7 +142,7 @@ impl SyncService {
         LeveeSyncServer::new(self)
     }
 
-    /// Streams open now.
+    /// Agent streams open on this replica now.
     pub fn open_streams(&self) -> u64 {
         self.inner.streams.load(Ordering::Relaxed)
     }

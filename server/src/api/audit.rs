@@ -5,27 +5,28 @@ use axum::extract::{Query, State};
 use levee_agent::policy::Timestamp;
 use serde::Deserialize;
 
-use super::{AppState, Auth};
+use super::services::page_limit;
+use super::{ApiError, ApiResult, Auth};
 use crate::db::{AuditFilter, AuditRow};
-use crate::error::{ApiError, ApiResult};
+use crate::web::AppState;
 
 /// Filters of `GET /audit`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
-    /// Environment.
+    /// Only entries of this environment.
     pub environment: Option<String>,
-    /// Service.
+    /// Only entries of this service.
     pub service: Option<String>,
-    /// Actor (username or `token:<name>`).
+    /// Only entries by this actor (a username or `token:<name>`).
     pub actor: Option<String>,
-    /// From (RFC 3339).
+    /// Only entries at or after this time (RFC 3339).
     pub since: Option<String>,
-    /// Until (RFC 3339).
+    /// Only entries at or before this time (RFC 3339).
     pub until: Option<String>,
-    /// Page: entries older than this id.
+    /// The next page: entries older than this id (the last id of the previous page).
     pub before_id: Option<i64>,
-    /// Most entries (1..=1000, default 100).
+    /// Most entries (default 100; the allowed range is in the 400 answer).
     pub limit: Option<i64>,
 }
 
@@ -44,16 +45,13 @@ fn time(field: &str, v: &Option<String>) -> ApiResult<Option<i64>> {
 
 /// Audit entries, newest first: who, when, from where, what, before/after, why and outcome.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
-    responses((status = 200, body = [AuditRow]), (status = 400, body = crate::error::Problem)))]
+    responses((status = 200, body = [AuditRow]), (status = 400, body = super::Problem)))]
 pub async fn list(
     State(s): State<AppState>,
     _a: Auth,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<Json<Vec<AuditRow>>> {
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_field("limit", limit.to_string(), "must be between 1 and 1000"));
-    }
+    let limit = page_limit(q.limit)?;
     let f = AuditFilter {
         since: time("since", &q.since)?,
         until: time("until", &q.until)?,

@@ -1,53 +1,39 @@
-//! Extractors: authentication, JSON bodies with path-aware errors, request context.
+//! Extractors: the authenticated caller, and JSON bodies with path-aware errors.
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use super::AppState;
+use super::ApiError;
+use crate::actions::{Action, Actor, Forbidden, Via};
 use crate::auth::{AuthError, Principal, authenticate_api};
-use crate::db::{AuditCtx, Role};
-use crate::error::ApiError;
-
-/// Name of the UI session cookie.
-pub const SESSION_COOKIE: &str = "levee_session";
+use crate::db::Role;
+use crate::web::{AppState, RequestId, SESSION_COOKIE, cookie};
 
 /// An authenticated caller (bearer token, or the UI session cookie for safe methods only).
 #[derive(Clone, Debug)]
 pub struct Auth {
-    /// Who.
+    /// Who, with the role read from the database on this request.
     pub principal: Principal,
-    /// Through which door: `api`, `cli` or `ui`.
-    pub via: &'static str,
+    /// [`Via::Cli`] when the request says `x-levee-client: cli`, [`Via::Ui`] for the
+    /// session cookie, else [`Via::Api`].
+    pub via: Via,
 }
 
 impl Auth {
     /// Refuses with 403 unless the caller has at least `role`.
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
-        if self.principal.role >= role {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden(format!(
-                "this action needs the {} role; you are {}",
-                role.as_str(),
-                self.principal.role.as_str()
-            )))
-        }
+        Ok(Forbidden::check(self.principal.role, role)?)
     }
-}
 
-/// Reads a cookie value from the request headers.
-pub fn cookie<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
-    parts
-        .headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+    /// The caller as the actor of `action`, refused with 403 unless its role allows the
+    /// action (checked before the request's other parts, as the action checks it again).
+    pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, ApiError> {
+        let actor = Actor::new(&self.principal, self.via, request.0.clone());
+        actor.may(action)?;
+        Ok(actor)
+    }
 }
 
 impl FromRequestParts<AppState> for Auth {
@@ -64,12 +50,12 @@ impl FromRequestParts<AppState> for Auth {
                     .or_else(|| v.strip_prefix("bearer "))
                     .ok_or_else(|| ApiError::Unauthorized("Authorization must be `Bearer <token>`".into()))?;
                 let via = match parts.headers.get("x-levee-client").and_then(|v| v.to_str().ok()) {
-                    Some("cli") => "cli",
-                    _ => "api",
+                    Some("cli") => Via::Cli,
+                    _ => Via::Api,
                 };
                 (t.trim().to_string(), via)
             }
-            None => match cookie(parts, SESSION_COOKIE) {
+            None => match cookie(&parts.headers, SESSION_COOKIE) {
                 // The session cookie reads the API from the browser; a change through the
                 // API needs a bearer token, so a forged cross-site request can never
                 // carry the operator's authority (the UI's own forms have CSRF tokens).
@@ -79,7 +65,7 @@ impl FromRequestParts<AppState> for Auth {
                             .into(),
                     ));
                 }
-                Some(c) => (c.to_string(), "ui"),
+                Some(c) => (c.to_string(), Via::Ui),
                 None => {
                     return Err(ApiError::Unauthorized(
                         "missing bearer token: log in with POST /api/v1/auth/login".into(),
@@ -95,52 +81,6 @@ impl FromRequestParts<AppState> for Auth {
             AuthError::Invalid(_) => ApiError::Unauthorized("invalid token".into()),
         })?;
         Ok(Auth { principal, via })
-    }
-}
-
-/// Request id (set by the request-id layer) for the audit log.
-#[derive(Clone, Debug)]
-pub struct RequestCtx {
-    /// The `x-request-id` value.
-    pub request_id: String,
-}
-
-impl FromRequestParts<AppState> for RequestCtx {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, Self::Rejection> {
-        let request_id = parts
-            .headers
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .chars()
-            .take(64)
-            .collect();
-        Ok(RequestCtx { request_id })
-    }
-}
-
-impl RequestCtx {
-    /// Audit context for a mutation by `auth` with `reason`, refusing an empty reason.
-    pub fn audit(&self, auth: &Auth, reason: &str) -> Result<AuditCtx, ApiError> {
-        let reason = reason.trim();
-        if reason.is_empty() {
-            return Err(ApiError::bad_field("reason", "\"\"", "a reason is required for every change"));
-        }
-        if reason.len() > 1000 {
-            return Err(ApiError::bad_field(
-                "reason",
-                format!("{} bytes", reason.len()),
-                "must be at most 1000 bytes",
-            ));
-        }
-        Ok(AuditCtx {
-            actor: auth.principal.actor.clone(),
-            via: auth.via.to_string(),
-            request_id: self.request_id.clone(),
-            reason: reason.to_string(),
-        })
     }
 }
 
@@ -173,6 +113,6 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
                 ApiError::bad_request("could not read the request body")
             }
         })?;
-        levee_agent::policy::decode_json::<T>(&bytes).map(ApiJson).map_err(|e| ApiError::from_policy(e, ""))
+        levee_agent::policy::decode_json::<T>(&bytes).map(ApiJson).map_err(ApiError::from_policy)
     }
 }

@@ -9,39 +9,39 @@ use axum::response::Response;
 use levee_agent::policy::{Flag, FlagType, Rollout, ServiceConfig, StalePolicy, Timestamp};
 use serde::Deserialize;
 
-use super::envs::valid_name;
-use super::services::{commit, if_match, write_response};
-use super::{ApiJson, AppState, Auth, RequestCtx};
-use crate::db::{Change, Parts, Role};
-use crate::error::{ApiError, ApiResult};
+use super::services::{if_match, write_response};
+use super::{ApiError, ApiJson, ApiResult, Auth};
+use crate::actions::{Action, ChangeError, Missing, Name, Reason, ServiceAt};
+use crate::web::{AppState, RequestId};
 
 /// Body of `PUT .../flags/{key}`: the whole flag plus a reason.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutFlag {
-    /// Value type.
+    /// Type of the value: `bool`, `int`, `float`, `string` or `json`.
     #[serde(rename = "type")]
     pub kind: FlagType,
-    /// Value, of that type.
+    /// The value, of that type.
     #[schema(value_type = Object)]
     pub value: serde_json::Value,
-    /// What the flag does.
+    /// What the flag does, for people; default empty.
     #[serde(default)]
     pub description: String,
-    /// Owner.
+    /// Who to ask about it; default empty.
     #[serde(default)]
     pub owner: String,
-    /// The flag is removed (agents fall back to their default) after this instant.
+    /// The flag is removed (agents fall back to their default) after this instant; default
+    /// never.
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
-    /// Behaviour while an agent is offline: `"hold"` or `{"revert_after": "1h"}`.
+    /// Behaviour while an agent is offline: `"hold"` (default) or `{"revert_after": "1h"}`.
     #[serde(default)]
     #[schema(value_type = Object, example = json!("hold"))]
     pub stale: StalePolicy,
-    /// Gradual rollout (bool flags).
+    /// Gradual rollout (bool flags only); default none (everyone gets `value`).
     #[serde(default)]
     pub rollout: Option<Rollout>,
-    /// Why.
+    /// Why, recorded in the audit log; required.
     pub reason: String,
 }
 
@@ -55,15 +55,15 @@ pub struct PatchFlag {
     /// New expiry (omit to keep the current one).
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
-    /// Why.
+    /// Why, recorded in the audit log; required.
     pub reason: String,
 }
 
-/// Query of `DELETE .../flags/{key}`.
+/// Query of a `DELETE` that needs only a reason.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonQuery {
-    /// Why (required).
+    /// Why, recorded in the audit log; required.
     pub reason: Option<String>,
 }
 
@@ -80,7 +80,7 @@ async fn current_flags(s: &AppState, env: &str, svc: &str) -> ApiResult<BTreeMap
 /// Flags of a service.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/flags", tag = "flags",
     params(("env" = String, Path), ("svc" = String, Path)),
-    responses((status = 200, body = BTreeMap<String, Flag>), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = BTreeMap<String, Flag>), (status = 404, body = super::Problem)))]
 pub async fn list(
     State(s): State<AppState>,
     _a: Auth,
@@ -89,10 +89,10 @@ pub async fn list(
     Ok(Json(current_flags(&s, &env, &svc).await?))
 }
 
-/// One flag.
+/// One flag: its type, value, expiry, offline behaviour and rollout.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/flags/{key}", tag = "flags",
     params(("env" = String, Path), ("svc" = String, Path), ("key" = String, Path)),
-    responses((status = 200, body = Flag), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = Flag), (status = 404, body = super::Problem)))]
 pub async fn get_one(
     State(s): State<AppState>,
     _a: Auth,
@@ -110,20 +110,20 @@ pub async fn get_one(
     request_body = PutFlag,
     params(("env" = String, Path), ("svc" = String, Path), ("key" = String, Path),
            ("If-Match" = Option<String>, Header, description = "Optional: current revision")),
-    responses((status = 200, body = super::services::WriteResult), (status = 409, body = crate::error::Problem),
-              (status = 422, body = crate::error::Problem)))]
+    responses((status = 200, body = super::services::WriteResult), (status = 409, body = super::Problem),
+              (status = 422, body = super::Problem)))]
 pub async fn put(
     State(s): State<AppState>,
     auth: Auth,
-    ctx: RequestCtx,
+    rid: RequestId,
     headers: HeaderMap,
     Path((env, svc, key)): Path<(String, String, String)>,
     ApiJson(req): ApiJson<PutFlag>,
 ) -> ApiResult<Response> {
-    auth.require(Role::Operator)?;
-    valid_name("key", &key)?;
-    let expected = if_match(&headers, false)?;
-    let audit = ctx.audit(&auth, &req.reason)?;
+    let by = auth.actor(Action::FlagSet, &rid)?;
+    let key = Name::parse("key", &key)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, false)?);
+    let reason = Reason::parse(&req.reason)?;
     let flag = Flag {
         kind: req.kind,
         value: req.value,
@@ -133,19 +133,8 @@ pub async fn put(
         stale: req.stale,
         rollout: req.rollout,
     };
-    if let Err(v) = flag.validate() {
-        return Err(ApiError::from_policy(v.into(), ""));
-    }
-    let target = format!("flag {key}");
-    let change = Change { env: &env, service: &svc, action: "flag.set", target: &target, expected };
-    let (c, lints) = commit(&s, change, &audit, |p| {
-        let before = p.flags.get(&key).and_then(|f| serde_json::to_string(f).ok());
-        let after = serde_json::to_string(&flag).ok();
-        p.flags.insert(key.clone(), flag);
-        Ok((before, after))
-    })
-    .await?;
-    Ok(write_response(c, lints, StatusCode::OK))
+    let written = s.actions.set_flag(&by, &reason, &at, &key, flag).await?;
+    Ok(write_response(written, StatusCode::OK))
 }
 
 /// Changes a flag's value (one-click switch), keeping its metadata (operator).
@@ -153,78 +142,43 @@ pub async fn put(
     request_body = PatchFlag,
     params(("env" = String, Path), ("svc" = String, Path), ("key" = String, Path),
            ("If-Match" = Option<String>, Header, description = "Optional: current revision")),
-    responses((status = 200, body = super::services::WriteResult), (status = 404, body = crate::error::Problem),
-              (status = 422, body = crate::error::Problem)))]
+    responses((status = 200, body = super::services::WriteResult), (status = 404, body = super::Problem),
+              (status = 422, body = super::Problem)))]
 pub async fn patch(
     State(s): State<AppState>,
     auth: Auth,
-    ctx: RequestCtx,
+    rid: RequestId,
     headers: HeaderMap,
     Path((env, svc, key)): Path<(String, String, String)>,
     ApiJson(req): ApiJson<PatchFlag>,
 ) -> ApiResult<Response> {
-    auth.require(Role::Operator)?;
-    let expected = if_match(&headers, false)?;
-    let audit = ctx.audit(&auth, &req.reason)?;
-    let target = format!("flag {key}");
-    let change = Change { env: &env, service: &svc, action: "flag.set", target: &target, expected };
-    let (c, lints) =
-        commit(&s, change, &audit, |p| set_flag_value(p, &svc, &key, req.value, req.expires_at)).await?;
-    Ok(write_response(c, lints, StatusCode::OK))
-}
-
-/// The edit behind a one-click switch (API `PATCH` and the UI): replaces the value of an
-/// existing flag, checking its type, and its expiry when one is given. Returns the flag's
-/// JSON before and after, for the audit row.
-pub(crate) fn set_flag_value(
-    p: &mut Parts,
-    svc: &str,
-    key: &str,
-    value: serde_json::Value,
-    expires_at: Option<Timestamp>,
-) -> Result<(Option<String>, Option<String>), ApiError> {
-    let flag = p.flags.get_mut(key).ok_or_else(|| {
-        ApiError::NotFound(format!("no flag {key:?} in service {svc:?}; create it with PUT"))
-    })?;
-    let before = serde_json::to_string(flag).ok();
-    if !flag.kind.accepts(&value) {
-        return Err(ApiError::invalid_field(
-            "value",
-            value.to_string(),
-            format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
-        ));
+    let by = auth.actor(Action::FlagSet, &rid)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, false)?);
+    let reason = Reason::parse(&req.reason)?;
+    match s.actions.set_flag_value(&by, &reason, &at, &key, req.value, req.expires_at).await {
+        Ok(written) => Ok(write_response(written, StatusCode::OK)),
+        Err(ChangeError::NotFound(m @ Missing::Flag { .. })) => {
+            Err(ApiError::NotFound(format!("{m}; create it with PUT")))
+        }
+        Err(e) => Err(e.into()),
     }
-    flag.value = value;
-    if expires_at.is_some() {
-        flag.expires_at = expires_at;
-    }
-    Ok((before, serde_json::to_string(flag).ok()))
 }
 
 /// Deletes a flag (operator); agents fall back to their compiled-in default.
 #[utoipa::path(delete, path = "/api/v1/environments/{env}/services/{svc}/flags/{key}", tag = "flags",
     params(("env" = String, Path), ("svc" = String, Path), ("key" = String, Path), ReasonQuery),
-    responses((status = 200, body = super::services::WriteResult), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = super::services::WriteResult), (status = 404, body = super::Problem)))]
 pub async fn delete(
     State(s): State<AppState>,
     auth: Auth,
-    ctx: RequestCtx,
+    rid: RequestId,
     headers: HeaderMap,
     Path((env, svc, key)): Path<(String, String, String)>,
     Query(q): Query<ReasonQuery>,
 ) -> ApiResult<Response> {
-    auth.require(Role::Operator)?;
-    let expected = if_match(&headers, false)?;
-    let audit = ctx.audit(&auth, q.reason.as_deref().unwrap_or(""))?;
-    let target = format!("flag {key}");
-    let change = Change { env: &env, service: &svc, action: "flag.delete", target: &target, expected };
-    let (c, lints) = commit(&s, change, &audit, |p| {
-        let old = p
-            .flags
-            .remove(&key)
-            .ok_or_else(|| ApiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
-        Ok((serde_json::to_string(&old).ok(), None))
-    })
-    .await?;
-    Ok(write_response(c, lints, StatusCode::OK))
+    let by = auth.actor(Action::FlagDelete, &rid)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, false)?);
+    let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
+    let written = s.actions.delete_flag(&by, &reason, &at, &key).await?;
+    Ok(write_response(written, StatusCode::OK))
 }

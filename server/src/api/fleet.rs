@@ -3,9 +3,9 @@
 use axum::Json;
 use axum::extract::{Path, State};
 
-use super::{AppState, Auth};
+use super::{ApiResult, Auth};
 use crate::db::{AgentRow, NackRow};
-use crate::error::ApiResult;
+use crate::web::AppState;
 
 /// Agent instances of a service with the revision each acknowledged.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/agents", tag = "fleet",

@@ -1,4 +1,5 @@
-//! The JSON API under `/api/v1`, plus `/healthz`, `/readyz` and `/metrics`.
+//! The JSON API under `/api/v1`: it turns requests into reads of the store and into
+//! [`actions`](crate::actions), and their results and errors into JSON and problem+json.
 //!
 //! Conventions: errors are `application/problem+json` naming the field; bodies are JSON
 //! with unknown fields rejected and a size limit (413); every mutation takes a `reason`;
@@ -6,17 +7,16 @@
 //! mismatch). The OpenAPI document is generated from these handlers.
 
 mod audit;
-pub(crate) mod auth_routes;
-pub(crate) mod envs;
+mod auth_routes;
+mod envs;
+mod error;
 mod extract;
-pub(crate) mod flags;
+mod flags;
 mod fleet;
 mod openapi;
-pub(crate) mod overrides;
-pub(crate) mod services;
+mod overrides;
+mod services;
 mod tokens;
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -25,35 +25,14 @@ use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::PrometheusHandle;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
-pub use extract::{ApiJson, Auth, RequestCtx, SESSION_COOKIE};
+pub use error::{ApiError, ApiResult, PROBLEM_JSON, Problem};
+pub use extract::{ApiJson, Auth};
 pub use openapi::ApiDoc;
 
-use crate::auth::Keys;
-use crate::db::Store;
-use crate::error::{ApiError, PROBLEM_JSON};
-use crate::hub::Hub;
+use crate::web::AppState;
 
-/// Shared state of the HTTP side.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// Storage.
-    pub store: Store,
-    /// Token keys.
-    pub keys: Keys,
-    /// Fan-out to this replica's agent streams.
-    pub hub: Hub,
-    /// Body limit in bytes.
-    pub max_body_bytes: usize,
-    /// Login attempts limiter.
-    pub logins: Arc<auth_routes::LoginLimiter>,
-    /// Prometheus exporter handle (None when another recorder is installed).
-    pub metrics: Option<PrometheusHandle>,
-}
-
-/// Builds the whole HTTP application (API, health, metrics; the UI is merged by the caller).
+/// The routes under `/api/v1`, with problem+json for every error they answer.
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/auth/login", post(auth_routes::login))
@@ -98,39 +77,12 @@ pub fn router(state: AppState) -> Router {
 
     Router::new()
         .nest("/api/v1", api)
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
         .layer(middleware::from_fn_with_state(state.clone(), problem_for_bare_errors))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)
 }
 
 async fn not_found() -> ApiError {
     ApiError::NotFound("no such API resource".into())
-}
-
-/// `GET /healthz`: the process is alive.
-async fn healthz() -> &'static str {
-    "ok"
-}
-
-/// `GET /readyz`: the database answers.
-async fn readyz(State(s): State<AppState>) -> Response {
-    if s.store.ping().await {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "database unreachable").into_response()
-    }
-}
-
-/// `GET /metrics`: Prometheus text format.
-async fn metrics_text(State(s): State<AppState>) -> Response {
-    match &s.metrics {
-        Some(h) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
-        None => (StatusCode::NOT_FOUND, "metrics exporter not installed in this process").into_response(),
-    }
 }
 
 /// Turns error responses produced outside our handlers (axum's 405, path rejections, the

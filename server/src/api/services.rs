@@ -9,22 +9,22 @@ use axum::response::{IntoResponse, Response};
 use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig, lint};
 use serde::{Deserialize, Serialize};
 
-use super::envs::valid_name;
-use super::{ApiJson, AppState, Auth, RequestCtx};
-use crate::db::{AuditCtx, Change, Committed, MutateError, Parts, RevisionMeta, Role, SnapshotRow};
+use super::{ApiError, ApiJson, ApiResult, Auth};
+use crate::actions::{Action, NewService, Reason, ServiceAt, Written};
+use crate::db::{RevisionMeta, SnapshotRow};
 use crate::diff::{DiffEntry, json_diff};
-use crate::error::{ApiError, ApiResult};
+use crate::web::{AppState, RequestId};
 
 /// A service as listed.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ServiceSummary {
-    /// Environment.
+    /// Environment the service belongs to.
     pub environment: String,
-    /// Name.
+    /// Name, unique in its environment.
     pub name: String,
-    /// Description.
+    /// Free text given at creation.
     pub description: String,
-    /// Current revision.
+    /// Current revision; the first is 1 and every change that alters the service makes the next.
     pub revision: u64,
     /// Last change, ms since the epoch.
     pub updated_at: i64,
@@ -34,31 +34,31 @@ pub struct ServiceSummary {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateService {
-    /// Name: 1..=64 of `a-z 0-9 . _ -`.
+    /// A name (the rule for names is in the 400 answer to a bad one), unique in the
+    /// environment.
     pub name: String,
-    /// Free text.
+    /// Free text shown in lists; default empty.
     #[serde(default)]
     pub description: String,
-    /// Initial policy (defaults when absent).
+    /// The first policy; every default when absent.
     #[serde(default)]
     pub policy: Option<Policy>,
-    /// Initial flags.
+    /// The first flags, by key; default none.
     #[serde(default)]
     pub flags: BTreeMap<String, Flag>,
-    /// Why.
+    /// Why, recorded in the audit log; required.
     pub reason: String,
 }
 
 /// Answer of every write that produces a revision.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct WriteResult {
-    /// Environment.
+    /// Environment of the service.
     pub environment: String,
-    /// Service.
     pub service: String,
-    /// Revision now current.
+    /// Revision now current (also the `ETag`; send it as `If-Match` with the next change).
     pub revision: u64,
-    /// Hash of its snapshot body.
+    /// SHA-256 hex of its snapshot body: the hash agents verify and acknowledge.
     pub hash: String,
     /// `false` when the request changed nothing (no new revision).
     pub changed: bool,
@@ -69,15 +69,13 @@ pub struct WriteResult {
 /// `GET .../policy` answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct PolicyDocument {
-    /// Environment.
+    /// Environment of the service.
     pub environment: String,
-    /// Service.
     pub service: String,
-    /// Revision (send it back as `If-Match`).
+    /// Revision the policy was read at (also the `ETag`; send it back as `If-Match`).
     pub revision: u64,
-    /// The policy.
     pub policy: Policy,
-    /// Warnings.
+    /// Warnings about the policy.
     pub lints: Vec<Lint>,
 }
 
@@ -85,24 +83,22 @@ pub struct PolicyDocument {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutPolicy {
-    /// The whole new policy.
+    /// The whole new policy (fields left out take their defaults).
     pub policy: Policy,
-    /// Why.
+    /// Why, recorded in the audit log; required.
     pub reason: String,
 }
 
-/// A stored snapshot.
+/// A stored snapshot: one revision of what agents receive.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SnapshotDocument {
-    /// Environment.
+    /// Environment of the service.
     pub environment: String,
-    /// Service.
     pub service: String,
-    /// Revision.
     pub revision: u64,
     /// SHA-256 hex of the canonical body.
     pub hash: String,
-    /// Created at, ms since the epoch.
+    /// When it was written, ms since the epoch.
     pub created_at: i64,
     /// The body: what agents receive.
     pub config: ServiceConfig,
@@ -114,7 +110,7 @@ pub struct SnapshotDocument {
 pub struct Rollback {
     /// Revision whose content becomes current again (as a new revision).
     pub to_revision: u64,
-    /// Why.
+    /// Why, recorded in the audit log; required.
     pub reason: String,
 }
 
@@ -122,7 +118,7 @@ pub struct Rollback {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct RevisionsQuery {
-    /// Most entries (1..=1000, default 100).
+    /// Most entries (default 100; the allowed range is in the 400 answer).
     pub limit: Option<i64>,
 }
 
@@ -137,17 +133,33 @@ pub struct DiffQuery {
 /// Diff between two revisions.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RevisionDiff {
-    /// Older revision.
+    /// Older revision (0: the empty configuration before the first).
     pub from: u64,
-    /// Newer revision.
+    /// Newer revision (the one asked for).
     pub to: u64,
-    /// Changed paths.
+    /// Every changed leaf, in path order.
     pub changes: Vec<DiffEntry>,
+}
+
+/// Most entries of one history or audit page.
+pub(super) const MAX_PAGE: i64 = 1000;
+
+/// Checks the `limit` of a history or audit page (default 100).
+pub(super) fn page_limit(limit: Option<i64>) -> ApiResult<i64> {
+    let limit = limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::bad_field(
+            "limit",
+            limit.to_string(),
+            format!("must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    Ok(limit)
 }
 
 /// Parses `If-Match`: `"5"`, `5`, `W/"5"` → Some(5); `*` → None. Absent → Err(428) when
 /// `required`, Ok(None) otherwise.
-pub(crate) fn if_match(headers: &HeaderMap, required: bool) -> ApiResult<Option<u64>> {
+pub(super) fn if_match(headers: &HeaderMap, required: bool) -> ApiResult<Option<u64>> {
     let Some(v) = headers.get(header::IF_MATCH) else {
         return if required {
             Err(ApiError::PreconditionRequired(
@@ -172,46 +184,16 @@ fn etag(rev: u64) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{rev}\"")).expect("digits are a valid header")
 }
 
-/// Maps a store error to the API error.
-pub(crate) fn mutate_error(e: MutateError, prefix: &str) -> ApiError {
-    match e {
-        MutateError::NotFound(what) => ApiError::NotFound(format!("no {what}")),
-        MutateError::Conflict { expected, current } => ApiError::Conflict { expected, current },
-        MutateError::Rejected(api) => api,
-        MutateError::Invalid(v) => ApiError::from_policy(v.into(), prefix),
-        MutateError::Db(e) => ApiError::Internal(e),
-    }
-}
-
-/// Runs a mutation, publishes the result to this replica's agents and answers with it.
-pub(crate) async fn commit<F>(
-    s: &AppState,
-    change: Change<'_>,
-    ctx: &AuditCtx,
-    edit: F,
-) -> ApiResult<(Committed, Vec<Lint>)>
-where
-    F: FnOnce(&mut Parts) -> Result<(Option<String>, Option<String>), ApiError>,
-{
-    let committed = s.store.mutate(change, ctx, edit).await.map_err(|e| mutate_error(e, ""))?;
-    if committed.changed {
-        s.hub.publish(committed.snapshot.clone());
-    }
-    let lints = serde_json::from_str::<ServiceConfig>(&committed.snapshot.body)
-        .map(|c| lint(&c.policy))
-        .unwrap_or_default();
-    Ok((committed, lints))
-}
-
-pub(crate) fn write_response(c: Committed, lints: Vec<Lint>, status: StatusCode) -> Response {
-    let rev = c.snapshot.revision;
+/// The answer to a write that produces a revision: [`WriteResult`] with the new `ETag`.
+pub(super) fn write_response(w: Written, status: StatusCode) -> Response {
+    let rev = w.snapshot.revision;
     let body = WriteResult {
-        environment: c.snapshot.environment,
-        service: c.snapshot.service,
+        environment: w.snapshot.environment,
+        service: w.snapshot.service,
         revision: rev,
-        hash: c.snapshot.hash,
-        changed: c.changed,
-        lints,
+        hash: w.snapshot.hash,
+        changed: w.changed,
+        lints: w.lints,
     };
     (status, [(header::ETAG, etag(rev))], Json(body)).into_response()
 }
@@ -225,7 +207,7 @@ async fn service_or_404(s: &AppState, env: &str, svc: &str) -> ApiResult<crate::
 
 /// Lists the services of an environment.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services", tag = "services",
-    params(("env" = String, Path)), responses((status = 200, body = [ServiceSummary]), (status = 404, body = crate::error::Problem)))]
+    params(("env" = String, Path)), responses((status = 200, body = [ServiceSummary]), (status = 404, body = super::Problem)))]
 pub async fn list(
     State(s): State<AppState>,
     _a: Auth,
@@ -248,10 +230,10 @@ pub async fn list(
     ))
 }
 
-/// One service.
+/// One service with its current revision.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path)),
-    responses((status = 200, body = ServiceSummary), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = ServiceSummary), (status = 404, body = super::Problem)))]
 pub async fn get_one(
     State(s): State<AppState>,
     _a: Auth,
@@ -267,50 +249,10 @@ pub async fn get_one(
     }))
 }
 
-/// Creates a service with its first revision (operator).
-#[utoipa::path(post, path = "/api/v1/environments/{env}/services", tag = "services", request_body = CreateService,
-    params(("env" = String, Path)),
-    responses((status = 201, body = WriteResult), (status = 409, body = crate::error::Problem),
-              (status = 422, body = crate::error::Problem)))]
-pub async fn create(
-    State(s): State<AppState>,
-    auth: Auth,
-    ctx: RequestCtx,
-    Path(env): Path<String>,
-    ApiJson(req): ApiJson<CreateService>,
-) -> ApiResult<Response> {
-    auth.require(Role::Operator)?;
-    valid_name("name", &req.name)?;
-    let audit = ctx.audit(&auth, &req.reason)?;
-    let envrow = s
-        .store
-        .environment(&env)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no environment {env:?}")))?;
-    let parts = Parts {
-        policy: req.policy.unwrap_or_default(),
-        flags: req.flags,
-        faults: Default::default(),
-        overrides: Default::default(),
-        faults_allowed: envrow.allow_faults,
-    };
-    let snap = s
-        .store
-        .create_service(&env, &req.name, &req.description, &parts, &audit)
-        .await
-        .map_err(|e| mutate_error(e, ""))?
-        .ok_or_else(|| {
-            ApiError::AlreadyExists(format!("service {:?} already exists in {env:?}", req.name))
-        })?;
-    s.hub.publish(snap.clone());
-    let lints = lint(&parts.policy);
-    Ok(write_response(Committed { snapshot: snap, changed: true }, lints, StatusCode::CREATED))
-}
-
 /// The policy with its revision (also as `ETag`).
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/policy", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path)),
-    responses((status = 200, body = PolicyDocument), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = PolicyDocument), (status = 404, body = super::Problem)))]
 pub async fn get_policy(
     State(s): State<AppState>,
     _a: Auth,
@@ -321,37 +263,6 @@ pub async fn get_policy(
     let lints = lint(&policy);
     let doc = PolicyDocument { environment: env, service: svc, revision: r.revision, policy, lints };
     Ok(([(header::ETAG, etag(r.revision))], Json(doc)).into_response())
-}
-
-/// Replaces the policy. Requires `If-Match` (409 with the current revision on mismatch).
-#[utoipa::path(put, path = "/api/v1/environments/{env}/services/{svc}/policy", tag = "services",
-    request_body = PutPolicy, params(("env" = String, Path), ("svc" = String, Path),
-        ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to overwrite")),
-    responses((status = 200, body = WriteResult), (status = 409, body = crate::error::Problem),
-              (status = 422, body = crate::error::Problem), (status = 428, body = crate::error::Problem)))]
-pub async fn put_policy(
-    State(s): State<AppState>,
-    auth: Auth,
-    ctx: RequestCtx,
-    headers: HeaderMap,
-    Path((env, svc)): Path<(String, String)>,
-    ApiJson(req): ApiJson<PutPolicy>,
-) -> ApiResult<Response> {
-    auth.require(Role::Operator)?;
-    let expected = if_match(&headers, true)?;
-    let audit = ctx.audit(&auth, &req.reason)?;
-    if let Err(v) = req.policy.validate() {
-        return Err(ApiError::from_policy(v.into(), "policy"));
-    }
-    let change = Change { env: &env, service: &svc, action: "policy.update", target: "policy", expected };
-    let new_policy = req.policy;
-    let (c, lints) = commit(&s, change, &audit, move |p| {
-        let before = serde_json::to_string(&p.policy).ok();
-        p.policy = new_policy;
-        Ok((before, serde_json::to_string(&p.policy).ok()))
-    })
-    .await?;
-    Ok(write_response(c, lints, StatusCode::OK))
 }
 
 /// Lints of the current policy.
@@ -382,7 +293,7 @@ fn snapshot_doc(snap: SnapshotRow) -> ApiResult<SnapshotDocument> {
 /// The current snapshot: exactly what agents receive.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/snapshot", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path)),
-    responses((status = 200, body = SnapshotDocument), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = SnapshotDocument), (status = 404, body = super::Problem)))]
 pub async fn get_snapshot(
     State(s): State<AppState>,
     _a: Auth,
@@ -407,10 +318,7 @@ pub async fn list_revisions(
     Path((env, svc)): Path<(String, String)>,
     Query(q): Query<RevisionsQuery>,
 ) -> ApiResult<Json<Vec<RevisionMeta>>> {
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_field("limit", limit.to_string(), "must be between 1 and 1000"));
-    }
+    let limit = page_limit(q.limit)?;
     service_or_404(&s, &env, &svc).await?;
     Ok(Json(s.store.revisions(&env, &svc, limit).await?))
 }
@@ -425,7 +333,7 @@ async fn revision_or_404(s: &AppState, env: &str, svc: &str, rev: u64) -> ApiRes
 /// One stored revision.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/revisions/{rev}", tag = "history",
     params(("env" = String, Path), ("svc" = String, Path), ("rev" = u64, Path)),
-    responses((status = 200, body = SnapshotDocument), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = SnapshotDocument), (status = 404, body = super::Problem)))]
 pub async fn get_revision(
     State(s): State<AppState>,
     _a: Auth,
@@ -437,7 +345,7 @@ pub async fn get_revision(
 /// What changed between two revisions.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/revisions/{rev}/diff", tag = "history",
     params(("env" = String, Path), ("svc" = String, Path), ("rev" = u64, Path), DiffQuery),
-    responses((status = 200, body = RevisionDiff), (status = 404, body = crate::error::Problem)))]
+    responses((status = 200, body = RevisionDiff), (status = 404, body = super::Problem)))]
 pub async fn diff_revision(
     State(s): State<AppState>,
     _a: Auth,
@@ -457,32 +365,64 @@ pub async fn diff_revision(
     Ok(Json(RevisionDiff { from: against, to: rev, changes: json_diff(&old_body, &new_body) }))
 }
 
-/// Makes the content of an older revision current again, as a new revision.
+/// Creates a service with its first revision (operator).
+#[utoipa::path(post, path = "/api/v1/environments/{env}/services", tag = "services", request_body = CreateService,
+    params(("env" = String, Path)),
+    responses((status = 201, body = WriteResult), (status = 409, body = super::Problem),
+              (status = 422, body = super::Problem)))]
+pub async fn create(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path(env): Path<String>,
+    ApiJson(req): ApiJson<CreateService>,
+) -> ApiResult<Response> {
+    let by = auth.actor(Action::ServiceCreate, &rid)?;
+    let new = NewService::new(&req.name, req.description, req.policy.unwrap_or_default(), req.flags)?;
+    let reason = Reason::parse(&req.reason)?;
+    let written = s.actions.create_service(&by, &reason, &env, new).await?;
+    Ok(write_response(written, StatusCode::CREATED))
+}
+
+/// Replaces the policy (operator). Requires `If-Match` (409 with the current revision on
+/// mismatch).
+#[utoipa::path(put, path = "/api/v1/environments/{env}/services/{svc}/policy", tag = "services",
+    request_body = PutPolicy, params(("env" = String, Path), ("svc" = String, Path),
+        ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to overwrite")),
+    responses((status = 200, body = WriteResult), (status = 409, body = super::Problem),
+              (status = 422, body = super::Problem), (status = 428, body = super::Problem)))]
+pub async fn put_policy(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    headers: HeaderMap,
+    Path((env, svc)): Path<(String, String)>,
+    ApiJson(req): ApiJson<PutPolicy>,
+) -> ApiResult<Response> {
+    let by = auth.actor(Action::PolicyUpdate, &rid)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
+    let reason = Reason::parse(&req.reason)?;
+    let written = s.actions.update_policy(&by, &reason, &at, req.policy).await?;
+    Ok(write_response(written, StatusCode::OK))
+}
+
+/// Makes the content of an older revision current again, as a new revision (operator).
 #[utoipa::path(post, path = "/api/v1/environments/{env}/services/{svc}/rollback", tag = "history",
     request_body = Rollback, params(("env" = String, Path), ("svc" = String, Path),
         ("If-Match" = Option<String>, Header, description = "Optional: current revision")),
-    responses((status = 200, body = WriteResult), (status = 404, body = crate::error::Problem),
-              (status = 409, body = crate::error::Problem)))]
+    responses((status = 200, body = WriteResult), (status = 404, body = super::Problem),
+              (status = 409, body = super::Problem)))]
 pub async fn rollback(
     State(s): State<AppState>,
     auth: Auth,
-    ctx: RequestCtx,
+    rid: RequestId,
     headers: HeaderMap,
     Path((env, svc)): Path<(String, String)>,
     ApiJson(req): ApiJson<Rollback>,
 ) -> ApiResult<Response> {
-    auth.require(Role::Operator)?;
-    let expected = if_match(&headers, false)?;
-    let audit = ctx.audit(&auth, &req.reason)?;
-    let old = revision_or_404(&s, &env, &svc, req.to_revision).await?;
-    let cfg: ServiceConfig = serde_json::from_str(&old.body).map_err(|e| ApiError::Internal(e.into()))?;
-    let target = format!("revision {}", req.to_revision);
-    let change = Change { env: &env, service: &svc, action: "service.rollback", target: &target, expected };
-    let (c, lints) = commit(&s, change, &audit, move |p| {
-        let before = serde_json::to_string(&p.config()).ok();
-        *p = Parts::from_config(cfg, p.faults_allowed);
-        Ok((before, serde_json::to_string(&p.config()).ok()))
-    })
-    .await?;
-    Ok(write_response(c, lints, StatusCode::OK))
+    let by = auth.actor(Action::Rollback, &rid)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, false)?);
+    let reason = Reason::parse(&req.reason)?;
+    let written = s.actions.rollback(&by, &reason, &at, req.to_revision).await?;
+    Ok(write_response(written, StatusCode::OK))
 }

@@ -3,14 +3,18 @@
 //! One `Store` speaks both through sqlx's `Any` driver; the SQL is written to run on both
 //! (numbered `$n` placeholders in first-use order, BIGINT millisecond times, TEXT JSON).
 //! Each backend has its own migrations folder. Every change to what agents receive goes
-//! through [`Store::mutate`], which bumps the per-service revision counter row inside the
-//! same transaction as the change, stores the full snapshot with its hash and appends the
-//! audit row — so history, diff and rollback are exact and no update is ever lost.
+//! through [`Store::mutate`] (a new service through [`Store::create_service`]), which bumps
+//! the per-service revision counter row inside the same transaction as the change, stores
+//! the full snapshot with its hash and appends the audit row — so history, diff and
+//! rollback are exact and no update is ever lost.
+//!
+//! The store knows nothing of who may do what or of HTTP: its errors are storage outcomes
+//! (not found, conflict, invalid, the caller's own refusal, database failure).
 
 mod mutate;
 mod rows;
 
-pub use mutate::{AuditCtx, Change, Committed, MutateError, Parts};
+pub use mutate::{AuditCtx, AuditDiff, Change, Committed, MutateError, Parts};
 pub use rows::*;
 
 use std::str::FromStr;
@@ -105,7 +109,7 @@ impl Store {
         &self.pool
     }
 
-    /// Closes the pool.
+    /// Closes every connection of the pool (waiting for those in use).
     pub async fn close(&self) {
         self.pool.close().await;
     }
@@ -140,9 +144,17 @@ impl Store {
 
     // ---- users -------------------------------------------------------------------------
 
-    /// Creates a user. Returns `false` when the username is taken.
-    pub async fn create_user(&self, username: &str, password_hash: &str, role: Role) -> anyhow::Result<bool> {
+    /// Creates a user, with its audit row in the same transaction when one is given.
+    /// Returns `false` when the username is taken (nothing is written).
+    pub async fn create_user(
+        &self,
+        username: &str,
+        password_hash: &str,
+        role: Role,
+        audit: Option<&AuditRow>,
+    ) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
         let res = sqlx::query(
             "INSERT INTO users (username, password_hash, role, disabled, created_at) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT (username) DO NOTHING",
@@ -152,9 +164,16 @@ impl Store {
         .bind(role.as_str())
         .bind(0i64)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(res.rows_affected() == 1)
+        if res.rows_affected() != 1 {
+            return Ok(false);
+        }
+        if let Some(audit) = audit {
+            mutate::insert_audit(&mut tx, audit).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Replaces a user's password hash and role. Returns `false` when there is no such user.
@@ -208,9 +227,10 @@ impl Store {
 
     // ---- tokens ------------------------------------------------------------------------
 
-    /// Records a minted token.
-    pub async fn insert_token(&self, t: &TokenRow) -> anyhow::Result<()> {
+    /// Records a minted token and its audit row, in one transaction.
+    pub async fn insert_token(&self, t: &TokenRow, audit: &AuditRow) -> anyhow::Result<()> {
         let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO tokens (id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -225,8 +245,10 @@ impl Store {
         .bind(t.created_at)
         .bind(t.expires_at)
         .bind(t.revoked_at)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        mutate::insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -279,30 +301,45 @@ impl Store {
         rows.iter().map(TokenRow::from_row).collect()
     }
 
-    /// Revokes a token. Returns `false` when there is no such token.
-    pub async fn revoke_token(&self, id: &str) -> anyhow::Result<bool> {
+    /// Revokes a token (a revoked one keeps its first revocation time) and appends its audit
+    /// row, in one transaction. Returns `false` when there is no such token (nothing is
+    /// written).
+    pub async fn revoke_token(&self, id: &str, audit: &AuditRow) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
         let res = sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
             .bind(now_ms())
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
-        if res.rows_affected() == 1 {
-            return Ok(true);
+        if res.rows_affected() == 0
+            && sqlx::query("SELECT 1 AS one FROM tokens WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_none()
+        {
+            return Ok(false);
         }
-        Ok(self.token(id).await?.is_some())
+        mutate::insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     // ---- environments and services ----------------------------------------------------
 
-    /// Creates an environment. Returns `false` when it exists.
+    /// Creates an environment and appends its audit row, in one transaction. Returns `None`
+    /// when one of that name exists (nothing is written).
     pub async fn create_environment(
         &self,
         name: &str,
         description: &str,
         allow_faults: bool,
-    ) -> anyhow::Result<bool> {
+        audit: &AuditRow,
+    ) -> anyhow::Result<Option<EnvironmentRow>> {
         let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        let created_at = now_ms();
         let res = sqlx::query(
             "INSERT INTO environments (name, description, allow_faults, created_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (name) DO NOTHING",
@@ -310,10 +347,20 @@ impl Store {
         .bind(name)
         .bind(description)
         .bind(i64::from(allow_faults))
-        .bind(now_ms())
-        .execute(&self.pool)
+        .bind(created_at)
+        .execute(&mut *tx)
         .await?;
-        Ok(res.rows_affected() == 1)
+        if res.rows_affected() != 1 {
+            return Ok(None);
+        }
+        mutate::insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
+        Ok(Some(EnvironmentRow {
+            name: name.to_string(),
+            description: description.to_string(),
+            allow_faults,
+            created_at,
+        }))
     }
 
     /// Lists environments by name.
@@ -325,7 +372,7 @@ impl Store {
         rows.iter().map(EnvironmentRow::from_row).collect()
     }
 
-    /// One environment.
+    /// The environment `name`, if it exists.
     pub async fn environment(&self, name: &str) -> anyhow::Result<Option<EnvironmentRow>> {
         let row = sqlx::query(
             "SELECT name, description, allow_faults, created_at FROM environments WHERE name = $1",
@@ -348,7 +395,7 @@ impl Store {
         rows.iter().map(ServiceRow::from_row).collect()
     }
 
-    /// One service.
+    /// Service `name` of `env` with its current revision, if it exists.
     pub async fn service(&self, env: &str, name: &str) -> anyhow::Result<Option<ServiceRow>> {
         let row = sqlx::query(
             "SELECT environment, name, description, revision, policy, created_at, updated_at FROM services \
@@ -388,7 +435,7 @@ impl Store {
         rows.iter().map(RevisionMeta::from_row).collect()
     }
 
-    /// One stored snapshot.
+    /// Revision `revision` of a service, if it was stored.
     pub async fn revision(
         &self,
         env: &str,

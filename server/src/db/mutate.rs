@@ -1,39 +1,42 @@
-//! The single write path for everything an agent receives.
+//! The single path that writes a revision: everything an agent receives changes here.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::fmt::Display;
 
 use levee_agent::policy::{
     BreakerOverride, FaultRule, Flag, Policy, ServiceConfig, ValidationErrors, canonical_json, content_hash,
 };
+use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
 
 use super::{AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
 
-/// Who is changing what, why, and through which door.
+/// Who is changing what, why, and through which door: the audit row's `actor`, `via`,
+/// `request_id` and `reason`.
 #[derive(Clone, Debug)]
 pub struct AuditCtx {
-    /// Username, `token:<name>` or `levee`.
+    /// A username, `token:<name>`, or `levee` for the server.
     pub actor: String,
     /// `api`, `ui`, `cli` or `server`.
     pub via: String,
-    /// Request id.
+    /// The request's `x-request-id`; empty outside a request.
     pub request_id: String,
-    /// Mandatory reason.
+    /// Why; never empty.
     pub reason: String,
 }
 
 /// The editable parts of a service, loaded inside the write transaction.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parts {
-    /// The policy.
     pub policy: Policy,
     /// Flags by key.
     pub flags: BTreeMap<String, Flag>,
     /// Fault rules by id.
     pub faults: BTreeMap<String, FaultRule>,
-    /// Breaker overrides by (dependency, operation or "").
+    /// Breaker overrides by (dependency, operation or "" for the dependency-level breaker).
     pub overrides: BTreeMap<(String, String), BreakerOverride>,
-    /// Whether the environment permits faults.
+    /// Whether the environment permits faults (its `allow_faults`).
     pub faults_allowed: bool,
 }
 
@@ -65,6 +68,23 @@ impl Parts {
     }
 }
 
+/// What an edit changed, as JSON for the audit row's `before` and `after`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditDiff {
+    /// JSON of what was there; `None` when it did not exist.
+    pub before: Option<String>,
+    /// JSON of what is there now; `None` when it was removed.
+    pub after: Option<String>,
+}
+
+impl AuditDiff {
+    /// The JSON of `before` and `after`.
+    pub fn of<T: Serialize>(before: Option<&T>, after: Option<&T>) -> AuditDiff {
+        let json = |v: Option<&T>| v.and_then(|v| serde_json::to_string(v).ok());
+        AuditDiff { before: json(before), after: json(after) }
+    }
+}
+
 /// Result of a committed mutation.
 #[derive(Clone, Debug)]
 pub struct Committed {
@@ -74,32 +94,35 @@ pub struct Committed {
     pub changed: bool,
 }
 
-/// Why a mutation did not commit.
+/// Why a revision was not written. `E` is the edit's own refusal.
 #[derive(Debug, thiserror::Error)]
-pub enum MutateError {
-    /// No such environment or service.
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// `If-Match` mismatch.
+pub enum MutateError<E = Infallible> {
+    /// The environment does not exist.
+    #[error("no environment {0:?}")]
+    NoEnvironment(String),
+    /// The service does not exist.
+    #[error("no service {service:?} in environment {env:?}")]
+    NoService { env: String, service: String },
+    /// The service is not at the expected revision.
     #[error("revision conflict: expected {expected}, current {current}")]
     Conflict {
-        /// What the client sent.
+        /// The revision the change was based on.
         expected: u64,
-        /// What is stored.
+        /// The revision stored now.
         current: u64,
     },
-    /// The edit itself refused (bad target, missing resource…).
+    /// The edit refused (bad target, missing entry…).
     #[error("{0}")]
-    Rejected(crate::error::ApiError),
-    /// The resulting configuration is invalid.
+    Refused(E),
+    /// The resulting configuration does not validate.
     #[error("{0}")]
     Invalid(ValidationErrors),
-    /// Database failure.
+    /// The database failed; the cause is for the log.
     #[error(transparent)]
     Db(#[from] anyhow::Error),
 }
 
-impl From<sqlx::Error> for MutateError {
+impl<E> From<sqlx::Error> for MutateError<E> {
     fn from(e: sqlx::Error) -> Self {
         MutateError::Db(e.into())
     }
@@ -274,49 +297,52 @@ async fn store_parts(
 /// Description of one mutation for the audit log.
 #[derive(Clone, Debug)]
 pub struct Change<'a> {
-    /// Environment.
     pub env: &'a str,
-    /// Service.
     pub service: &'a str,
-    /// `policy.update`, `flag.set`, …
+    /// The audit row's `action`: `policy.update`, `flag.set`, …
     pub action: &'a str,
-    /// Target inside the service.
+    /// The audit row's `target`: what inside the service (`flag checkout.enabled`, `policy`).
     pub target: &'a str,
-    /// `If-Match` revision, if any.
+    /// The revision the change was based on (`If-Match`); `None` for whatever is current.
     pub expected: Option<u64>,
+}
+
+/// Where a revision write starts: the transaction holding the service's counter row, the
+/// revision being written and the parts it replaces.
+struct Start<'t> {
+    tx: sqlx::Transaction<'t, sqlx::Any>,
+    revision: u64,
+    old: Parts,
+    now: i64,
 }
 
 impl Store {
     /// Applies `edit` to a service's parts in one transaction: bumps the revision counter
-    /// row (checking `expected` for optimistic concurrency), validates the resulting
-    /// configuration, stores the changed parts, the full snapshot and its hash, appends the
-    /// audit row and — on PostgreSQL — a NOTIFY delivered after commit.
+    /// row (checking `expected` for optimistic concurrency), then writes the revision
+    /// (`write_revision`, the one path that writes a revision).
     ///
-    /// `edit` returns the JSON (before, after) of what it changed, for the audit row. When
-    /// the edit changes nothing, nothing is written and `changed` is false.
+    /// `edit` returns what it changed, for the audit row. When the edit changes nothing,
+    /// nothing is written and `changed` is false.
     ///
-    /// Refused attempts (conflict, invalid) are audited too, with their outcome.
-    pub async fn mutate<F>(
+    /// Refused attempts (conflict, invalid, refused by the edit) are audited too, with
+    /// their outcome.
+    pub async fn mutate<E, F>(
         &self,
         change: Change<'_>,
         ctx: &AuditCtx,
         edit: F,
-    ) -> Result<Committed, MutateError>
+    ) -> Result<Committed, MutateError<E>>
     where
-        F: FnOnce(&mut Parts) -> Result<(Option<String>, Option<String>), crate::error::ApiError>,
+        E: Display,
+        F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
     {
         let result = self.mutate_inner(&change, ctx, edit).await;
         let outcome = match &result {
-            Ok(_) => None,
             Err(MutateError::Conflict { .. }) => Some("conflict"),
-            Err(MutateError::Invalid(_)) | Err(MutateError::Rejected(_)) => Some("rejected"),
-            Err(_) => None,
+            Err(MutateError::Invalid(_) | MutateError::Refused(_)) => Some("rejected"),
+            _ => None,
         };
-        if let Some(outcome) = outcome {
-            let detail = match &result {
-                Err(e) => Some(e.to_string()),
-                _ => None,
-            };
+        if let (Some(outcome), Err(e)) = (outcome, &result) {
             let row = AuditRow {
                 at: now_ms(),
                 actor: ctx.actor.clone(),
@@ -329,7 +355,7 @@ impl Store {
                 outcome: outcome.to_string(),
                 reason: ctx.reason.clone(),
                 before: None,
-                after: detail,
+                after: Some(e.to_string()),
                 revision: None,
                 ..Default::default()
             };
@@ -340,17 +366,17 @@ impl Store {
         result
     }
 
-    async fn mutate_inner<F>(
+    async fn mutate_inner<E, F>(
         &self,
         change: &Change<'_>,
         ctx: &AuditCtx,
         edit: F,
-    ) -> Result<Committed, MutateError>
+    ) -> Result<Committed, MutateError<E>>
     where
-        F: FnOnce(&mut Parts) -> Result<(Option<String>, Option<String>), crate::error::ApiError>,
+        F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
     {
         let (env, service) = (change.env, change.service);
-        let _g = self.write_guard().await;
+        let guard = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let now = now_ms();
         // The counter row is written first: the transaction holds the write lock from here on.
@@ -379,6 +405,7 @@ impl Store {
                 .await?
             }
         };
+        let no_service = || MutateError::NoService { env: env.to_string(), service: service.to_string() };
         let Some(bumped) = bumped else {
             let current = sqlx::query("SELECT revision FROM services WHERE environment = $1 AND name = $2")
                 .bind(env)
@@ -391,7 +418,7 @@ impl Store {
                     let cur: i64 = row.try_get("revision")?;
                     Err(MutateError::Conflict { expected, current: cur as u64 })
                 }
-                _ => Err(MutateError::NotFound(format!("service {service:?} in environment {env:?}"))),
+                _ => Err(no_service()),
             };
         };
         let revision = bumped.try_get::<i64, _>("revision")? as u64;
@@ -403,32 +430,109 @@ impl Store {
             .try_get::<i64, _>("allow_faults")?
             != 0;
         let old = load_parts(&mut tx, env, service, &policy_json, allow).await?;
+        match self.write_revision(Start { tx, revision, old, now }, change, ctx, true, edit).await? {
+            Some(snapshot) => Ok(Committed { snapshot, changed: true }),
+            None => {
+                // Nothing changed: the counter bump was rolled back; answer with the current snapshot.
+                drop(guard);
+                let snapshot = self.latest_snapshot(env, service).await?.ok_or_else(no_service)?;
+                Ok(Committed { snapshot, changed: false })
+            }
+        }
+    }
+
+    /// Creates a service with its first revision (1) holding `parts`, audited with `diff`.
+    /// Returns `None` when a service of that name exists (nothing is written).
+    pub async fn create_service(
+        &self,
+        change: Change<'_>,
+        description: &str,
+        parts: Parts,
+        diff: AuditDiff,
+        ctx: &AuditCtx,
+    ) -> Result<Option<Committed>, MutateError> {
+        let (env, name) = (change.env, change.service);
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        let now = now_ms();
+        let env_exists = sqlx::query("SELECT allow_faults FROM environments WHERE name = $1")
+            .bind(env)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if env_exists.is_none() {
+            return Err(MutateError::NoEnvironment(env.to_string()));
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO services (environment, name, description, revision, policy, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (environment, name) DO NOTHING",
+        )
+        .bind(env)
+        .bind(name)
+        .bind(description)
+        .bind(1i64)
+        .bind(serde_json::to_string(&parts.policy).map_err(|e| MutateError::Db(e.into()))?)
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Ok(None);
+        }
+        // The row holds the policy already; the first revision adds everything else.
+        let old = Parts {
+            policy: parts.policy.clone(),
+            ..Parts::from_config(ServiceConfig::default(), parts.faults_allowed)
+        };
+        let start = Start { tx, revision: 1, old, now };
+        let written = self
+            .write_revision(start, &change, ctx, false, |p| {
+                *p = parts;
+                Ok::<_, Infallible>(diff)
+            })
+            .await?;
+        Ok(written.map(|snapshot| Committed { snapshot, changed: true }))
+    }
+
+    /// The one path that writes a revision, from `start`: applies `edit` to the parts,
+    /// validates the whole configuration, and — unless `skip_unchanged` finds the same hash
+    /// as the newest revision, which rolls back and returns `None` — stores the changed
+    /// parts, the snapshot with its hash, the audit row and, on PostgreSQL, a NOTIFY that
+    /// is delivered after the commit.
+    async fn write_revision<E, F>(
+        &self,
+        start: Start<'_>,
+        change: &Change<'_>,
+        ctx: &AuditCtx,
+        skip_unchanged: bool,
+        edit: F,
+    ) -> Result<Option<SnapshotRow>, MutateError<E>>
+    where
+        F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
+    {
+        let Start { mut tx, revision, old, now } = start;
+        let (env, service) = (change.env, change.service);
         let mut new = old.clone();
-        let (before, after) = edit(&mut new).map_err(MutateError::Rejected)?;
+        let diff = edit(&mut new).map_err(MutateError::Refused)?;
         let cfg = new.config();
         cfg.validate().map_err(MutateError::Invalid)?;
         let body = canonical_json(&cfg);
         let hash = content_hash(&body);
         let body = String::from_utf8(body).map_err(|e| MutateError::Db(e.into()))?;
 
-        let prev = sqlx::query(
-            "SELECT hash FROM revisions WHERE environment = $1 AND service = $2 ORDER BY revision DESC LIMIT 1",
-        )
-        .bind(env)
-        .bind(service)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some(prev) = &prev
-            && prev.try_get::<String, _>("hash")? == hash
-        {
-            // Nothing changed: roll back the counter bump, answer with the current snapshot.
-            tx.rollback().await?;
-            drop(_g);
-            let snap = self
-                .latest_snapshot(env, service)
-                .await?
-                .ok_or_else(|| MutateError::NotFound(format!("service {service:?}")))?;
-            return Ok(Committed { snapshot: snap, changed: false });
+        if skip_unchanged {
+            let prev = sqlx::query(
+                "SELECT hash FROM revisions WHERE environment = $1 AND service = $2 ORDER BY revision DESC LIMIT 1",
+            )
+            .bind(env)
+            .bind(service)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(prev) = &prev
+                && prev.try_get::<String, _>("hash")? == hash
+            {
+                tx.rollback().await?;
+                return Ok(None);
+            }
         }
 
         store_parts(&mut tx, env, service, &old, &new, now).await?;
@@ -457,8 +561,8 @@ impl Store {
             target: change.target.to_string(),
             outcome: "ok".to_string(),
             reason: ctx.reason.clone(),
-            before,
-            after,
+            before: diff.before,
+            after: diff.after,
             revision: Some(revision as i64),
             ..Default::default()
         };
@@ -473,108 +577,10 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
-        Ok(Committed {
-            snapshot: SnapshotRow {
-                environment: env.to_string(),
-                service: service.to_string(),
-                revision,
-                hash,
-                body,
-                created_at: now,
-            },
-            changed: true,
-        })
-    }
-
-    /// Creates a service with its first revision (1). Returns `None` when it exists.
-    pub async fn create_service(
-        &self,
-        env: &str,
-        name: &str,
-        description: &str,
-        parts: &Parts,
-        ctx: &AuditCtx,
-    ) -> Result<Option<SnapshotRow>, MutateError> {
-        let cfg = parts.config();
-        cfg.validate().map_err(MutateError::Invalid)?;
-        let _g = self.write_guard().await;
-        let mut tx = self.pool.begin().await?;
-        let now = now_ms();
-        let env_exists = sqlx::query("SELECT allow_faults FROM environments WHERE name = $1")
-            .bind(env)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if env_exists.is_none() {
-            return Err(MutateError::NotFound(format!("environment {env:?}")));
-        }
-        let inserted = sqlx::query(
-            "INSERT INTO services (environment, name, description, revision, policy, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (environment, name) DO NOTHING",
-        )
-        .bind(env)
-        .bind(name)
-        .bind(description)
-        .bind(1i64)
-        .bind(serde_json::to_string(&parts.policy).map_err(|e| MutateError::Db(e.into()))?)
-        .bind(now)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        if inserted.rows_affected() == 0 {
-            return Ok(None);
-        }
-        let empty = Parts {
-            policy: parts.policy.clone(),
-            ..Parts::from_config(ServiceConfig::default(), parts.faults_allowed)
-        };
-        store_parts(&mut tx, env, name, &empty, parts, now).await?;
-        let body = canonical_json(&cfg);
-        let hash = content_hash(&body);
-        let body = String::from_utf8(body).map_err(|e| MutateError::Db(e.into()))?;
-        sqlx::query(
-            "INSERT INTO revisions (environment, service, revision, hash, body, created_at, actor, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(env)
-        .bind(name)
-        .bind(1i64)
-        .bind(&hash)
-        .bind(&body)
-        .bind(now)
-        .bind(&ctx.actor)
-        .bind(&ctx.reason)
-        .execute(&mut *tx)
-        .await?;
-        let audit = AuditRow {
-            at: now,
-            actor: ctx.actor.clone(),
-            via: ctx.via.clone(),
-            request_id: ctx.request_id.clone(),
-            action: "service.create".to_string(),
-            environment: Some(env.to_string()),
-            service: Some(name.to_string()),
-            target: name.to_string(),
-            outcome: "ok".to_string(),
-            reason: ctx.reason.clone(),
-            before: None,
-            after: Some(body.clone()),
-            revision: Some(1),
-            ..Default::default()
-        };
-        insert_audit(&mut tx, &audit).await?;
-        if self.backend == Backend::Postgres {
-            let payload = serde_json::json!({"environment": env, "service": name, "revision": 1}).to_string();
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(NOTIFY_CHANNEL)
-                .bind(payload)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
         Ok(Some(SnapshotRow {
             environment: env.to_string(),
-            service: name.to_string(),
-            revision: 1,
+            service: service.to_string(),
+            revision,
             hash,
             body,
             created_at: now,

@@ -58,16 +58,16 @@ impl TokenKind {
     }
 }
 
-/// A user.
+/// A user who can log in (UI, or a session token from `POST /api/v1/auth/login`).
 #[derive(Clone, Debug)]
 pub struct UserRow {
-    /// Surrogate id.
+    /// Row id, assigned by the database.
     pub id: i64,
-    /// Login name.
+    /// Login name, unique.
     pub username: String,
     /// argon2 PHC string.
     pub password_hash: String,
-    /// Role.
+    /// What the user may do; read on every request, so a change applies at once.
     pub role: Role,
     /// Disabled users cannot log in.
     pub disabled: bool,
@@ -96,7 +96,7 @@ pub struct TokenRow {
     pub id: String,
     /// API or agent.
     pub kind: TokenKind,
-    /// Human name.
+    /// A name for people, e.g. `checkout-prod`; an API token acts as `token:<name>` in the audit log.
     pub name: String,
     /// Role of an API token.
     pub role: Option<Role>,
@@ -138,12 +138,12 @@ impl TokenRow {
     }
 }
 
-/// An environment.
+/// An environment: services with their own policies and flags (`prod`, `staging`).
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct EnvironmentRow {
-    /// Name.
+    /// Unique name.
     pub name: String,
-    /// Description.
+    /// Free text for people.
     pub description: String,
     /// Whether fault injection is permitted here.
     pub allow_faults: bool,
@@ -165,19 +165,17 @@ impl EnvironmentRow {
 /// A service and its current revision.
 #[derive(Clone, Debug)]
 pub struct ServiceRow {
-    /// Environment.
     pub environment: String,
-    /// Name.
     pub name: String,
-    /// Description.
+    /// Free text given at creation.
     pub description: String,
     /// Current revision (the counter row).
     pub revision: u64,
-    /// Policy JSON.
+    /// The current policy as JSON (the snapshot holds it too, with flags, faults and overrides).
     pub policy: String,
-    /// Created at, ms.
+    /// Creation time, ms since the epoch.
     pub created_at: i64,
-    /// Last change, ms.
+    /// Time of the last revision, ms since the epoch.
     pub updated_at: i64,
 }
 
@@ -199,17 +197,14 @@ impl ServiceRow {
 /// A stored snapshot.
 #[derive(Clone, Debug)]
 pub struct SnapshotRow {
-    /// Environment.
     pub environment: String,
-    /// Service.
     pub service: String,
-    /// Revision.
     pub revision: u64,
     /// SHA-256 hex of `body`.
     pub hash: String,
     /// Canonical JSON of the `ServiceConfig`.
     pub body: String,
-    /// Created at, ms.
+    /// When this revision was written, ms since the epoch.
     pub created_at: i64,
 }
 
@@ -230,7 +225,6 @@ impl SnapshotRow {
 /// One entry of a service's history.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct RevisionMeta {
-    /// Revision.
     pub revision: u64,
     /// SHA-256 hex of the snapshot body.
     pub hash: String,
@@ -238,7 +232,7 @@ pub struct RevisionMeta {
     pub created_at: i64,
     /// Who made the change.
     pub actor: String,
-    /// Why.
+    /// The reason given with the change, as in the audit log.
     pub reason: String,
 }
 
@@ -266,17 +260,18 @@ pub struct AuditRow {
     pub actor: String,
     /// From where: `api`, `ui`, `cli` or `server`.
     pub via: String,
-    /// Request id.
+    /// The request's `x-request-id`; empty for the server's own changes.
     pub request_id: String,
     /// What was attempted, e.g. `policy.update`, `flag.set`.
     pub action: String,
-    /// Environment.
+    /// Environment of the change; absent for tokens and users.
     pub environment: Option<String>,
-    /// Service.
+    /// Service of the change; absent outside a service.
     pub service: Option<String>,
     /// Target inside the service (flag key, dependency…).
     pub target: String,
-    /// `ok`, `conflict`, `rejected` or `denied`.
+    /// `ok`; `conflict` (the service had moved past the revision the change was based on);
+    /// `rejected` (invalid, or refused by the change).
     pub outcome: String,
     /// Mandatory reason given by the actor.
     pub reason: String,
@@ -312,38 +307,36 @@ impl AuditRow {
 /// Filter of the audit query; every field optional.
 #[derive(Clone, Debug, Default)]
 pub struct AuditFilter {
-    /// Environment.
+    /// Only rows of this environment.
     pub environment: Option<String>,
-    /// Service.
+    /// Only rows of this service.
     pub service: Option<String>,
-    /// Actor.
+    /// Only rows by this actor.
     pub actor: Option<String>,
-    /// From, ms.
+    /// Only rows at or after this time, ms since the epoch.
     pub since: Option<i64>,
-    /// Until, ms.
+    /// Only rows at or before this time, ms since the epoch.
     pub until: Option<i64>,
     /// Page: rows with a smaller id.
     pub before_id: Option<i64>,
-    /// Most rows.
+    /// Most rows returned.
     pub limit: i64,
 }
 
 /// Live state of one agent instance for one service.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct AgentRow {
-    /// Environment.
     pub environment: String,
-    /// Service.
     pub service: String,
     /// Instance id the agent sent.
     pub instance_id: String,
-    /// Agent version.
+    /// `levee-agent` version the instance reported.
     pub agent_version: String,
     /// Whether a stream is open now.
     pub connected: bool,
-    /// When the stream opened, ms.
+    /// When the stream opened, ms since the epoch.
     pub connected_at: i64,
-    /// Last message, ms.
+    /// Last message on the stream, ms since the epoch.
     pub last_seen: i64,
     /// Revision the agent acknowledged.
     pub applied_revision: u64,
@@ -376,17 +369,15 @@ impl AgentRow {
 /// A NACK of a revision by an agent instance.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct NackRow {
-    /// Environment.
     pub environment: String,
-    /// Service.
     pub service: String,
-    /// Instance.
+    /// Instance id the agent sent.
     pub instance_id: String,
     /// Rejected revision.
     pub revision: u64,
     /// Why the agent rejected it.
     pub error_detail: String,
-    /// When, ms.
+    /// When the NACK arrived, ms since the epoch.
     pub at: i64,
 }
 
@@ -416,23 +407,21 @@ pub enum FleetEvent {
 /// Fields of an agent row to write.
 #[derive(Clone, Debug)]
 pub struct AgentUpsert {
-    /// Environment.
     pub environment: String,
-    /// Service.
     pub service: String,
-    /// Instance.
+    /// Instance id the agent sent.
     pub instance_id: String,
-    /// Agent version.
+    /// `levee-agent` version the instance reported.
     pub agent_version: String,
-    /// Stream open.
+    /// Whether its stream is open now.
     pub connected: bool,
-    /// Stream opened at, ms.
+    /// When the stream opened, ms since the epoch.
     pub connected_at: i64,
-    /// Last message, ms.
+    /// Last message on the stream, ms since the epoch.
     pub last_seen: i64,
-    /// Applied revision.
+    /// Revision the instance acknowledged.
     pub applied_revision: u64,
-    /// Applied hash.
+    /// Hash of that revision.
     pub applied_hash: String,
     /// Last status report JSON (None keeps the stored one).
     pub status: Option<String>,

@@ -7,8 +7,8 @@ use serde::Deserialize;
 use super::error::UiError;
 use super::page::{Layout, Page, time};
 use super::session::UiUser;
-use crate::api::AppState;
 use crate::db::AuditFilter;
+use crate::web::AppState;
 
 /// Entries per page.
 pub const AUDIT_PAGE_SIZE: i64 = 100;

@@ -3,13 +3,13 @@
 //! 1. the switch (or override form) posts to a `…/confirm` route, which changes nothing
 //!    and shows what will change, what it does to the service, and asks for a reason;
 //! 2. that page's form posts to the change route, which refuses an empty reason, then
-//!    commits through the API's write path (`api::services::commit`: a new revision,
-//!    audited with `via = "ui"`, pushed to agents at once) and redirects to the service
-//!    page, which follows the new revision through the fleet.
+//!    takes the [action](crate::actions) (a new revision, audited with `via = "ui"`, pushed
+//!    to agents at once) and redirects to the service page, which follows the new revision
+//!    through the fleet.
 //!
-//! The confirmation page carries the revision it showed; the change is committed only if
-//! the service is still at that revision (the API's `If-Match`), so nobody confirms a
-//! state that is no longer true.
+//! The confirmation page carries the revision it showed; the change is made only if the
+//! service is still at that revision (the action's `ServiceAt::base`, the API's
+//! `If-Match`), so nobody confirms a state that is no longer true.
 
 use std::time::Duration;
 
@@ -25,10 +25,9 @@ use serde::Deserialize;
 use super::error::UiError;
 use super::page::{Layout, Page, duration, seg, service_url};
 use super::service::{load, state_label, switched_by, value_text};
-use super::session::{Posted, UiUser};
-use crate::api::services::commit;
-use crate::api::{AppState, RequestCtx, flags::set_flag_value, overrides};
-use crate::db::{Change, Committed, Role};
+use super::session::{Posted, UiUser, reason};
+use crate::actions::{Action, NewOverride, ServiceAt, Written};
+use crate::web::{AppState, RequestId};
 
 #[derive(Template)]
 #[template(path = "confirm.html")]
@@ -79,8 +78,8 @@ impl Confirm {
     }
 }
 
-/// Where to go after a committed change: the service page, following the new revision.
-fn after_change(env: &str, svc: &str, c: &Committed) -> Response {
+/// Where to go after a change: the service page, following the new revision.
+fn after_change(env: &str, svc: &str, c: &Written) -> Response {
     let url = if c.changed {
         format!("{}?changed={}#propagation", service_url(env, svc), c.snapshot.revision)
     } else {
@@ -223,7 +222,7 @@ pub async fn confirm_flag(
     Path((env, svc, key)): Path<(String, String, String)>,
     Posted { user, form }: Posted<FlagChange>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Operator)?;
+    user.require(Action::FlagSet.role())?;
     let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }
@@ -231,13 +230,13 @@ pub async fn confirm_flag(
 /// `POST …/flags/{key}`: sets the flag's value (confirmed, with a reason).
 pub async fn apply_flag(
     State(s): State<AppState>,
-    ctx: RequestCtx,
+    rid: RequestId,
     Path((env, svc, key)): Path<(String, String, String)>,
     Posted { user, form }: Posted<FlagChange>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Operator)?;
-    let audit = match user.audit(&ctx, &form.reason) {
-        Ok(a) => a,
+    let by = user.actor(Action::FlagSet, &rid)?;
+    let reason = match reason(&form.reason) {
+        Ok(r) => r,
         Err(msg) => {
             let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
             return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg));
@@ -252,17 +251,10 @@ pub async fn apply_flag(
         .ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
     let value =
         parse_value(kind, &form.value).map_err(|m| UiError::BadRequest(format!("flag {key}: {m}")))?;
-    let target = format!("flag {key}");
-    let change = Change {
-        env: &env,
-        service: &svc,
-        action: "flag.set",
-        target: &target,
-        expected: Some(form.revision),
-    };
-    let (c, _) = commit(&s, change, &audit, |p| set_flag_value(p, &svc, &key, value, None)).await?;
-    tracing::info!(actor = %audit.actor, environment = %env, service = %svc, flag = %key, revision = c.snapshot.revision, "flag changed from the UI");
-    Ok(after_change(&env, &svc, &c))
+    let at = ServiceAt::new(&env, &svc, Some(form.revision));
+    let w = s.actions.set_flag_value(&by, &reason, &at, &key, value, None).await?;
+    tracing::info!(actor = %by.name, environment = %env, service = %svc, flag = %key, revision = w.snapshot.revision, "flag changed from the UI");
+    Ok(after_change(&env, &svc, &w))
 }
 
 // ---- breaker overrides ----------------------------------------------------------------
@@ -399,7 +391,7 @@ pub async fn confirm_override(
     Path((env, svc)): Path<(String, String)>,
     Posted { user, form }: Posted<OverrideChange>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Operator)?;
+    user.require(Action::BreakerOverride.role())?;
     let (confirm, _) = override_confirm(&s, &env, &svc, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }
@@ -407,40 +399,29 @@ pub async fn confirm_override(
 /// `POST …/breakers`: sets the override (confirmed, with a reason).
 pub async fn apply_override(
     State(s): State<AppState>,
-    ctx: RequestCtx,
+    rid: RequestId,
     Path((env, svc)): Path<(String, String)>,
     Posted { user, form }: Posted<OverrideChange>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Operator)?;
+    let by = user.actor(Action::BreakerOverride, &rid)?;
     let (confirm, req) = override_confirm(&s, &env, &svc, &form).await?;
-    let audit = match user.audit(&ctx, &form.reason) {
-        Ok(a) => a,
+    let reason = match reason(&form.reason) {
+        Ok(r) => r,
         Err(msg) => return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg)),
     };
-    let o = BreakerOverride {
-        dependency: req.dependency.clone(),
-        operation: req.operation.clone(),
+    let new = NewOverride {
+        dependency: req.dependency,
+        operation: req.operation,
         state: req.state,
         expires_at: req
             .lasts
             .map(|d| Timestamp::from_unix_ms(Timestamp::now().unix_ms() + d.as_millis() as i64)),
-        reason: audit.reason.clone(),
     };
-    let target = format!(
-        "breaker {}{}",
-        req.dependency,
-        req.operation.as_deref().map(|o| format!(" {o}")).unwrap_or_default()
-    );
-    let change = Change {
-        env: &env,
-        service: &svc,
-        action: "breaker.override",
-        target: &target,
-        expected: Some(form.revision),
-    };
-    let (c, _) = commit(&s, change, &audit, |p| Ok(overrides::set_override(p, o))).await?;
-    tracing::info!(actor = %audit.actor, environment = %env, service = %svc, breaker = %target, revision = c.snapshot.revision, "breaker override set from the UI");
-    Ok(after_change(&env, &svc, &c))
+    let breaker = breaker_name(&new.dependency, new.operation.as_deref());
+    let at = ServiceAt::new(&env, &svc, Some(form.revision));
+    let w = s.actions.set_breaker_override(&by, &reason, &at, new).await?;
+    tracing::info!(actor = %by.name, environment = %env, service = %svc, %breaker, revision = w.snapshot.revision, "breaker override set from the UI");
+    Ok(after_change(&env, &svc, &w))
 }
 
 /// Form of an override removal and of its confirmation.
@@ -496,7 +477,7 @@ pub async fn confirm_remove_override(
     Path((env, svc)): Path<(String, String)>,
     Posted { user, form }: Posted<OverrideRemoval>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Operator)?;
+    user.require(Action::BreakerOverrideDelete.role())?;
     let confirm = removal_confirm(&s, &env, &svc, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }
@@ -504,31 +485,24 @@ pub async fn confirm_remove_override(
 /// `POST …/breakers/remove`: removes the override (confirmed, with a reason).
 pub async fn apply_remove_override(
     State(s): State<AppState>,
-    ctx: RequestCtx,
+    rid: RequestId,
     Path((env, svc)): Path<(String, String)>,
     Posted { user, form }: Posted<OverrideRemoval>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Operator)?;
-    let audit = match user.audit(&ctx, &form.reason) {
-        Ok(a) => a,
+    let by = user.actor(Action::BreakerOverrideDelete, &rid)?;
+    let reason = match reason(&form.reason) {
+        Ok(r) => r,
         Err(msg) => {
             let confirm = removal_confirm(&s, &env, &svc, &form).await?;
             return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg));
         }
     };
-    let dep = form.dependency.clone();
-    let op = Some(form.operation.trim().to_string()).filter(|o| !o.is_empty());
-    let target = format!("breaker {dep}");
-    let change = Change {
-        env: &env,
-        service: &svc,
-        action: "breaker.override.delete",
-        target: &target,
-        expected: Some(form.revision),
-    };
-    let (c, _) = commit(&s, change, &audit, |p| overrides::remove_override(p, &dep, op.as_deref())).await?;
-    tracing::info!(actor = %audit.actor, environment = %env, service = %svc, breaker = %target, revision = c.snapshot.revision, "breaker override removed from the UI");
-    Ok(after_change(&env, &svc, &c))
+    let op = Some(form.operation.trim()).filter(|o| !o.is_empty());
+    let breaker = breaker_name(&form.dependency, op);
+    let at = ServiceAt::new(&env, &svc, Some(form.revision));
+    let w = s.actions.remove_breaker_override(&by, &reason, &at, &form.dependency, op).await?;
+    tracing::info!(actor = %by.name, environment = %env, service = %svc, %breaker, revision = w.snapshot.revision, "breaker override removed from the UI");
+    Ok(after_change(&env, &svc, &w))
 }
 
 #[cfg(test)]

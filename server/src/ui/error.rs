@@ -7,7 +7,8 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use tower_http::csrf::ProtectionError;
 
 use super::page::Layout;
-use crate::error::ApiError;
+use crate::actions::{ChangeError, Forbidden};
+use crate::auth::LoginError;
 
 /// Why a UI request did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +37,7 @@ pub enum UiError {
     /// The service changed between reading and writing.
     #[error("{0}")]
     Conflict(String),
-    /// Too many attempts.
+    /// Too many failed logins for this user (`auth::LOGIN_MAX_FAILURES`).
     #[error("{0}")]
     TooManyRequests(String),
     /// A bug or an unreachable database.
@@ -50,21 +51,37 @@ impl From<anyhow::Error> for UiError {
     }
 }
 
-impl From<ApiError> for UiError {
-    fn from(e: ApiError) -> Self {
+impl From<Forbidden> for UiError {
+    fn from(e: Forbidden) -> Self {
+        UiError::Forbidden(e.to_string())
+    }
+}
+
+impl From<ChangeError> for UiError {
+    fn from(e: ChangeError) -> Self {
         match e {
-            ApiError::Unauthorized(_) => UiError::LoginRequired { next: "/".into() },
-            ApiError::Forbidden(m) => UiError::Forbidden(m),
-            ApiError::NotFound(m) => UiError::NotFound(m),
-            ApiError::Conflict { expected, current } => UiError::Conflict(format!(
+            ChangeError::Forbidden(f) => f.into(),
+            ChangeError::NotFound(m) => UiError::NotFound(m.to_string()),
+            ChangeError::Conflict { expected, current } => UiError::Conflict(format!(
                 "the service changed while you were looking at it: you saw revision {expected}, it is now at \
                  revision {current}. Nothing was changed. Open the service page again, check what changed, \
                  and repeat the action if it is still needed."
             )),
-            ApiError::AlreadyExists(m) => UiError::Conflict(m),
-            ApiError::TooManyRequests(m) => UiError::TooManyRequests(m),
-            ApiError::Internal(cause) => UiError::Internal(cause),
-            other => UiError::BadRequest(other.to_string()),
+            e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
+            ChangeError::Storage(cause) => UiError::Internal(cause),
+            e @ (ChangeError::Invalid(_) | ChangeError::InvalidField(_)) => {
+                UiError::BadRequest(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<LoginError> for UiError {
+    fn from(e: LoginError) -> Self {
+        match e {
+            LoginError::Internal(cause) => UiError::Internal(cause),
+            e @ LoginError::WrongCredentials => UiError::BadRequest(e.to_string()),
+            e @ LoginError::TooManyAttempts => UiError::TooManyRequests(e.to_string()),
         }
     }
 }

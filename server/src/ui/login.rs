@@ -14,12 +14,11 @@ use serde::Deserialize;
 use super::error::UiError;
 use super::page::{Layout, Page};
 use super::session::{
-    LOGIN_NONCE_COOKIE, LOGIN_NONCE_TTL, NoFields, Posted, came_over_tls, clear_cookie, cookie_in,
-    local_path, read_form, session_cookie, session_user, set_cookie,
+    LOGIN_NONCE_COOKIE, LOGIN_NONCE_TTL, NoFields, Posted, came_over_tls, clear_cookie, local_path,
+    read_form, session_cookie, session_user, set_cookie,
 };
-use crate::api::auth_routes::check_login;
-use crate::api::{AppState, SESSION_COOKIE};
-use crate::error::ApiError;
+use crate::auth::{LoginError, end_session, login};
+use crate::web::{AppState, SESSION_COOKIE, cookie};
 
 #[derive(Template)]
 #[template(path = "login.html")]
@@ -88,7 +87,7 @@ pub async fn form(
 /// `POST /login`: checks the password (rate limited per user) and sets the session cookie.
 pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Response, UiError> {
     let secure = came_over_tls(req.uri(), req.headers());
-    let nonce = cookie_in(req.headers(), LOGIN_NONCE_COOKIE).unwrap_or("").to_string();
+    let nonce = cookie(req.headers(), LOGIN_NONCE_COOKIE).unwrap_or("").to_string();
     let (parts, body) = req.into_parts();
     let bytes = read_form(&parts.headers, body, state.max_body_bytes).await?;
     let f: LoginForm = serde_urlencoded::from_bytes(&bytes)
@@ -103,7 +102,7 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
             Some("This login form expired or was not sent by a Levee page. Please log in again.".into()),
         );
     }
-    match check_login(&state, f.username.trim(), &f.password).await {
+    match login(&state.store, &state.keys, &state.logins, f.username.trim(), &f.password).await {
         Ok(session) => {
             tracing::info!(user = %f.username.trim(), "UI login");
             Ok((
@@ -115,7 +114,7 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
             )
                 .into_response())
         }
-        Err(ApiError::Unauthorized(_)) => form_response(
+        Err(LoginError::WrongCredentials) => form_response(
             &state,
             secure,
             StatusCode::UNAUTHORIZED,
@@ -123,9 +122,14 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
             &f.next,
             Some("Wrong username or password.".into()),
         ),
-        Err(ApiError::TooManyRequests(m)) => {
-            form_response(&state, secure, StatusCode::TOO_MANY_REQUESTS, f.username, &f.next, Some(m))
-        }
+        Err(e @ LoginError::TooManyAttempts) => form_response(
+            &state,
+            secure,
+            StatusCode::TOO_MANY_REQUESTS,
+            f.username,
+            &f.next,
+            Some(e.to_string()),
+        ),
         Err(e) => Err(e.into()),
     }
 }
@@ -138,8 +142,8 @@ pub async fn logout(
     uri: Uri,
     headers: HeaderMap,
     posted: Posted<NoFields>,
-) -> Result<Response, super::error::UiError> {
-    crate::api::auth_routes::end_session(&state, &posted.user.principal.jti).await?;
+) -> Result<Response, UiError> {
+    end_session(&state.store, &posted.user.principal.jti).await?;
     let secure = came_over_tls(&uri, &headers);
     Ok((AppendHeaders([(header::SET_COOKIE, clear_cookie(SESSION_COOKIE, secure))]), Redirect::to("/login"))
         .into_response())

@@ -1,10 +1,10 @@
 //! The operator web UI: server-rendered askama pages (templates in `web/templates/`) that
 //! work without JavaScript.
 //!
-//! The UI reads through the same [`Store`](crate::db::Store) as the API and writes through
-//! the same path (`api::services::commit` → `Store::mutate`), so a change made here is
-//! versioned, validated, audited (`via = "ui"`) and pushed to agents exactly like an API
-//! change. Role checks are the API's (`Auth::require`).
+//! The UI reads through the same [`Store`](crate::db::Store) as the API and changes things
+//! only through the same [`actions`](crate::actions), so a change made here is versioned,
+//! validated, audited (`via = "ui"`), checked against the same roles and pushed to agents
+//! exactly like an API change.
 //!
 //! Sessions are the `levee_session` cookie (HttpOnly, SameSite=Strict, Secure over TLS)
 //! holding the session JWT. Forms are protected against cross-site request forgery twice:
@@ -12,7 +12,7 @@
 //! cross-site (`Sec-Fetch-Site`, else `Origin` against `Host`), and every form carries a
 //! token bound to the session (an HMAC of the session id under the JWT key) that
 //! [`session::Posted`] checks before the handler runs. Every change asks for a
-//! confirmation and a reason first (see [`changes`]).
+//! confirmation and a reason first (see `changes.rs`).
 
 mod audit;
 mod changes;
@@ -29,13 +29,12 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, header};
 use axum::routing::{get, post};
 use tower_http::csrf::CsrfLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use error::UiError;
 pub use session::{Posted, UiUser};
 
-use crate::api::AppState;
+use crate::web::AppState;
 
 /// Content-Security-Policy of every UI response: no scripts at all, styles and forms
 /// only from this origin, never framed (so a switch cannot be click-jacked).
@@ -72,8 +71,5 @@ pub fn router(state: AppState) -> Router {
     for (name, value) in headers {
         router = router.layer(SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value)));
     }
-    router
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .with_state(state)
+    router.with_state(state)
 }

@@ -7,7 +7,7 @@ use super::error::UiError;
 use super::fleet::FleetSummary;
 use super::page::{Layout, Page, time};
 use super::session::UiUser;
-use crate::api::AppState;
+use crate::web::AppState;
 
 struct EnvView {
     name: String,

@@ -18,7 +18,7 @@ const STYLESHEET: &str = include_str!("../../../web/static/levee.css");
 pub struct NavUser {
     /// Username (or `token:<name>`).
     pub name: String,
-    /// Role name.
+    /// `viewer`, `operator` or `admin`.
     pub role: &'static str,
     /// Anti-CSRF token of the session (for the log-out form).
     pub csrf: String,

@@ -15,8 +15,8 @@ use super::error::UiError;
 use super::fleet::{AgentReport, FleetSummary};
 use super::page::{Layout, Page, duration, percent, service_url, time};
 use super::session::UiUser;
-use crate::api::AppState;
 use crate::db::{AgentRow, NackRow, ServiceRow};
+use crate::web::AppState;
 
 /// How often the page reloads itself while a change is still spreading (no JavaScript).
 pub const PROPAGATION_REFRESH_SECS: u32 = 2;
@@ -50,7 +50,7 @@ pub async fn load(s: &AppState, env: &str, svc: &str) -> Result<Loaded, UiError>
 
 /// A kill switch as shown next to what it switches.
 pub struct SwitchView {
-    /// Flag key.
+    /// Key of the bool flag.
     pub flag: String,
     /// `on`, `off`, or why neither (missing flag, not a bool).
     pub state: String,
@@ -155,7 +155,7 @@ pub fn state_label(s: BreakerOverrideState) -> &'static str {
 struct Flip {
     /// Value it sets.
     value: &'static str,
-    /// Button label.
+    /// Text of the button.
     label: &'static str,
 }
 

@@ -11,9 +11,10 @@ use serde::de::DeserializeOwned;
 
 use super::error::UiError;
 use super::page::{Layout, NavUser};
-use crate::api::{AppState, Auth, RequestCtx, SESSION_COOKIE};
+use crate::actions::{Action, Actor, BadInput, Forbidden, Reason, ReasonError, Via};
 use crate::auth::{Principal, SESSION_TTL, authenticate_api};
-use crate::db::{AuditCtx, Role};
+use crate::db::Role;
+use crate::web::{AppState, RequestId, SESSION_COOKIE, cookie};
 
 /// Name of the cookie that carries the login form's anti-CSRF nonce (before a session exists).
 pub const LOGIN_NONCE_COOKIE: &str = "levee_login";
@@ -30,24 +31,25 @@ pub struct UiUser {
 }
 
 impl UiUser {
-    /// Refuses with 403 unless the user has at least `role` (the API's rule).
+    /// Refuses with 403 unless the user has at least `role`.
     pub fn require(&self, role: Role) -> Result<(), UiError> {
-        self.auth().require(role).map_err(UiError::from)
+        Ok(Forbidden::check(self.principal.role, role)?)
     }
 
-    /// Whether the user may flip switches and override breakers.
+    /// Whether the user may flip switches and override breakers (the roles those actions
+    /// need), so the page shows their forms.
     pub fn can_operate(&self) -> bool {
-        self.principal.role >= Role::Operator
+        [Action::FlagSet, Action::BreakerOverride, Action::BreakerOverrideDelete]
+            .iter()
+            .all(|a| self.principal.role >= a.role())
     }
 
-    /// Audit context for a change made through the UI, with the API's reason rules.
-    pub fn audit(&self, ctx: &RequestCtx, reason: &str) -> Result<AuditCtx, String> {
-        if reason.trim().is_empty() {
-            return Err("a reason is required: say why you are making this change (it is recorded in the \
-                        audit log)"
-                .into());
-        }
-        ctx.audit(&self.auth(), reason).map_err(|e| e.to_string())
+    /// The user as the actor of `action` through the UI, refused with 403 unless the role
+    /// allows it.
+    pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, UiError> {
+        let actor = Actor::new(&self.principal, Via::Ui, request.0.clone());
+        actor.may(action)?;
+        Ok(actor)
     }
 
     /// The page frame for this user.
@@ -60,30 +62,26 @@ impl UiUser {
             }),
         }
     }
-
-    fn auth(&self) -> Auth {
-        Auth { principal: self.principal.clone(), via: "ui" }
-    }
 }
 
 /// The user of the session cookie, if it holds a valid session.
 pub async fn session_user(headers: &HeaderMap, state: &AppState) -> Option<UiUser> {
-    let token = cookie_in(headers, SESSION_COOKIE)?;
+    let token = cookie(headers, SESSION_COOKIE)?;
     let principal = authenticate_api(&state.keys, &state.store, token).await.ok()?;
     let csrf = state.keys.csrf_token(&principal.jti).ok()?;
     Some(UiUser { principal, csrf })
 }
 
-/// Reads a cookie from request headers.
-pub fn cookie_in<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+/// The reason typed in a confirmation form, or what to tell the user about it.
+pub fn reason(text: &str) -> Result<Reason, String> {
+    Reason::parse(text).map_err(|e| match e {
+        ReasonError::Missing => {
+            "a reason is required: say why you are making this change (it is recorded in the \
+                                 audit log)"
+                .to_string()
+        }
+        e => BadInput::from(e).to_string(),
+    })
 }
 
 impl FromRequestParts<AppState> for UiUser {
@@ -121,7 +119,7 @@ pub fn local_path(next: &str) -> &str {
 /// Without a session the answer is the login page; with a missing or wrong token, 403.
 #[derive(Debug)]
 pub struct Posted<T> {
-    /// Who posted.
+    /// The logged-in user whose session token the form carried.
     pub user: UiUser,
     /// The decoded form.
     pub form: T,

@@ -5,3 +5,4 @@ mod errors;
 mod helpers;
 mod history;
 mod policy;
+mod router;

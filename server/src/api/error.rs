@@ -6,8 +6,11 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use levee_agent::policy::{FieldError, PolicyError};
+use levee_agent::policy::{FieldError, PolicyError, ValidationErrors};
 use serde::Serialize;
+
+use crate::actions::{BadInput, ChangeError, CreateError, Forbidden, ReasonError, TokenError};
+use crate::auth::LoginError;
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -26,7 +29,7 @@ pub enum ApiError {
     /// 422: well-formed but semantically invalid; lists every bad field.
     #[error("{detail}")]
     Invalid {
-        /// Summary.
+        /// The count and every bad field, for a person.
         detail: String,
         /// Every bad field.
         errors: Vec<FieldError>,
@@ -82,41 +85,31 @@ impl ApiError {
 
     /// 400 naming one field.
     pub fn bad_field(path: &str, value: impl Into<String>, message: impl Into<String>) -> Self {
-        let e = FieldError { path: path.into(), value: value.into(), message: message.into() };
-        ApiError::BadRequest { detail: format!("invalid request: {e}"), errors: vec![e] }
+        BadInput::new(path, value, message).into()
     }
 
-    /// 422 naming one field.
-    pub fn invalid_field(path: &str, value: impl Into<String>, message: impl Into<String>) -> Self {
-        let e = FieldError { path: path.into(), value: value.into(), message: message.into() };
+    /// 422 listing every bad field of a document.
+    pub fn invalid(errors: ValidationErrors) -> Self {
+        let n = errors.0.len();
+        ApiError::Invalid {
+            detail: format!("{n} invalid field{}: {errors}", if n == 1 { "" } else { "s" }),
+            errors: errors.0,
+        }
+    }
+
+    /// 422 naming the one value refused.
+    fn invalid_field(e: FieldError) -> Self {
         ApiError::Invalid { detail: format!("invalid value: {e}"), errors: vec![e] }
     }
 
-    /// Maps a policy decode/validation error, prefixing field paths with `prefix`.
-    pub fn from_policy(err: PolicyError, prefix: &str) -> Self {
-        let mut errors = err.field_errors();
-        if !prefix.is_empty() {
-            for e in &mut errors {
-                e.path = if e.path.is_empty() || e.path == "." {
-                    prefix.to_string()
-                } else {
-                    format!("{prefix}.{}", e.path)
-                };
-            }
-        }
-        let n = errors.len();
+    /// Maps a decoding or validation error of a request body.
+    pub fn from_policy(err: PolicyError) -> Self {
         match err {
             PolicyError::Malformed { .. } => {
+                let errors = err.field_errors();
                 ApiError::BadRequest { detail: format!("malformed request body: {}", errors[0]), errors }
             }
-            PolicyError::Invalid(_) => ApiError::Invalid {
-                detail: format!(
-                    "{n} invalid field{}: {}",
-                    if n == 1 { "" } else { "s" },
-                    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-                ),
-                errors,
-            },
+            PolicyError::Invalid(v) => ApiError::invalid(v),
         }
     }
 
@@ -168,6 +161,71 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+impl From<BadInput> for ApiError {
+    fn from(e: BadInput) -> Self {
+        ApiError::BadRequest { detail: e.to_string(), errors: vec![e.0] }
+    }
+}
+
+impl From<ReasonError> for ApiError {
+    fn from(e: ReasonError) -> Self {
+        BadInput::from(e).into()
+    }
+}
+
+impl From<Forbidden> for ApiError {
+    fn from(e: Forbidden) -> Self {
+        ApiError::Forbidden(e.to_string())
+    }
+}
+
+impl From<ChangeError> for ApiError {
+    fn from(e: ChangeError) -> Self {
+        match e {
+            ChangeError::Forbidden(f) => f.into(),
+            ChangeError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            ChangeError::Conflict { expected, current } => ApiError::Conflict { expected, current },
+            ChangeError::Invalid(v) => ApiError::invalid(v),
+            ChangeError::InvalidField(f) => ApiError::invalid_field(f),
+            e @ ChangeError::FaultsNotAllowed { .. } => ApiError::Forbidden(e.to_string()),
+            ChangeError::Storage(cause) => ApiError::Internal(cause),
+        }
+    }
+}
+
+impl From<CreateError> for ApiError {
+    fn from(e: CreateError) -> Self {
+        match e {
+            CreateError::Forbidden(f) => f.into(),
+            CreateError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            CreateError::AlreadyExists(x) => ApiError::AlreadyExists(x.to_string()),
+            CreateError::Invalid(v) => ApiError::invalid(v),
+            CreateError::Storage(cause) => ApiError::Internal(cause),
+        }
+    }
+}
+
+impl From<TokenError> for ApiError {
+    fn from(e: TokenError) -> Self {
+        match e {
+            TokenError::Forbidden(f) => f.into(),
+            TokenError::InvalidField(f) => ApiError::invalid_field(f),
+            TokenError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            TokenError::Storage(cause) => ApiError::Internal(cause),
+        }
+    }
+}
+
+impl From<LoginError> for ApiError {
+    fn from(e: LoginError) -> Self {
+        match e {
+            LoginError::WrongCredentials => ApiError::Unauthorized(e.to_string()),
+            LoginError::TooManyAttempts => ApiError::TooManyRequests(e.to_string()),
+            LoginError::Internal(cause) => ApiError::Internal(cause),
+        }
+    }
+}
+
 /// The problem document (RFC 9457) with Levee's extension members.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Problem {
@@ -176,7 +234,7 @@ pub struct Problem {
     pub kind: String,
     /// Short summary of the problem type.
     pub title: String,
-    /// HTTP status.
+    /// The HTTP status code, as in the response line.
     pub status: u16,
     /// What went wrong, for a person.
     pub detail: String,

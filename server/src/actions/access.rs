@@ -1,0 +1,245 @@
+//! Access: API and agent tokens, and users.
+
+use std::time::Duration;
+
+use super::{
+    Action, Actions, Actor, BadInput, CreateError, Existing, Missing, Name, Reason, TokenError, audit_row,
+};
+use crate::auth::{TOKEN_TTL, check_password, hash_password};
+use crate::db::{Role, TokenKind, TokenRow, now_ms};
+
+/// Shortest lifetime of a minted token.
+pub const MIN_TOKEN_TTL: Duration = Duration::from_secs(60);
+/// Longest lifetime of a minted token, in days.
+pub const MAX_TOKEN_TTL_DAYS: u64 = 3650;
+/// Most services one agent token may read.
+pub const MAX_AGENT_TOKEN_SERVICES: usize = 100;
+
+/// A token to mint, checked for its form.
+#[derive(Clone, Debug)]
+pub struct NewToken {
+    kind: TokenKind,
+    name: Name,
+    role: Option<Role>,
+    environment: Option<Name>,
+    services: Vec<Name>,
+    ttl: Duration,
+}
+
+impl NewToken {
+    /// Checks the form of a token request, field by field in this order: `name`;
+    /// `expires_in` (default [`TOKEN_TTL`], from [`MIN_TOKEN_TTL`] to
+    /// [`MAX_TOKEN_TTL_DAYS`]); for an agent token an `environment`, 1 to
+    /// [`MAX_AGENT_TOKEN_SERVICES`] `services` and no `role`; for an API token no
+    /// environment nor services (its `role` defaults to viewer).
+    ///
+    /// # Errors
+    /// [`BadInput`] naming the first bad field.
+    pub fn new(
+        kind: TokenKind,
+        name: &str,
+        role: Option<Role>,
+        environment: Option<&str>,
+        services: &[String],
+        expires_in: Option<Duration>,
+    ) -> Result<NewToken, BadInput> {
+        let name = Name::parse("name", name)?;
+        let ttl = expires_in.unwrap_or(TOKEN_TTL);
+        if ttl < MIN_TOKEN_TTL || ttl > Duration::from_secs(MAX_TOKEN_TTL_DAYS * 86400) {
+            return Err(BadInput::new(
+                "expires_in",
+                humantime::format_duration(ttl).to_string(),
+                format!(
+                    "must be between {} and {MAX_TOKEN_TTL_DAYS}d",
+                    humantime::format_duration(MIN_TOKEN_TTL)
+                ),
+            ));
+        }
+        match kind {
+            TokenKind::Agent => {
+                let env = environment
+                    .ok_or_else(|| BadInput::new("environment", "", "an agent token needs an environment"))?;
+                let environment = Name::parse("environment", env)?;
+                if services.is_empty() || services.len() > MAX_AGENT_TOKEN_SERVICES {
+                    return Err(BadInput::new(
+                        "services",
+                        "[]",
+                        format!("an agent token needs 1 to {MAX_AGENT_TOKEN_SERVICES} services"),
+                    ));
+                }
+                let services = services
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| Name::parse(&format!("services[{i}]"), s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if role.is_some() {
+                    return Err(BadInput::new("role", "", "agent tokens have no role; omit it"));
+                }
+                Ok(NewToken { kind, name, role: None, environment: Some(environment), services, ttl })
+            }
+            TokenKind::Api => {
+                if environment.is_some() || !services.is_empty() {
+                    return Err(BadInput::new(
+                        "environment",
+                        "",
+                        "API tokens are not scoped to services; omit it",
+                    ));
+                }
+                let role = Some(role.unwrap_or(Role::Viewer));
+                Ok(NewToken { kind, name, role, environment: None, services: Vec::new(), ttl })
+            }
+        }
+    }
+}
+
+/// A freshly minted token: its stored row and the bearer token, shown only this once.
+#[derive(Clone)]
+pub struct Minted {
+    /// What is stored (the secret is not).
+    pub row: TokenRow,
+    /// The signed JWT.
+    pub token: String,
+}
+
+impl std::fmt::Debug for Minted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Minted").field("row", &self.row).field("token", &"<secret>").finish()
+    }
+}
+
+/// A user to create, checked for its form.
+#[derive(Clone)]
+pub struct NewUser {
+    username: Name,
+    password: String,
+    role: Role,
+}
+
+impl std::fmt::Debug for NewUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewUser").field("username", &self.username).field("role", &self.role).finish()
+    }
+}
+
+impl NewUser {
+    /// Checks the `username` and the `password` (`auth::check_password`).
+    ///
+    /// # Errors
+    /// [`BadInput`] naming the field (never quoting the password).
+    pub fn new(username: &str, password: String, role: Role) -> Result<NewUser, BadInput> {
+        let username = Name::parse("username", username)?;
+        check_password(&password).map_err(|m| BadInput::new("password", "", m))?;
+        Ok(NewUser { username, password, role })
+    }
+}
+
+impl Actions {
+    /// Mints a token (audited as `token.create`, its row as `after`).
+    ///
+    /// # Errors
+    /// [`TokenError`]; [`TokenError::InvalidField`] on `environment` when an agent token
+    /// names an environment that does not exist.
+    pub async fn create_token(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        new: NewToken,
+    ) -> Result<Minted, TokenError> {
+        by.may(Action::TokenCreate)?;
+        if let Some(env) = &new.environment
+            && self.store.environment(env.as_str()).await?.is_none()
+        {
+            return Err(TokenError::InvalidField(levee_agent::policy::FieldError {
+                path: "environment".into(),
+                value: format!("{:?}", env.as_str()),
+                message: "no such environment".into(),
+            }));
+        }
+        let now = now_ms();
+        let row = TokenRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: new.kind,
+            name: new.name.as_str().to_string(),
+            role: new.role,
+            environment: new.environment.map(|e| e.as_str().to_string()),
+            services: new.services.iter().map(|s| s.as_str().to_string()).collect(),
+            created_by: by.name.clone(),
+            created_at: now,
+            expires_at: now + new.ttl.as_millis() as i64,
+            revoked_at: None,
+        };
+        let token = self.keys.mint(&row)?;
+        let mut audit = audit_row(by, reason, Action::TokenCreate, format!("token {}", row.name));
+        audit.after = serde_json::to_string(&row).ok();
+        self.store.insert_token(&row, &audit).await?;
+        Ok(Minted { row, token })
+    }
+
+    /// Revokes token `id` at once (audited as `token.revoke`): its agent streams are refused
+    /// from their next connect. Revoking a revoked token succeeds again.
+    ///
+    /// # Errors
+    /// [`TokenError`]: [`Missing::Token`].
+    pub async fn revoke_token(&self, by: &Actor, reason: &Reason, id: &str) -> Result<(), TokenError> {
+        by.may(Action::TokenRevoke)?;
+        let audit = audit_row(by, reason, Action::TokenRevoke, format!("token {id}"));
+        if !self.store.revoke_token(id, &audit).await? {
+            return Err(TokenError::NotFound(Missing::Token { id: id.to_string() }));
+        }
+        Ok(())
+    }
+
+    /// Creates a user with an argon2 hash of the password (audited as `user.create`, the
+    /// username and role as `after`).
+    ///
+    /// # Errors
+    /// [`CreateError`]: a user of that name exists.
+    pub async fn create_user(&self, by: &Actor, reason: &Reason, new: NewUser) -> Result<(), CreateError> {
+        by.may(Action::UserCreate)?;
+        let username = new.username.as_str().to_string();
+        let hash = hash_password(new.password).await?;
+        let mut audit = audit_row(by, reason, Action::UserCreate, format!("user {username}"));
+        audit.after = Some(serde_json::json!({"username": username, "role": new.role}).to_string());
+        if !self.store.create_user(&username, &hash, new.role, Some(&audit)).await? {
+            return Err(CreateError::AlreadyExists(Existing::User { name: username }));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_form_is_checked_field_by_field() {
+        let svc = vec!["checkout".to_string()];
+        let agent = |env, services: &[String], role, ttl| {
+            NewToken::new(TokenKind::Agent, "checkout-prod", role, env, services, ttl)
+        };
+        assert!(agent(Some("prod"), &svc, None, None).is_ok());
+        assert_eq!(agent(None, &svc, None, None).unwrap_err().0.path, "environment");
+        assert_eq!(agent(Some("prod"), &[], None, None).unwrap_err().0.path, "services");
+        assert_eq!(agent(Some("prod"), &["Bad".into()], None, None).unwrap_err().0.path, "services[0]");
+        assert_eq!(agent(Some("prod"), &svc, Some(Role::Admin), None).unwrap_err().0.path, "role");
+        let short = agent(Some("prod"), &svc, None, Some(Duration::from_secs(59))).unwrap_err();
+        assert_eq!(short.0.path, "expires_in");
+        assert_eq!(short.0.message, "must be between 1m and 3650d");
+        let api = NewToken::new(TokenKind::Api, "bot", None, Some("prod"), &[], None);
+        assert_eq!(api.unwrap_err().0.path, "environment");
+        let api = NewToken::new(TokenKind::Api, "bot", None, None, &[], None).unwrap();
+        assert_eq!(api.role, Some(Role::Viewer));
+    }
+
+    #[test]
+    fn passwords_are_checked_and_never_printed() {
+        use crate::auth::{MAX_PASSWORD_BYTES, MIN_PASSWORD_CHARS};
+        assert!(check_password("short").is_err());
+        assert!(check_password(&"p".repeat(MIN_PASSWORD_CHARS)).is_ok());
+        assert!(check_password(&"p".repeat(MAX_PASSWORD_BYTES + 1)).is_err());
+        let u = NewUser::new("olivia", "correct horse battery".into(), Role::Operator).unwrap();
+        assert!(!format!("{u:?}").contains("horse"));
+        let e = NewUser::new("olivia", "short".into(), Role::Operator).unwrap_err();
+        assert_eq!((e.0.path.as_str(), e.0.value.as_str()), ("password", ""));
+    }
+}

@@ -1,0 +1,170 @@
+//! Who acts, and which role each action needs.
+
+use super::Reason;
+use crate::auth::Principal;
+use crate::db::{AuditCtx, Role};
+
+/// Through which door a change came; recorded as the audit row's `via`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The HTTP API with a bearer token.
+    Api,
+    /// The HTTP API from the `levee` command line (it sends `x-levee-client: cli`).
+    Cli,
+    /// The web UI (session cookie and a confirmed form).
+    Ui,
+    /// The server itself (the expiry sweeper).
+    Server,
+}
+
+impl Via {
+    /// The value recorded in the audit log: `api`, `cli`, `ui` or `server`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Via::Api => "api",
+            Via::Cli => "cli",
+            Via::Ui => "ui",
+            Via::Server => "server",
+        }
+    }
+}
+
+/// Who makes a change.
+#[derive(Clone, Debug)]
+pub struct Actor {
+    /// Recorded in the audit log: a username, `token:<name>`, or `levee` for the server.
+    pub name: String,
+    /// Checked against [`Action::role`]; for a user it was read from the database on this
+    /// request, so a demotion applies at once.
+    pub role: Role,
+    /// Recorded in the audit log.
+    pub via: Via,
+    /// The request's `x-request-id`, recorded in the audit log; empty outside a request.
+    pub request_id: String,
+}
+
+impl Actor {
+    /// The authenticated caller of a request.
+    pub fn new(principal: &Principal, via: Via, request_id: impl Into<String>) -> Actor {
+        Actor { name: principal.actor.clone(), role: principal.role, via, request_id: request_id.into() }
+    }
+
+    /// The server acting on its own (recorded as `levee` via `server`).
+    pub fn server() -> Actor {
+        Actor { name: "levee".into(), role: Role::Admin, via: Via::Server, request_id: String::new() }
+    }
+
+    /// Refuses unless this actor's role is at least the one `action` needs.
+    ///
+    /// # Errors
+    /// [`Forbidden`] naming both roles.
+    pub fn may(&self, action: Action) -> Result<(), Forbidden> {
+        Forbidden::check(self.role, action.role())
+    }
+
+    pub(super) fn audit_ctx(&self, reason: &Reason) -> AuditCtx {
+        AuditCtx {
+            actor: self.name.clone(),
+            via: self.via.as_str().to_string(),
+            request_id: self.request_id.clone(),
+            reason: reason.as_str().to_string(),
+        }
+    }
+}
+
+/// Every audited action. Adding one starts here: its name in the audit log and the role it
+/// needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Creates an environment.
+    EnvironmentCreate,
+    /// Creates a service with its first revision.
+    ServiceCreate,
+    /// Replaces a service's policy.
+    PolicyUpdate,
+    /// Makes an older revision's content current again.
+    Rollback,
+    /// Creates or replaces a flag, or changes its value.
+    FlagSet,
+    /// Deletes a flag.
+    FlagDelete,
+    /// Forces a breaker's state.
+    BreakerOverride,
+    /// Removes a breaker override.
+    BreakerOverrideDelete,
+    /// Creates or replaces a fault-injection rule.
+    FaultSet,
+    /// Removes a fault-injection rule.
+    FaultDelete,
+    /// Removes expired flags, fault rules and breaker overrides (the server only).
+    Expiry,
+    /// Mints an API or agent token.
+    TokenCreate,
+    /// Revokes a token.
+    TokenRevoke,
+    /// Creates a user.
+    UserCreate,
+}
+
+impl Action {
+    /// The audit row's `action`, e.g. `flag.set`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Action::EnvironmentCreate => "environment.create",
+            Action::ServiceCreate => "service.create",
+            Action::PolicyUpdate => "policy.update",
+            Action::Rollback => "service.rollback",
+            Action::FlagSet => "flag.set",
+            Action::FlagDelete => "flag.delete",
+            Action::BreakerOverride => "breaker.override",
+            Action::BreakerOverrideDelete => "breaker.override.delete",
+            Action::FaultSet => "fault.set",
+            Action::FaultDelete => "fault.delete",
+            Action::Expiry => "expiry",
+            Action::TokenCreate => "token.create",
+            Action::TokenRevoke => "token.revoke",
+            Action::UserCreate => "user.create",
+        }
+    }
+
+    /// The least role that may take this action: operators change services; admins
+    /// manage environments, tokens and users.
+    pub const fn role(self) -> Role {
+        match self {
+            Action::ServiceCreate
+            | Action::PolicyUpdate
+            | Action::Rollback
+            | Action::FlagSet
+            | Action::FlagDelete
+            | Action::BreakerOverride
+            | Action::BreakerOverrideDelete
+            | Action::FaultSet
+            | Action::FaultDelete => Role::Operator,
+            Action::EnvironmentCreate
+            | Action::Expiry
+            | Action::TokenCreate
+            | Action::TokenRevoke
+            | Action::UserCreate => Role::Admin,
+        }
+    }
+}
+
+/// The actor's role is below the one needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("this action needs the {} role; you are {}", needed.as_str(), actual.as_str())]
+pub struct Forbidden {
+    /// The least role allowed.
+    pub needed: Role,
+    /// The actor's role.
+    pub actual: Role,
+}
+
+impl Forbidden {
+    /// `Ok` when `actual` is at least `needed` (viewer < operator < admin).
+    ///
+    /// # Errors
+    /// [`Forbidden`] otherwise.
+    pub fn check(actual: Role, needed: Role) -> Result<(), Forbidden> {
+        if actual >= needed { Ok(()) } else { Err(Forbidden { needed, actual }) }
+    }
+}

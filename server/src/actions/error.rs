@@ -1,0 +1,157 @@
+//! Why an action was not taken. Each family of actions has its own error type; none knows
+//! how it is answered (the API and the UI each map them).
+
+use levee_agent::policy::{FieldError, ValidationErrors};
+
+use super::Forbidden;
+use crate::db::MutateError;
+
+/// What an action refers to that does not exist.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Missing {
+    /// The environment of the service, or the one a request names.
+    #[error("no environment {env:?}")]
+    Environment { env: String },
+    /// A service of an environment.
+    #[error("no service {service:?} in environment {env:?}")]
+    Service { env: String, service: String },
+    /// A stored revision of a service.
+    #[error("no revision {revision} of service {service:?} in {env:?}")]
+    Revision { env: String, service: String, revision: u64 },
+    /// A flag of a service.
+    #[error("no flag {key:?} in service {service:?}")]
+    Flag { service: String, key: String },
+    /// An override of a breaker of the dependency (any operation).
+    #[error("no override on breaker {dependency:?}")]
+    BreakerOverride {
+        /// The dependency whose breaker it would force.
+        dependency: String,
+    },
+    /// A fault-injection rule.
+    #[error("no fault rule {id:?}")]
+    FaultRule { id: String },
+    /// A minted token (API or agent).
+    #[error("no token {id:?}")]
+    Token {
+        /// Its id (the JWT's `jti`).
+        id: String,
+    },
+}
+
+/// What a create action found already there.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Existing {
+    /// An environment of that name.
+    #[error("environment {name:?} already exists")]
+    Environment { name: String },
+    /// A service of that name in the environment.
+    #[error("service {name:?} already exists in {env:?}")]
+    Service { env: String, name: String },
+    /// A user of that name.
+    #[error("user {name:?} already exists")]
+    User { name: String },
+}
+
+/// Why a change to a service's configuration (a new revision) was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The actor's role does not allow the action.
+    #[error(transparent)]
+    Forbidden(#[from] Forbidden),
+    /// The service, or what the change refers to inside it, does not exist.
+    #[error(transparent)]
+    NotFound(Missing),
+    /// The service is no longer at the revision the change was based on.
+    #[error(
+        "revision conflict: the change was based on revision {expected}, the current revision is {current}"
+    )]
+    Conflict {
+        /// The revision the change was based on.
+        expected: u64,
+        /// The current revision.
+        current: u64,
+    },
+    /// The document given, or the configuration the change would make, does not validate;
+    /// every bad field, with its path.
+    #[error("{0}")]
+    Invalid(ValidationErrors),
+    /// One value the change refuses (a type mismatch, an expiry in the past).
+    #[error("invalid value: {0}")]
+    InvalidField(FieldError),
+    /// A fault rule in an environment that does not allow fault injection.
+    #[error("environment {env:?} does not allow fault injection (allow_faults is false)")]
+    FaultsNotAllowed { env: String },
+    /// The database failed; the cause is for the log only.
+    #[error("storage failed")]
+    Storage(#[source] anyhow::Error),
+}
+
+impl From<anyhow::Error> for ChangeError {
+    fn from(e: anyhow::Error) -> Self {
+        ChangeError::Storage(e)
+    }
+}
+
+impl From<MutateError<ChangeError>> for ChangeError {
+    fn from(e: MutateError<ChangeError>) -> Self {
+        match e {
+            MutateError::NoEnvironment(env) => ChangeError::NotFound(Missing::Environment { env }),
+            MutateError::NoService { env, service } => {
+                ChangeError::NotFound(Missing::Service { env, service })
+            }
+            MutateError::Conflict { expected, current } => ChangeError::Conflict { expected, current },
+            MutateError::Refused(e) => e,
+            MutateError::Invalid(v) => ChangeError::Invalid(v),
+            MutateError::Db(e) => ChangeError::Storage(e),
+        }
+    }
+}
+
+/// Why an environment, a service or a user was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The actor's role does not allow the action.
+    #[error(transparent)]
+    Forbidden(#[from] Forbidden),
+    /// The environment of a new service does not exist.
+    #[error(transparent)]
+    NotFound(Missing),
+    /// It exists already; nothing was changed.
+    #[error(transparent)]
+    AlreadyExists(Existing),
+    /// The new service's configuration does not validate; every bad field, with its path.
+    #[error("{0}")]
+    Invalid(ValidationErrors),
+    /// The database failed; the cause is for the log only.
+    #[error("storage failed")]
+    Storage(#[source] anyhow::Error),
+}
+
+impl From<anyhow::Error> for CreateError {
+    fn from(e: anyhow::Error) -> Self {
+        CreateError::Storage(e)
+    }
+}
+
+/// Why a token was not minted or revoked.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The actor's role does not allow the action.
+    #[error(transparent)]
+    Forbidden(#[from] Forbidden),
+    /// One value refused (an agent token for an environment that does not exist).
+    #[error("invalid value: {0}")]
+    InvalidField(FieldError),
+    /// No token of that id.
+    #[error(transparent)]
+    NotFound(Missing),
+    /// The database or the signing key failed; the cause is for the log only.
+    #[error("storage failed")]
+    Storage(#[source] anyhow::Error),
+}
+
+impl From<anyhow::Error> for TokenError {
+    fn from(e: anyhow::Error) -> Self {
+        TokenError::Storage(e)
+    }
+}

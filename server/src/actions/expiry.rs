@@ -1,0 +1,98 @@
+//! Expiry: the server removes flags, fault rules and breaker overrides whose time is up.
+//! Agents expire them locally too, so this matters for what the server shows and pushes.
+
+use levee_agent::policy::Timestamp;
+
+use super::{Action, Actions, Actor, ChangeError, Reason, ServiceAt};
+use crate::db::{AuditDiff, Parts};
+
+impl Actions {
+    /// Removes every flag, fault rule and breaker override expired at `now`, one revision
+    /// per service that had any (audited as `expiry` by `levee` via `server`, the removed
+    /// entries as `before`). A service that fails is logged and left for the next pass.
+    /// Returns how many services changed.
+    ///
+    /// # Errors
+    /// [`ChangeError::Storage`] when the services with expired entries cannot be listed.
+    pub async fn expire(&self, now: Timestamp) -> Result<usize, ChangeError> {
+        let due = self.store.services_with_expired(now.unix_ms()).await?;
+        let by = Actor::server();
+        let reason = Reason::by_server(format!("expired (checked at {now})"));
+        let mut changed = 0;
+        for (env, service) in due {
+            let at = ServiceAt::new(env, service, None);
+            let res = self
+                .write(&by, &reason, Action::Expiry, &at, "expired entries", |p| Ok(remove_expired(p, now)))
+                .await;
+            match res {
+                Ok(w) => changed += usize::from(w.changed),
+                Err(e) => {
+                    tracing::warn!(error = %e, environment = %at.env, service = %at.service, "expiry sweep failed")
+                }
+            }
+        }
+        Ok(changed)
+    }
+}
+
+/// Removes what expired at `now` from `p`; the audit's `before` lists what was removed.
+fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
+    let mut removed = Vec::new();
+    p.flags.retain(|k, f| {
+        let keep = f.expires_at.is_none_or(|e| e > now);
+        if !keep {
+            removed.push(format!("flag {k}"));
+        }
+        keep
+    });
+    p.faults.retain(|id, f| {
+        let keep = f.expires_at > now;
+        if !keep {
+            removed.push(format!("fault {id}"));
+        }
+        keep
+    });
+    p.overrides.retain(|(d, _), o| {
+        let keep = o.expires_at.is_none_or(|e| e > now);
+        if !keep {
+            removed.push(format!("breaker override {d}"));
+        }
+        keep
+    });
+    AuditDiff { before: Some(serde_json::json!(removed).to_string()), after: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use levee_agent::policy::{BreakerOverride, BreakerOverrideState, Flag, ServiceConfig};
+
+    use super::*;
+
+    #[test]
+    fn only_what_expired_is_removed_and_listed() {
+        let now = Timestamp::from_unix_ms(1_000_000);
+        let at = |ms: i64| Some(Timestamp::from_unix_ms(ms));
+        let flag = |expires_at| Flag {
+            expires_at,
+            ..serde_json::from_str(r#"{"type":"bool","value":true}"#).unwrap()
+        };
+        let mut p = Parts::from_config(ServiceConfig::default(), false);
+        p.flags.insert("gone".into(), flag(at(1_000_000)));
+        p.flags.insert("later".into(), flag(at(1_000_001)));
+        p.flags.insert("forever".into(), flag(None));
+        let o = |dep: &str, expires_at| BreakerOverride {
+            dependency: dep.into(),
+            operation: None,
+            state: BreakerOverrideState::ForcedOpen,
+            expires_at,
+            reason: "r".into(),
+        };
+        p.overrides.insert(("pay".into(), String::new()), o("pay", at(999_999)));
+        p.overrides.insert(("ship".into(), String::new()), o("ship", None));
+        let diff = remove_expired(&mut p, now);
+        assert_eq!(p.flags.keys().collect::<Vec<_>>(), ["forever", "later"]);
+        assert_eq!(p.overrides.len(), 1);
+        assert_eq!(diff.before.as_deref(), Some(r#"["flag gone","breaker override pay"]"#));
+        assert_eq!(diff.after, None);
+    }
+}

@@ -1,0 +1,144 @@
+//! Every audited action: the writes that reach agents or the audit log.
+//!
+//! The API, the UI and the server's own tasks change nothing themselves. They parse what
+//! they received into the typed input of an action (the form is checked there:
+//! [`Name::parse`], [`Reason::parse`], the `New*::new` constructors), call the action on
+//! [`Actions`] with the [`Actor`], and turn its result or its error into their answer. An
+//! action
+//!
+//! 1. refuses unless the actor's role is at least [`Action::role`];
+//! 2. checks what needs the stored state (does the environment allow faults, is the expiry
+//!    in the future, does the flag exist and take this type);
+//! 3. writes. A change to what agents receive is one new revision through
+//!    [`Store::mutate`](crate::db::Store::mutate) — counter, changed rows, snapshot, hash
+//!    and audit row in one transaction, a refused attempt audited too. Any other audited
+//!    write stores its row and its audit row in one transaction;
+//! 4. publishes a new revision to this replica's agent streams ([`Hub`]). This happens
+//!    here and only here, so no caller can forget it; other replicas learn of it from the
+//!    database (`listener`).
+//!
+//! # Adding an action
+//! Add a variant to [`Action`] (its audit name and the role it needs), a typed input whose
+//! constructor checks the form, and a method on [`Actions`] in the module of its resource.
+//! A change to a service's configuration is an edit of its [`Parts`] passed to
+//! `Actions::write`, which returns the [`AuditDiff`] of what it changed; everything after
+//! (transaction, validation, audit, publishing) is shared.
+
+mod access;
+mod actor;
+mod environments;
+mod error;
+mod expiry;
+mod faults;
+mod flags;
+mod input;
+mod overrides;
+mod service;
+
+pub use access::{MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser};
+pub use actor::{Action, Actor, Forbidden, Via};
+pub use environments::NewEnvironment;
+pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
+pub use faults::NewFaultRule;
+pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
+pub use overrides::NewOverride;
+pub use service::NewService;
+
+use levee_agent::policy::{Lint, ServiceConfig, lint};
+
+use crate::auth::Keys;
+use crate::db::{AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Store, now_ms};
+use crate::hub::Hub;
+
+/// What every action is called on: the store, this replica's hub and the token keys.
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Actions {
+    store: Store,
+    hub: Hub,
+    keys: Keys,
+}
+
+/// The service a change is for, and the revision the change was based on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAt {
+    pub env: String,
+    pub service: String,
+    /// The revision the caller read (the API's `If-Match`, the revision a UI page showed):
+    /// the change is refused with a conflict unless the service is still at it. `None`
+    /// applies the change to whatever is current.
+    pub base: Option<u64>,
+}
+
+impl ServiceAt {
+    /// `service` of `env`, as read at `base`.
+    pub fn new(env: impl Into<String>, service: impl Into<String>, base: Option<u64>) -> ServiceAt {
+        ServiceAt { env: env.into(), service: service.into(), base }
+    }
+}
+
+/// A change to a service's configuration that went through.
+#[derive(Clone, Debug)]
+pub struct Written {
+    /// The snapshot now current: the new revision, or the unchanged current one.
+    pub snapshot: SnapshotRow,
+    /// `false` when the change left the configuration as it was (no revision was made).
+    pub changed: bool,
+    /// The lints of the current policy.
+    pub lints: Vec<Lint>,
+}
+
+impl Actions {
+    /// The actions over `store`, publishing to `hub`, minting tokens with `keys`.
+    pub fn new(store: Store, hub: Hub, keys: Keys) -> Actions {
+        Actions { store, hub, keys }
+    }
+
+    /// Writes one revision of `at`'s service as `by`, for `reason`: `edit` changes the
+    /// service's parts inside the transaction and returns what it changed; the new revision
+    /// is published to this replica's agents.
+    async fn write<F>(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        action: Action,
+        at: &ServiceAt,
+        target: &str,
+        edit: F,
+    ) -> Result<Written, ChangeError>
+    where
+        F: FnOnce(&mut Parts) -> Result<AuditDiff, ChangeError>,
+    {
+        by.may(action)?;
+        let change =
+            Change { env: &at.env, service: &at.service, action: action.name(), target, expected: at.base };
+        let committed = self.store.mutate(change, &by.audit_ctx(reason), edit).await?;
+        Ok(self.publish(committed))
+    }
+
+    /// Publishes a new revision to this replica's agent streams (once, after commit).
+    fn publish(&self, c: Committed) -> Written {
+        if c.changed {
+            self.hub.publish(c.snapshot.clone());
+        }
+        let lints = serde_json::from_str::<ServiceConfig>(&c.snapshot.body)
+            .map(|c| lint(&c.policy))
+            .unwrap_or_default();
+        Written { snapshot: c.snapshot, changed: c.changed, lints }
+    }
+}
+
+/// The audit row of an audited write that makes no revision: outcome `ok`, at this moment.
+fn audit_row(by: &Actor, reason: &Reason, action: Action, target: String) -> AuditRow {
+    AuditRow {
+        at: now_ms(),
+        actor: by.name.clone(),
+        via: by.via.as_str().to_string(),
+        request_id: by.request_id.clone(),
+        action: action.name().to_string(),
+        target,
+        outcome: "ok".to_string(),
+        reason: reason.as_str().to_string(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,19 @@
+//! The stop signal of a running server: one `watch` flag, set once by `Server::shutdown`,
+//! read by every long-running task (HTTP, gRPC, sweeper, listener, sync sessions).
+
+use tokio::sync::watch;
+
+/// A new stop flag, not set: the sender stops, the receiver is cloned into each task.
+pub fn channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+    watch::channel(false)
+}
+
+/// Resolves once the stop flag is set (or its sender is gone).
+pub async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Whether the stop flag is set.
+pub fn is_stopped(rx: &watch::Receiver<bool>) -> bool {
+    *rx.borrow()
+}
