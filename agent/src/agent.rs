@@ -10,11 +10,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::applied::{Applied, ResolveCtx, Source, wall_to_monotonic};
 use crate::cache::DiskCache;
 use crate::enforce::Dependency;
 use crate::flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 use crate::policy::{self, ServiceConfig, Timestamp};
-use crate::state::{AgentStatus, Applied, Shared, Source, StatusContributor};
+use crate::state::{AgentStatus, Shared, StatusContributor};
 use crate::sync::{SyncClient, SyncSettings, run_housekeeping};
 
 /// Why [`AgentBuilder::build`] failed. Each is a programming or deployment error, found at
@@ -148,8 +149,8 @@ impl AgentBuilder {
         let (initial, confirmed_at) = match cache.as_ref().and_then(|c| c.load().snapshot) {
             Some(snap) => {
                 let wall_now = Timestamp::now();
-                let age =
-                    u64::try_from(wall_now.unix_ms().saturating_sub(snap.written_at.unix_ms())).unwrap_or(0);
+                // Confirmed live when it was written (never later than now, whatever the clocks say).
+                let written = wall_to_monotonic(snap.written_at, wall_now, now).map(|t| t.min(now));
                 tracing::info!(
                     environment = %self.environment,
                     service = %self.service,
@@ -166,7 +167,7 @@ impl AgentBuilder {
                     now,
                     wall_now,
                 );
-                (applied, now.checked_sub(Duration::from_millis(age)))
+                (applied, written)
             }
             None => {
                 tracing::info!(
@@ -306,7 +307,7 @@ impl Agent {
         }
     }
 
-    fn declare<R>(&self, f: impl FnOnce(&Shared, &crate::flags::ResolveCtx<'_>) -> R) -> R {
+    fn declare<R>(&self, f: impl FnOnce(&Shared, &ResolveCtx<'_>) -> R) -> R {
         let shared = &self.inner.shared;
         let r = shared.with_ctx(|ctx| f(shared, ctx));
         // Kill switches of dependencies may be keyed to the new flag, and its expiry may

@@ -31,6 +31,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+mod applied;
 pub mod breaker;
 pub mod bulkhead;
 pub mod cache;
@@ -42,14 +43,18 @@ pub mod feature;
 pub mod flags;
 pub mod inbound;
 pub mod metrics_names;
+#[cfg(feature = "openfeature")]
+pub mod openfeature;
 pub mod outlier;
 pub mod policy;
+mod registry;
 pub mod retry;
 mod state;
 pub mod sync;
 pub mod telemetry;
 
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
+pub use applied::{Applied, Source};
 pub use enforce::{
     AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,
     Endpoints, GrpcJudge, HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayBody,
@@ -57,7 +62,7 @@ pub use enforce::{
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};
-pub use state::{AgentStatus, Applied, LastNack, Source, StatusContributor};
+pub use state::{AgentStatus, LastNack, StatusContributor};
 pub use sync::SyncSettings;
 
 /// A type-erased error, as tower middleware returns (`Box<dyn Error + Send + Sync>`).

@@ -15,7 +15,7 @@ use crate::retry::ErrorKind;
 use crate::state::Shared;
 
 fn dep(shared: &Shared, name: &str) -> Dependency {
-    shared.with_ctx(|ctx| shared.deps.handle(name, ctx, &shared.defaults, &shared.flags))
+    shared.with_ctx(|ctx| shared.deps.handle(name, ctx))
 }
 
 fn refused() -> io::Error {
