@@ -349,13 +349,6 @@ impl Agent {
         self.inner.shared.feature_handle(name)
     }
 
-    /// A tower layer for the service's inbound side (axum, hyper, tonic): gives each
-    /// request its deadline, criticality and retry marker from its headers and this
-    /// agent's policy (see [`crate::inbound`]).
-    pub fn inbound_layer(&self) -> crate::InboundContextLayer {
-        crate::InboundContextLayer::new(self.clone())
-    }
-
     /// The handle of an outgoing dependency; handles of the same name share state.
     pub fn dependency(&self, name: &str) -> Dependency {
         self.inner.shared.dependency_handle(name)

@@ -37,6 +37,7 @@ pub mod bulkhead;
 pub mod cache;
 pub mod deadline;
 pub mod enforce;
+mod failure;
 pub mod fallback;
 pub mod fault;
 pub mod feature;

@@ -3,6 +3,7 @@
 //! virtual and exact to within a few [`support::TICK`]s (see
 //! [`support::clock_granularity`] for why a tick is needed with real sockets).
 
+mod architecture;
 mod clients;
 mod support;
 
