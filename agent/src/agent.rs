@@ -16,7 +16,7 @@ use crate::enforce::Dependency;
 use crate::flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 use crate::policy::{self, ServiceConfig, Timestamp};
 use crate::state::{AgentStatus, Shared, StatusContributor};
-use crate::sync::{SyncClient, SyncSettings, run_housekeeping};
+use crate::sync::{SyncClient, SyncClientSettings, run_housekeeping};
 
 /// Why [`AgentBuilder::build`] failed. Each is a programming or deployment error, found at
 /// startup rather than at the first call.
@@ -74,7 +74,7 @@ pub struct AgentBuilder {
     cache_dir: Option<PathBuf>,
     defaults: ServiceConfig,
     refuse_until_fresh: bool,
-    settings: SyncSettings,
+    settings: SyncClientSettings,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -115,8 +115,8 @@ impl AgentBuilder {
         self
     }
 
-    /// Timings of the sync client. Default: [`SyncSettings::default()`].
-    pub fn sync_settings(mut self, settings: SyncSettings) -> Self {
+    /// Timings of the sync client. Default: [`SyncClientSettings::default()`].
+    pub fn sync_settings(mut self, settings: SyncClientSettings) -> Self {
         self.settings = settings;
         self
     }
@@ -257,7 +257,7 @@ impl Agent {
             cache_dir: None,
             defaults: ServiceConfig::default(),
             refuse_until_fresh: false,
-            settings: SyncSettings::default(),
+            settings: SyncClientSettings::default(),
         }
     }
 

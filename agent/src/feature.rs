@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::applied::ResolveCtx;
 use crate::fallback::{
-    Degraded, FallbackChain, FeatureHandle, FeatureTracker, FeatureUnavailable, OVERFLOW_FEATURE,
+    FallbackChain, FeatureHandle, FeatureTracker, FeatureUnavailable, OVERFLOW_FEATURE, Served,
 };
 use crate::policy::{self, FallbackLevel, MatrixRow, ServiceConfig};
 use crate::registry::{Registry, Resolve, Slot};
@@ -153,7 +153,7 @@ impl Feature {
         &self,
         primary: P,
         provide: F,
-    ) -> Result<Degraded<T>, FeatureUnavailable>
+    ) -> Result<Served<T>, FeatureUnavailable>
     where
         P: Future<Output = Result<T, E>>,
         F: FnMut(FallbackLevel) -> Fut,

@@ -57,14 +57,14 @@ pub mod telemetry;
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
 pub use applied::{Applied, Source};
 pub use enforce::{
-    AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,
-    Endpoints, GrpcJudge, HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayBody,
-    ReplayRequest,
+    AttemptTimeout, CallError, DeadlineError, Dependency, DependencyLayer, DependencyService, Endpoints,
+    GrpcJudge, HttpJudge, InjectedFault, Judge, Judgement, KillSwitched, NotReplayable, ReplayBody,
+    ReplayRequest, WithFallback,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};
 pub use state::{AgentStatus, LastNack, StatusContributor};
-pub use sync::SyncSettings;
+pub use sync::SyncClientSettings;
 
 /// A type-erased error, as tower middleware returns (`Box<dyn Error + Send + Sync>`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -11,6 +11,7 @@
 
 mod error;
 mod guards;
+mod judgement;
 mod layer;
 mod run;
 
@@ -37,7 +38,7 @@ pub use run::idempotent_by_name;
 
 pub(crate) use guards::DepState;
 use guards::Guards;
-pub(crate) use run::Judgement;
+pub use judgement::Judgement;
 
 use crate::applied::ResolveCtx;
 use crate::breaker::{BreakerSnapshot, CircuitBreaker, State as BreakerState};
@@ -60,7 +61,7 @@ pub(crate) struct Scope {
 #[derive(Debug)]
 pub(crate) struct DepView {
     pub(crate) name: Arc<str>,
-    pub(crate) policy: Arc<policy::Dependency>,
+    pub(crate) policy: Arc<policy::DependencyPolicy>,
     /// Whether the kill switch lets calls through.
     pub(crate) enabled: bool,
     pub(crate) criticality: DependencyCriticality,
@@ -311,7 +312,7 @@ impl Registry<DepView> {
 /// current policy with one lock-free load.
 ///
 /// An unknown dependency (named neither in the applied snapshot nor in the compiled-in
-/// defaults) is enforced with [`policy::Dependency::default()`].
+/// defaults) is enforced with [`policy::DependencyPolicy::default()`].
 #[derive(Clone)]
 pub struct Dependency {
     name: Arc<str>,
@@ -331,8 +332,8 @@ impl Dependency {
     }
 
     /// The dependency's current policy (from the applied snapshot, else the compiled-in
-    /// defaults, else [`policy::Dependency::default()`]).
-    pub fn policy(&self) -> Arc<policy::Dependency> {
+    /// defaults, else [`policy::DependencyPolicy::default()`]).
+    pub fn policy(&self) -> Arc<policy::DependencyPolicy> {
         self.slot.load().policy.clone()
     }
 
@@ -412,7 +413,7 @@ impl Dependency {
         Fut: Future<Output = Result<T, E>>,
     {
         let view = self.slot.load_full();
-        run::run(&view, operation, None, attempt, run::judge_classify).await
+        run::run(&view, operation, None, attempt, Judgement::classify).await
     }
 
     /// As [`call`](Self::call), with the caller judging each attempt's result (for
@@ -429,7 +430,7 @@ impl Dependency {
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        J: Fn(&Result<T, E>) -> Option<(crate::retry::ErrorKind, Option<Duration>)>,
+        J: Fn(&Result<T, E>) -> Judgement,
     {
         let view = self.slot.load_full();
         run::run(&view, operation, idempotent, attempt, judge).await
@@ -438,9 +439,9 @@ impl Dependency {
     /// Calls the dependency and, when that fails for any reason (kill switch, open
     /// breaker, full bulkhead, deadline, timeout, error), answers from `fallback` instead.
     ///
-    /// Returns the value and where it came from: [`Degraded::level`] is
+    /// Returns the value and where it came from: [`WithFallback::level`] is
     /// [`FallbackLevel::Fresh`] for the dependency's answer and the dependency's configured
-    /// `fallback` level otherwise, with the cause in [`Degraded::cause`]. The fallback gets
+    /// `fallback` level otherwise, with the cause in [`WithFallback::cause`]. The fallback gets
     /// the error by reference, runs outside the primary's bulkhead, retries and breaker,
     /// and should be cheap (a cached or static value).
     pub async fn call_or_fallback<T, E, F, Fut, G, GFut>(
@@ -448,7 +449,7 @@ impl Dependency {
         operation: &str,
         attempt: F,
         fallback: G,
-    ) -> Degraded<T, E>
+    ) -> WithFallback<T, E>
     where
         E: Classify,
         F: FnMut() -> Fut,
@@ -458,11 +459,11 @@ impl Dependency {
     {
         let view = self.slot.load_full();
         let level = view.policy.fallback;
-        match run::run(&view, operation, None, attempt, run::judge_classify).await {
-            Ok(value) => Degraded { value, level: FallbackLevel::Fresh, cause: None },
+        match run::run(&view, operation, None, attempt, Judgement::classify).await {
+            Ok(value) => WithFallback { value, level: FallbackLevel::Fresh, cause: None },
             Err(e) => {
                 let value = fallback(&e).await;
-                Degraded { value, level, cause: Some(e) }
+                WithFallback { value, level, cause: Some(e) }
             }
         }
     }
@@ -496,7 +497,7 @@ impl Dependency {
         key: K,
         operation: &str,
         attempt: F,
-    ) -> Result<Degraded<T, E>, CallError<E>>
+    ) -> Result<WithFallback<T, E>, CallError<E>>
     where
         K: std::hash::Hash + Eq,
         T: Clone,
@@ -507,13 +508,13 @@ impl Dependency {
         match self.call(operation, attempt).await {
             Ok(value) => {
                 cache.put(key, value.clone());
-                Ok(Degraded { value, level: FallbackLevel::Fresh, cause: None })
+                Ok(WithFallback { value, level: FallbackLevel::Fresh, cause: None })
             }
             Err(e) => {
                 cache.set_max_staleness(self.slot.load().policy.stale_max_age);
                 match cache.get_if_error(&key) {
                     Some(stale) => {
-                        Ok(Degraded { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
+                        Ok(WithFallback { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
                     }
                     None => Err(e),
                 }
@@ -575,7 +576,7 @@ impl Dependency {
                 current.set(index);
                 attempt(endpoint)
             },
-            run::judge_classify,
+            Judgement::classify,
             &observe,
         )
         .await
@@ -588,9 +589,11 @@ impl Dependency {
     }
 }
 
-/// A value and which fallback level produced it.
+/// What a call with a fallback returns ([`Dependency::call_or_fallback`],
+/// [`Dependency::call_stale_if_error`]): the value, the level that produced it, and why
+/// the fallback answered.
 #[derive(Debug)]
-pub struct Degraded<T, E> {
+pub struct WithFallback<T, E> {
     /// The answer: the dependency's, or the fallback's.
     pub value: T,
     /// [`FallbackLevel::Fresh`] for the dependency's answer; the dependency's configured
@@ -600,7 +603,7 @@ pub struct Degraded<T, E> {
     pub cause: Option<CallError<E>>,
 }
 
-impl<T, E> Degraded<T, E> {
+impl<T, E> WithFallback<T, E> {
     /// Whether the value came from the fallback.
     pub fn is_degraded(&self) -> bool {
         self.cause.is_some()
@@ -614,7 +617,7 @@ pub struct Endpoints<P> {
     detector: crate::outlier::OutlierDetector<P>,
     /// The dependency policy whose settings the detector has (held, so a new policy is
     /// told apart by pointer).
-    applied: ArcSwap<policy::Dependency>,
+    applied: ArcSwap<policy::DependencyPolicy>,
 }
 
 impl<P> Endpoints<P> {
@@ -627,7 +630,7 @@ impl<P> Endpoints<P> {
 
     /// Applies the dependency's current `outlier_detection` settings when the policy
     /// changed since the last call (one pointer comparison otherwise).
-    fn follow(&self, policy: &Arc<policy::Dependency>) {
+    fn follow(&self, policy: &Arc<policy::DependencyPolicy>) {
         if !Arc::ptr_eq(&self.applied.load(), policy) {
             self.applied.store(policy.clone());
             self.detector.update(&policy.outlier_detection.clone().unwrap_or_default());

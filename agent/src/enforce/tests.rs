@@ -152,7 +152,7 @@ async fn attempt_timeout_uses_operation_override_then_dependency_value() {
 async fn unknown_dependency_gets_compiled_in_defaults() {
     let shared = shared_with(POLICY);
     let d = dep(&shared, "never-configured");
-    assert_eq!(*d.policy(), crate::policy::Dependency::default());
+    assert_eq!(*d.policy(), crate::policy::DependencyPolicy::default());
     assert_eq!(d.attempt_timeout("any"), crate::policy::defaults::ATTEMPT_TIMEOUT);
     assert!(d.is_enabled());
 }

@@ -86,7 +86,7 @@ pub struct Policy {
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "80ms"))]
     pub non_critical_cap: Duration,
     /// Outgoing dependencies by name.
-    pub dependencies: BTreeMap<String, Dependency>,
+    pub dependencies: BTreeMap<String, DependencyPolicy>,
     /// Inbound admission: concurrency limit, queue, criticality, shedding.
     pub inbound: Inbound,
     /// Product features, what they depend on and what users get when that fails.
@@ -120,11 +120,14 @@ pub enum DependencyCriticality {
     NonCritical,
 }
 
-/// One outgoing dependency.
+/// The policy of one outgoing dependency (the runtime handle is
+/// [`Dependency`](crate::Dependency)).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Dependency {
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = Dependency))]
+pub struct DependencyPolicy {
     /// Critical or non-critical.
     pub criticality: DependencyCriticality,
     /// Key of a bool flag; while that flag is `false` the dependency is switched off
@@ -137,9 +140,9 @@ pub struct Dependency {
     /// Retry policy.
     pub retry: Retry,
     /// Circuit breaker policy.
-    pub circuit_breaker: CircuitBreaker,
+    pub circuit_breaker: CircuitBreakerPolicy,
     /// Bulkhead (bounded concurrency) policy.
-    pub bulkhead: Bulkhead,
+    pub bulkhead: BulkheadPolicy,
     /// What callers get when the dependency fails or is switched off.
     pub fallback: FallbackLevel,
     /// Oldest value the STALE level may serve.
@@ -156,15 +159,15 @@ pub struct Dependency {
     pub operations: BTreeMap<String, Operation>,
 }
 
-impl Default for Dependency {
+impl Default for DependencyPolicy {
     fn default() -> Self {
         Self {
             criticality: DependencyCriticality::Critical,
             enabled_flag: None,
             attempt_timeout: d::ATTEMPT_TIMEOUT,
             retry: Retry::default(),
-            circuit_breaker: CircuitBreaker::default(),
-            bulkhead: Bulkhead::default(),
+            circuit_breaker: CircuitBreakerPolicy::default(),
+            bulkhead: BulkheadPolicy::default(),
             fallback: FallbackLevel::FeatureError,
             stale_max_age: d::STALE_MAX_AGE,
             fallback_timeout: d::FALLBACK_TIMEOUT,
@@ -189,9 +192,9 @@ pub struct Operation {
     /// Retry policy of this operation.
     pub retry: Option<Retry>,
     /// Circuit breaker of this operation (its own state).
-    pub circuit_breaker: Option<CircuitBreaker>,
+    pub circuit_breaker: Option<CircuitBreakerPolicy>,
     /// Bulkhead of this operation (its own permits).
-    pub bulkhead: Option<Bulkhead>,
+    pub bulkhead: Option<BulkheadPolicy>,
 }
 
 /// Retry with exponential backoff and full jitter, limited by a retry budget.
@@ -210,7 +213,7 @@ pub struct Retry {
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2s"))]
     pub cap: Duration,
     /// Token bucket bounding retries to a share of successful traffic.
-    pub budget: RetryBudget,
+    pub budget: RetryBudgetPolicy,
 }
 
 impl Default for Retry {
@@ -219,7 +222,7 @@ impl Default for Retry {
             max_attempts: d::RETRY_MAX_ATTEMPTS,
             base: d::RETRY_BASE,
             cap: d::RETRY_CAP,
-            budget: RetryBudget::default(),
+            budget: RetryBudgetPolicy::default(),
         }
     }
 }
@@ -228,7 +231,9 @@ impl Default for Retry {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct RetryBudget {
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = RetryBudget))]
+pub struct RetryBudgetPolicy {
     /// Tokens each success deposits; a retry costs 1. Ratio 0..=1.
     pub ratio: f64,
     /// Most tokens the bucket holds. Allowed 1..=10000.
@@ -237,7 +242,7 @@ pub struct RetryBudget {
     pub min_retries_per_sec: f64,
 }
 
-impl Default for RetryBudget {
+impl Default for RetryBudgetPolicy {
     fn default() -> Self {
         Self {
             ratio: d::RETRY_BUDGET_RATIO,
@@ -274,7 +279,9 @@ impl Default for Window {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct CircuitBreaker {
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = CircuitBreaker))]
+pub struct CircuitBreakerPolicy {
     /// `false` turns the breaker off for this dependency.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -307,7 +314,7 @@ pub struct CircuitBreaker {
     pub max_wait_in_half_open: Option<Duration>,
 }
 
-impl Default for CircuitBreaker {
+impl Default for CircuitBreakerPolicy {
     fn default() -> Self {
         Self {
             enabled: true,
@@ -328,7 +335,9 @@ impl Default for CircuitBreaker {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Bulkhead {
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = Bulkhead))]
+pub struct BulkheadPolicy {
     /// Concurrent calls admitted. Allowed 1..=100000.
     pub max_concurrent: u32,
     /// Longest wait for a slot (`0ms` = fail fast); also bounded by the deadline.
@@ -337,7 +346,7 @@ pub struct Bulkhead {
     pub max_wait: Duration,
 }
 
-impl Default for Bulkhead {
+impl Default for BulkheadPolicy {
     fn default() -> Self {
         Self { max_concurrent: d::BULKHEAD_MAX_CONCURRENT, max_wait: d::BULKHEAD_MAX_WAIT }
     }

@@ -152,3 +152,15 @@ fn lint_flags_retry_longer_than_deadline() {
     let codes: Vec<&str> = lint(&cfg.policy).iter().map(|l| l.code).collect();
     assert_eq!(codes, vec!["retry_exceeds_deadline"]);
 }
+
+/// The model types were renamed (`DependencyPolicy`, …) so they no longer share a name with
+/// the runtime types; the API document keeps the schema names clients know.
+#[cfg(feature = "openapi")]
+#[test]
+fn renamed_model_types_keep_their_schema_names() {
+    use utoipa::ToSchema;
+    assert_eq!(DependencyPolicy::name(), "Dependency");
+    assert_eq!(CircuitBreakerPolicy::name(), "CircuitBreaker");
+    assert_eq!(BulkheadPolicy::name(), "Bulkhead");
+    assert_eq!(RetryBudgetPolicy::name(), "RetryBudget");
+}

@@ -39,7 +39,7 @@ pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// Timings of the sync client. Every field has a named default (see the constants of
 /// this module); tests shrink them.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SyncSettings {
+pub struct SyncClientSettings {
     /// Heartbeat interval assumed until the server announces one.
     pub heartbeat_interval: Duration,
     /// Intervals without any message after which the stream is dead (CP-5).
@@ -68,7 +68,7 @@ pub struct SyncSettings {
     pub tcp_keepalive: Duration,
 }
 
-impl Default for SyncSettings {
+impl Default for SyncClientSettings {
     fn default() -> Self {
         Self {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
@@ -88,18 +88,21 @@ impl Default for SyncSettings {
     }
 }
 
-/// Exponential backoff with full jitter: failed attempt `n` (from 0) waits
-/// uniform(0, min(cap, base × factorⁿ)). Reset only after a message arrived on a stream.
+/// The sync client's reconnect backoff: exponential with full jitter, failed attempt `n`
+/// (from 0) waits uniform(0, min(cap, base × factorⁿ)); reset only after a message arrived
+/// on a stream. Unlike the retry stage's [`Backoff`](crate::retry::Backoff) (factor 2,
+/// shared by concurrent calls, no state) it grows by `backoff_factor` (default 1.6, as
+/// gRPC's connection backoff) and counts its own attempts.
 #[derive(Clone, Debug)]
-pub(crate) struct Backoff {
+pub(crate) struct ReconnectBackoff {
     base: Duration,
     factor: f64,
     cap: Duration,
     attempt: u32,
 }
 
-impl Backoff {
-    pub(crate) fn new(s: &SyncSettings) -> Self {
+impl ReconnectBackoff {
+    pub(crate) fn new(s: &SyncClientSettings) -> Self {
         Self { base: s.backoff_base, factor: s.backoff_factor.max(1.0), cap: s.backoff_cap, attempt: 0 }
     }
 
@@ -142,7 +145,7 @@ mod tests {
 
     #[test]
     fn backoff_ceiling_grows_by_factor_up_to_cap_and_resets() {
-        let mut b = Backoff::new(&SyncSettings::default());
+        let mut b = ReconnectBackoff::new(&SyncClientSettings::default());
         let mut ceilings = Vec::new();
         for _ in 0..12 {
             ceilings.push(b.ceiling().as_millis());
@@ -157,8 +160,8 @@ mod tests {
 
     #[test]
     fn full_jitter_spreads_over_the_whole_range() {
-        let s = SyncSettings { backoff_base: Duration::from_secs(10), ..SyncSettings::default() };
-        let delays: Vec<Duration> = (0..400).map(|_| Backoff::new(&s).next_delay()).collect();
+        let s = SyncClientSettings { backoff_base: Duration::from_secs(10), ..SyncClientSettings::default() };
+        let delays: Vec<Duration> = (0..400).map(|_| ReconnectBackoff::new(&s).next_delay()).collect();
         assert!(delays.iter().all(|d| *d <= Duration::from_secs(10)));
         // Full jitter: some land in the bottom and some in the top tenth.
         assert!(delays.iter().any(|d| *d < Duration::from_secs(1)));
