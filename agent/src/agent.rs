@@ -38,7 +38,7 @@ pub enum BuildError {
     InvalidAddress {
         /// The rejected address.
         address: String,
-        /// Why.
+        /// The URI parser's error.
         source: tonic::transport::Error,
     },
     /// The token cannot be sent as gRPC metadata (not visible ASCII). The token itself is
@@ -266,7 +266,8 @@ impl Agent {
         self.inner.shared.current.load_full()
     }
 
-    /// The configuration being enforced.
+    /// The configuration being enforced (of [`current`](Self::current)): one lock-free
+    /// load, no copy.
     pub fn config(&self) -> Arc<ServiceConfig> {
         self.inner.shared.current.load().config.clone()
     }
@@ -364,12 +365,14 @@ impl Agent {
         &self.inner.instance_id
     }
 
-    /// Environment this agent runs in.
+    /// The environment name given to [`Agent::builder`]; snapshots for another are
+    /// rejected.
     pub fn environment(&self) -> &str {
         &self.inner.shared.environment
     }
 
-    /// Service this agent serves.
+    /// The service name given to [`Agent::builder`]: the one service whose snapshots this
+    /// agent follows.
     pub fn service(&self) -> &str {
         &self.inner.shared.service
     }

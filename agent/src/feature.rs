@@ -115,7 +115,8 @@ impl fmt::Debug for Feature {
 }
 
 impl Feature {
-    /// The feature's name, as in the degradation matrix.
+    /// The feature's name, as in the degradation matrix (`_overflow` past
+    /// [`MAX_TRACKED_FEATURES`]).
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -3,7 +3,7 @@
 //! [`Dependency`] is the handle (`agent.dependency("recommendations")`); its
 //! [`call`](Dependency::call) wraps any future, [`call_or_fallback`](Dependency::call_or_fallback)
 //! adds a fallback, and [`DependencyLayer`] does the same for any `tower::Service`. All three
-//! go through [`run`], the one place that decides the order of enforcement.
+//! go through `run::run`, the one place that decides the order of enforcement.
 //!
 //! The hot path reads the dependency's resolved view with one lock-free `arc-swap` load
 //! and takes no lock; the view is rewritten whenever a snapshot is applied or a flag
@@ -326,7 +326,8 @@ impl fmt::Debug for Dependency {
 }
 
 impl Dependency {
-    /// Name of the dependency.
+    /// The name the dependency is tracked under: the one asked for, or
+    /// [`OVERFLOW_DEPENDENCY`] past [`MAX_TRACKED_DEPENDENCIES`].
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -376,7 +377,7 @@ impl Dependency {
     /// Whether a call of `operation` would be retried on failure now (idempotent by name
     /// or policy, more than one attempt configured, retries not paused). Services using
     /// [`call`](Self::call) with their own HTTP client pass this to
-    /// [`propagate`](crate::enforce::propagate) so the service called does not retry again.
+    /// [`propagate`] so the service called does not retry again.
     pub fn will_retry(&self, operation: &str) -> bool {
         self.slot.load().will_retry(operation, None)
     }

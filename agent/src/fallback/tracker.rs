@@ -35,9 +35,9 @@ struct FeatureState {
 /// A feature's degradation, as reported to the server (which alerts on long fallback).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeatureDegradation {
-    /// The feature.
+    /// The feature's name, as in the degradation matrix.
     pub feature: String,
-    /// Level of its latest result.
+    /// The level of its latest result (FRESH when not degraded).
     pub level: FallbackLevel,
     /// When it started living on fallbacks (wall clock, for people); `None` when fresh.
     pub degraded_since: Option<Timestamp>,

@@ -71,12 +71,12 @@ impl FlagBool {
         }
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> bool {
         self.default
     }
@@ -109,12 +109,12 @@ impl FlagInt {
         self.slot.load(Ordering::Relaxed) as i64
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> i64 {
         self.default
     }
@@ -141,12 +141,12 @@ impl FlagFloat {
         f64::from_bits(self.slot.load(Ordering::Relaxed))
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> f64 {
         self.default
     }
@@ -172,12 +172,12 @@ impl FlagString {
         self.slot.load_full()
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> &str {
         &self.default
     }
@@ -211,12 +211,12 @@ impl FlagJson {
         T::deserialize(&*self.slot.load_full())
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> &serde_json::Value {
         &self.default
     }

@@ -36,35 +36,48 @@ pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalive idle time.
 pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
-/// Timings of the sync client. Every field has a named default (see the constants of
+/// Timings of the sync client, each with its named default (the `DEFAULT_*` constants of
 /// this module); tests shrink them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SyncClientSettings {
     /// Heartbeat interval assumed until the server announces one.
+    /// Default: [`DEFAULT_HEARTBEAT_INTERVAL`].
     pub heartbeat_interval: Duration,
     /// Intervals without any message after which the stream is dead (CP-5).
+    /// Default: [`DEFAULT_MISSED_HEARTBEATS`].
     pub missed_heartbeats: u32,
     /// First backoff ceiling; attempt `n` waits uniform(0, min(cap, base × factorⁿ)).
+    /// Default: [`DEFAULT_BACKOFF_BASE`].
     pub backoff_base: Duration,
     /// Growth of the ceiling per failed attempt.
+    /// Default: [`DEFAULT_BACKOFF_FACTOR`].
     pub backoff_factor: f64,
-    /// Largest ceiling.
+    /// Largest backoff ceiling, however many attempts failed.
+    /// Default: [`DEFAULT_BACKOFF_CAP`].
     pub backoff_cap: Duration,
     /// Upper bound of the random delay after an established stream drops or `GoAway`.
+    /// Default: [`DEFAULT_RECONNECT_JITTER`].
     pub reconnect_jitter: Duration,
     /// Wait after an authorization failure (jittered ±[`UNAUTHORIZED_JITTER`]) (CP-7).
+    /// Default: [`DEFAULT_UNAUTHORIZED_BACKOFF`].
     pub unauthorized_backoff: Duration,
-    /// Interval of status reports.
+    /// Interval of the status reports sent to the server.
+    /// Default: [`DEFAULT_STATUS_INTERVAL`].
     pub status_interval: Duration,
-    /// Interval of staleness-gauge refreshes.
+    /// Interval of the staleness-gauge refreshes (`levee_config_age_seconds`).
+    /// Default: [`DEFAULT_METRICS_INTERVAL`].
     pub metrics_interval: Duration,
     /// Time limit of establishing a connection.
+    /// Default: [`DEFAULT_CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
     /// HTTP/2 PING interval; pings are sent while idle too.
+    /// Default: [`DEFAULT_HTTP2_KEEPALIVE_INTERVAL`].
     pub http2_keepalive_interval: Duration,
-    /// HTTP/2 PING acknowledgement timeout.
+    /// Wait for a PING acknowledgement before the connection is closed.
+    /// Default: [`DEFAULT_HTTP2_KEEPALIVE_TIMEOUT`].
     pub http2_keepalive_timeout: Duration,
-    /// TCP keepalive idle time.
+    /// TCP keepalive idle time of the connection to the server.
+    /// Default: [`DEFAULT_TCP_KEEPALIVE`].
     pub tcp_keepalive: Duration,
 }
 
