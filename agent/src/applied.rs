@@ -110,7 +110,7 @@ impl Applied {
     /// breaker overrides, fault rules) into a monotonic instant with
     /// [`wall_to_monotonic`], `now` and `wall_now` being the moment of applying.
     pub(crate) fn new(
-        config: ServiceConfig,
+        config: impl Into<Arc<ServiceConfig>>,
         revision: u64,
         hash: String,
         source: Source,
@@ -118,25 +118,14 @@ impl Applied {
         now: Instant,
         wall_now: Timestamp,
     ) -> Self {
-        Self::from_arc(Arc::new(config), revision, hash, source, body, now, wall_now)
-    }
-
-    fn from_arc(
-        config: Arc<ServiceConfig>,
-        revision: u64,
-        hash: String,
-        source: Source,
-        body: Option<Arc<str>>,
-        now: Instant,
-        wall_now: Timestamp,
-    ) -> Self {
+        let config = config.into();
         let expiries = Arc::new(Expiries::of(&config, now, wall_now));
         Self { config, revision, hash, source, applied_at: now, body, expiries }
     }
 
     /// The compiled-in defaults as an applied configuration (revision 0, no hash).
     pub(crate) fn defaults(config: Arc<ServiceConfig>, now: Instant) -> Self {
-        Self::from_arc(config, 0, String::new(), Source::Default, None, now, Timestamp::now())
+        Self::new(config, 0, String::new(), Source::Default, None, now, Timestamp::now())
     }
 
     /// The same configuration with another source (used when the server confirms a
