@@ -29,7 +29,7 @@ fn flags(c: &mut Criterion) {
 
     #[cfg(feature = "openfeature")]
     {
-        use levee_agent::flags::openfeature::LeveeProvider;
+        use levee_agent::openfeature::LeveeProvider;
         let client = rt.block_on(async {
             let mut api = open_feature::OpenFeature::default();
             api.set_provider(LeveeProvider::new(&agent)).await;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use criterion::Criterion;
 use levee_agent::Agent;
 use levee_agent::deadline::{Deadline, with_deadline};
-use levee_agent::policy::{Dependency, Flag, FlagType, Retry, ServiceConfig};
+use levee_agent::policy::{DependencyPolicy, Flag, FlagType, Retry, ServiceConfig};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -39,10 +39,10 @@ fn agent(rt: &tokio::runtime::Runtime) -> Agent {
     let mut cfg = ServiceConfig::default();
     cfg.policy.dependencies.insert(
         "p".into(),
-        Dependency {
+        DependencyPolicy {
             enabled_flag: Some("p.enabled".into()),
             retry: Retry { max_attempts: 3, ..Retry::default() },
-            ..Dependency::default()
+            ..DependencyPolicy::default()
         },
     );
     cfg.flags.insert(

@@ -30,7 +30,7 @@ fn smoke() -> bool {
 }
 
 fn levee_breaker() -> CircuitBreaker {
-    CircuitBreaker::new(&policy::CircuitBreaker::default(), Duration::from_secs(1))
+    CircuitBreaker::new(&policy::CircuitBreakerPolicy::default(), Duration::from_secs(1))
 }
 
 fn recloser() -> recloser::Recloser {
@@ -107,7 +107,7 @@ fn failsafe_call_mixed(f: &Failsafe) {
 }
 
 fn levee_bulkhead() -> Bulkhead {
-    Bulkhead::new(&policy::Bulkhead::default())
+    Bulkhead::new(&policy::BulkheadPolicy::default())
 }
 
 #[inline]
@@ -355,7 +355,7 @@ fn summary() {
             (
                 levee_breaker(),
                 levee_bulkhead(),
-                levee_agent::retry::RetryBudget::new(&policy::RetryBudget::default()),
+                levee_agent::retry::RetryBudget::new(&policy::RetryBudgetPolicy::default()),
             )
         })
         .collect();

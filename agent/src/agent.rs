@@ -10,12 +10,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::applied::{Applied, ResolveCtx, Source, wall_to_monotonic};
 use crate::cache::DiskCache;
 use crate::enforce::Dependency;
 use crate::flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 use crate::policy::{self, ServiceConfig, Timestamp};
-use crate::state::{AgentStatus, Applied, Shared, Source, StatusContributor};
-use crate::sync::{SyncClient, SyncSettings, run_housekeeping};
+use crate::state::{AgentStatus, Shared, StatusContributor};
+use crate::sync::{SyncClient, SyncClientSettings, run_housekeeping};
 
 /// Why [`AgentBuilder::build`] failed. Each is a programming or deployment error, found at
 /// startup rather than at the first call.
@@ -37,7 +38,7 @@ pub enum BuildError {
     InvalidAddress {
         /// The rejected address.
         address: String,
-        /// Why.
+        /// The URI parser's error.
         source: tonic::transport::Error,
     },
     /// The token cannot be sent as gRPC metadata (not visible ASCII). The token itself is
@@ -73,7 +74,7 @@ pub struct AgentBuilder {
     cache_dir: Option<PathBuf>,
     defaults: ServiceConfig,
     refuse_until_fresh: bool,
-    settings: SyncSettings,
+    settings: SyncClientSettings,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -114,8 +115,8 @@ impl AgentBuilder {
         self
     }
 
-    /// Timings of the sync client. Default: [`SyncSettings::default()`].
-    pub fn sync_settings(mut self, settings: SyncSettings) -> Self {
+    /// Timings of the sync client. Default: [`SyncClientSettings::default()`].
+    pub fn sync_settings(mut self, settings: SyncClientSettings) -> Self {
         self.settings = settings;
         self
     }
@@ -148,8 +149,8 @@ impl AgentBuilder {
         let (initial, confirmed_at) = match cache.as_ref().and_then(|c| c.load().snapshot) {
             Some(snap) => {
                 let wall_now = Timestamp::now();
-                let age =
-                    u64::try_from(wall_now.unix_ms().saturating_sub(snap.written_at.unix_ms())).unwrap_or(0);
+                // Confirmed live when it was written (never later than now, whatever the clocks say).
+                let written = wall_to_monotonic(snap.written_at, wall_now, now).map(|t| t.min(now));
                 tracing::info!(
                     environment = %self.environment,
                     service = %self.service,
@@ -166,7 +167,7 @@ impl AgentBuilder {
                     now,
                     wall_now,
                 );
-                (applied, now.checked_sub(Duration::from_millis(age)))
+                (applied, written)
             }
             None => {
                 tracing::info!(
@@ -261,7 +262,7 @@ impl Agent {
             cache_dir: None,
             defaults: ServiceConfig::default(),
             refuse_until_fresh: false,
-            settings: SyncSettings::default(),
+            settings: SyncClientSettings::default(),
         }
     }
 
@@ -270,7 +271,8 @@ impl Agent {
         self.inner.shared.current.load_full()
     }
 
-    /// The configuration being enforced.
+    /// The configuration being enforced (of [`current`](Self::current)): one lock-free
+    /// load, no copy.
     pub fn config(&self) -> Arc<ServiceConfig> {
         self.inner.shared.current.load().config.clone()
     }
@@ -311,7 +313,7 @@ impl Agent {
         }
     }
 
-    fn declare<R>(&self, f: impl FnOnce(&Shared, &crate::flags::ResolveCtx<'_>) -> R) -> R {
+    fn declare<R>(&self, f: impl FnOnce(&Shared, &ResolveCtx<'_>) -> R) -> R {
         let shared = &self.inner.shared;
         let r = shared.with_ctx(|ctx| f(shared, ctx));
         // Kill switches of dependencies may be keyed to the new flag, and its expiry may
@@ -353,13 +355,6 @@ impl Agent {
         self.inner.shared.feature_handle(name)
     }
 
-    /// A tower layer for the service's inbound side (axum, hyper, tonic): gives each
-    /// request its deadline, criticality and retry marker from its headers and this
-    /// agent's policy (see [`crate::inbound`]).
-    pub fn inbound_layer(&self) -> crate::InboundContextLayer {
-        crate::InboundContextLayer::new(self.clone())
-    }
-
     /// The service's inbound admission engine (see [`crate::admission`]): one per agent,
     /// created on first use (its queue task runs on the runtime the agent was built on),
     /// following this agent's policy (`inbound`) and read-only flag, and reported in the
@@ -398,12 +393,14 @@ impl Agent {
         &self.inner.instance_id
     }
 
-    /// Environment this agent runs in.
+    /// The environment name given to [`Agent::builder`]; snapshots for another are
+    /// rejected.
     pub fn environment(&self) -> &str {
         &self.inner.shared.environment
     }
 
-    /// Service this agent serves.
+    /// The service name given to [`Agent::builder`]: the one service whose snapshots this
+    /// agent follows.
     pub fn service(&self) -> &str {
         &self.inner.shared.service
     }

@@ -7,14 +7,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-use crate::fallback::{Degraded, FallbackChain, FeatureHandle, FeatureTracker, FeatureUnavailable};
-use crate::flags::{FlagRegistry, ResolveCtx};
-use crate::policy::{self, FallbackLevel, FlagType, MatrixRow, ServiceConfig};
+use crate::applied::ResolveCtx;
+use crate::fallback::{
+    FallbackChain, FeatureHandle, FeatureTracker, FeatureUnavailable, OVERFLOW_FEATURE, Served,
+};
+use crate::policy::{self, FallbackLevel, MatrixRow, ServiceConfig};
+use crate::registry::{Registry, Resolve, Slot};
 
-/// Most features one agent tracks; further names share an `_overflow` entry.
+/// Most features one agent tracks one by one; past it, a feature the degradation matrix
+/// does not name shares an `_overflow` entry (no kill switch, FEATURE_ERROR on failure, as
+/// any unknown feature), counted in `levee_tracking_overflow_total{kind="feature"}`.
 pub const MAX_TRACKED_FEATURES: usize = 256;
 
 /// A feature's row, resolved for the call path.
@@ -26,24 +30,24 @@ pub(crate) struct FeatureView {
     fallback_timeout: Duration,
 }
 
-impl FeatureView {
-    fn resolve(
-        name: &str,
-        ctx: &ResolveCtx<'_>,
-        defaults: &ServiceConfig,
-        flags: &FlagRegistry,
-    ) -> (Self, Option<Instant>) {
-        let find =
-            |c: &ServiceConfig| c.policy.degradation_matrix.iter().find(|r| r.feature == name).cloned();
+fn row<'c>(config: &'c ServiceConfig, name: &str) -> Option<&'c MatrixRow> {
+    config.policy.degradation_matrix.iter().find(|r| r.feature == name)
+}
+
+impl Resolve for FeatureView {
+    const KIND: &'static str = "feature";
+    const CAP: usize = MAX_TRACKED_FEATURES;
+    const OVERFLOW: &'static str = OVERFLOW_FEATURE;
+
+    fn resolve(name: &Arc<str>, _: Option<&Self>, ctx: &ResolveCtx<'_>) -> (Self, Option<Instant>) {
         let config = &ctx.applied.config;
-        let (row, policy): (Option<MatrixRow>, &policy::Policy) = match find(config) {
+        let (row, policy): (Option<&MatrixRow>, &policy::Policy) = match row(config, name) {
             Some(r) => (Some(r), &config.policy),
-            None => (find(defaults), &defaults.policy),
+            None => (row(ctx.defaults, name), &ctx.defaults.policy),
         };
-        let on_failure = row.as_ref().map(|r| r.on_failure).unwrap_or(FallbackLevel::FeatureError);
+        let on_failure = row.map(|r| r.on_failure).unwrap_or(FallbackLevel::FeatureError);
         // The fallback's own time limit: the smallest of the row's dependencies'.
         let fallback_timeout = row
-            .as_ref()
             .and_then(|r| {
                 r.dependencies
                     .iter()
@@ -52,85 +56,35 @@ impl FeatureView {
                     .min()
             })
             .unwrap_or(policy::defaults::FALLBACK_TIMEOUT);
-        let (enabled, wake) = match row.as_ref().and_then(|r| r.enabled_flag.clone()) {
-            None => (true, None),
-            Some(key) => match flags.bool_handle(&key) {
-                Some(h) => (h.get(), None),
-                None => {
-                    let (flag, wake) = ctx.resolve(&key, FlagType::Bool);
-                    (flag.ok().and_then(|f| f.value.as_bool()).unwrap_or(true), wake)
-                }
-            },
-        };
+        let (enabled, wake) = ctx.switch_on(row.and_then(|r| r.enabled_flag.as_deref()));
         (Self { enabled, chain: FallbackChain::from_level(on_failure), on_failure, fallback_timeout }, wake)
+    }
+
+    fn configured(name: &str, ctx: &ResolveCtx<'_>) -> bool {
+        row(&ctx.applied.config, name).is_some() || row(ctx.defaults, name).is_some()
     }
 }
 
-type Slot = Arc<ArcSwap<FeatureView>>;
-
-/// Every feature handle of one agent.
+/// Every feature handle of one agent: their slots, and how each has been served.
+#[derive(Debug)]
 pub(crate) struct FeatureRegistry {
-    slots: ArcSwap<Vec<(Arc<str>, Slot)>>,
+    pub(crate) views: Registry<FeatureView>,
     pub(crate) tracker: FeatureTracker,
 }
 
-impl Default for FeatureRegistry {
-    fn default() -> Self {
-        Self { slots: ArcSwap::from_pointee(Vec::new()), tracker: FeatureTracker::new(MAX_TRACKED_FEATURES) }
-    }
-}
-
-impl fmt::Debug for FeatureRegistry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FeatureRegistry").field("features", &self.slots.load().len()).finish()
-    }
-}
-
 impl FeatureRegistry {
-    pub(crate) fn handle(
-        &self,
-        name: &str,
-        ctx: &ResolveCtx<'_>,
-        defaults: &ServiceConfig,
-        flags: &FlagRegistry,
-    ) -> Feature {
-        let tracked = self.tracker.feature(name);
-        if let Some((n, slot)) = self.slots.load().iter().find(|(n, _)| &**n == name) {
-            return Feature { name: n.clone(), slot: slot.clone(), tracked };
+    pub(crate) fn new(environment: &str, service: &str) -> Self {
+        Self {
+            views: Registry::new(environment, service),
+            tracker: FeatureTracker::new(MAX_TRACKED_FEATURES),
         }
-        let (view, _) = FeatureView::resolve(name, ctx, defaults, flags);
-        let name: Arc<str> = name.into();
-        let slot = Arc::new(ArcSwap::from_pointee(view));
-        let mut out = None;
-        self.slots.rcu(|v| {
-            if let Some((n, s)) = v.iter().find(|(n, _)| *n == name) {
-                out = Some((n.clone(), s.clone()));
-                return Vec::clone(v);
-            }
-            out = Some((name.clone(), slot.clone()));
-            let mut v = Vec::clone(v);
-            v.push((name.clone(), slot.clone()));
-            v
-        });
-        let (name, slot) = out.expect("rcu ran");
-        Feature { name, slot, tracked }
     }
 
-    pub(crate) fn refresh(
-        &self,
-        ctx: &ResolveCtx<'_>,
-        defaults: &ServiceConfig,
-        flags: &FlagRegistry,
-    ) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
-        for (name, slot) in self.slots.load().iter() {
-            let (view, wake) = FeatureView::resolve(name, ctx, defaults, flags);
-            slot.store(Arc::new(view));
-            if let Some(w) = wake {
-                next = Some(next.map_or(w, |n| n.min(w)));
-            }
-        }
-        next
+    /// The handle of feature `name` (see [`Registry::slot`]).
+    pub(crate) fn handle(&self, name: &str, ctx: &ResolveCtx<'_>) -> Feature {
+        let (name, slot) = self.views.slot(name, ctx);
+        let tracked = self.tracker.feature(&name);
+        Feature { name, slot, tracked }
     }
 
     /// The features' levels and degraded-since times, for the status report.
@@ -150,7 +104,7 @@ impl FeatureRegistry {
 #[derive(Clone)]
 pub struct Feature {
     name: Arc<str>,
-    slot: Slot,
+    slot: Slot<FeatureView>,
     tracked: FeatureHandle,
 }
 
@@ -161,7 +115,8 @@ impl fmt::Debug for Feature {
 }
 
 impl Feature {
-    /// The feature's name, as in the degradation matrix.
+    /// The feature's name, as in the degradation matrix (`_overflow` past
+    /// [`MAX_TRACKED_FEATURES`]).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -199,7 +154,7 @@ impl Feature {
         &self,
         primary: P,
         provide: F,
-    ) -> Result<Degraded<T>, FeatureUnavailable>
+    ) -> Result<Served<T>, FeatureUnavailable>
     where
         P: Future<Output = Result<T, E>>,
         F: FnMut(FallbackLevel) -> Fut,
@@ -236,9 +191,7 @@ mod tests {
     }"#;
 
     fn feature(shared: &Shared) -> Feature {
-        shared.with_ctx(|ctx| {
-            shared.features.handle("Personal recommendations", ctx, &shared.defaults, &shared.flags)
-        })
+        shared.with_ctx(|ctx| shared.features.handle("Personal recommendations", ctx))
     }
 
     #[tokio::test(start_paused = true)]

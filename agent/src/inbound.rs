@@ -41,6 +41,17 @@ impl InboundContextLayer {
     }
 }
 
+impl Agent {
+    /// A tower layer for the service's inbound side (axum, hyper, tonic): gives each
+    /// request its deadline, criticality and retry marker from its headers and this
+    /// agent's policy (see [`crate::inbound`]).
+    // Defined here rather than in `agent.rs`: the layer wraps an `Agent`, so this module
+    // depends on `agent` and `agent` must not depend back on it.
+    pub fn inbound_layer(&self) -> InboundContextLayer {
+        InboundContextLayer::new(self.clone())
+    }
+}
+
 impl<S> Layer<S> for InboundContextLayer {
     type Service = InboundContext<S>;
 

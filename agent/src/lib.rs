@@ -32,19 +32,24 @@
 
 pub mod admission;
 mod agent;
+mod applied;
 pub mod breaker;
 pub mod bulkhead;
 pub mod cache;
 pub mod deadline;
 pub mod enforce;
+mod failure;
 pub mod fallback;
 pub mod fault;
 pub mod feature;
 pub mod flags;
 pub mod inbound;
 pub mod metrics_names;
+#[cfg(feature = "openfeature")]
+pub mod openfeature;
 pub mod outlier;
 pub mod policy;
+mod registry;
 pub mod retry;
 mod state;
 pub mod sync;
@@ -52,15 +57,16 @@ pub mod telemetry;
 
 pub use admission::{Admission, AdmissionLayer, AdmissionPermit, AdmissionRequest, AdmissionService};
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
+pub use applied::{Applied, Source};
 pub use enforce::{
-    AttemptTimeout, CallError, DeadlineError, Degraded, Dependency, DependencyLayer, DependencyService,
-    Endpoints, GrpcJudge, HttpJudge, InjectedFault, Judge, KillSwitched, NotReplayable, ReplayBody,
-    ReplayRequest,
+    AttemptTimeout, CallError, DeadlineError, Dependency, DependencyLayer, DependencyService, Endpoints,
+    GrpcJudge, HttpJudge, InjectedFault, Judge, Judgement, KillSwitched, NotReplayable, ReplayBody,
+    ReplayRequest, WithFallback,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};
-pub use state::{AgentStatus, Applied, LastNack, Source, StatusContributor};
-pub use sync::SyncSettings;
+pub use state::{AgentStatus, LastNack, StatusContributor};
+pub use sync::SyncClientSettings;
 
 /// A type-erased error, as tower middleware returns (`Box<dyn Error + Send + Sync>`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

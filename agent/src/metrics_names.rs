@@ -106,12 +106,12 @@ impl Labels {
         Self { dependency: dependency.into(), operation: operation.into() }
     }
 
-    /// The dependency name.
+    /// The `dependency` label's value.
     pub fn dependency(&self) -> &str {
         &self.dependency
     }
 
-    /// The operation name.
+    /// The `operation` label's value (the dependency's name for the dependency as a whole).
     pub fn operation(&self) -> &str {
         &self.operation
     }

@@ -5,7 +5,6 @@
 //! readers only load. Every change ends in [`Shared::refresh`], which rewrites the flag and
 //! dependency slots and tells the timer task when the next time-driven change is due.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,121 +14,14 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::applied::{Applied, ResolveCtx, Source};
 use crate::cache::DiskCache;
-use crate::enforce::DepRegistry;
-use crate::flags::{FlagRegistry, ResolveCtx};
-use crate::policy::{ServiceConfig, Timestamp};
+use crate::enforce::{DepRegistry, Dependency};
+use crate::feature::{Feature, FeatureRegistry};
+use crate::flags::FlagRegistry;
+use crate::policy::ServiceConfig;
 use crate::proto::StatusReport;
 use crate::telemetry;
-
-/// Where the applied configuration came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// A snapshot from the server, or a cached one the server has since confirmed current.
-    Live,
-    /// The last good snapshot on disk, not (yet) confirmed by the server.
-    Cache,
-    /// The safe defaults compiled into the service.
-    Default,
-}
-
-impl Source {
-    /// Lower-case label: `live`, `cache` or `default` (metrics and status reports).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Source::Live => "live",
-            Source::Cache => "cache",
-            Source::Default => "default",
-        }
-    }
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// An applied configuration: immutable, swapped atomically as a whole.
-#[derive(Debug)]
-pub struct Applied {
-    /// The configuration being enforced.
-    pub config: Arc<ServiceConfig>,
-    /// Its revision; 0 for the compiled-in defaults.
-    pub revision: u64,
-    /// Lower-case hex SHA-256 of the snapshot body; empty for the compiled-in defaults.
-    pub hash: String,
-    /// Where it came from.
-    pub source: Source,
-    /// When it was applied (monotonic clock).
-    pub applied_at: Instant,
-    /// The body text it was decoded from (what the cache stores); `None` for defaults.
-    pub(crate) body: Option<Arc<str>>,
-    /// Per flag with `expires_at`: the monotonic instant it expires.
-    expiries: HashMap<String, Instant>,
-}
-
-impl Applied {
-    /// Builds an applied configuration, converting each flag's wall-clock `expires_at`
-    /// into a monotonic instant relative to `now` / `wall_now` (so expiry timers run on
-    /// the tokio clock and a later wall-clock jump changes nothing).
-    pub(crate) fn new(
-        config: ServiceConfig,
-        revision: u64,
-        hash: String,
-        source: Source,
-        body: Option<Arc<str>>,
-        now: Instant,
-        wall_now: Timestamp,
-    ) -> Self {
-        Self::from_arc(Arc::new(config), revision, hash, source, body, now, wall_now)
-    }
-
-    fn from_arc(
-        config: Arc<ServiceConfig>,
-        revision: u64,
-        hash: String,
-        source: Source,
-        body: Option<Arc<str>>,
-        now: Instant,
-        wall_now: Timestamp,
-    ) -> Self {
-        let expiries = config
-            .flags
-            .iter()
-            .filter_map(|(key, flag)| {
-                let at = flag.expires_at?;
-                let left = u64::try_from(at.unix_ms().saturating_sub(wall_now.unix_ms())).unwrap_or(0);
-                Some((key.clone(), now + Duration::from_millis(left)))
-            })
-            .collect();
-        Self { config, revision, hash, source, applied_at: now, body, expiries }
-    }
-
-    /// The compiled-in defaults as an applied configuration (revision 0, no hash).
-    pub(crate) fn defaults(config: Arc<ServiceConfig>, now: Instant) -> Self {
-        Self::from_arc(config, 0, String::new(), Source::Default, None, now, Timestamp::now())
-    }
-
-    /// The same configuration with another source (used when the server confirms a
-    /// cached snapshot).
-    fn with_source(&self, source: Source) -> Self {
-        Self {
-            config: self.config.clone(),
-            revision: self.revision,
-            hash: self.hash.clone(),
-            source,
-            applied_at: self.applied_at,
-            body: self.body.clone(),
-            expiries: self.expiries.clone(),
-        }
-    }
-
-    /// The monotonic instant at which the flag `key` expires, if it has an expiry.
-    pub fn flag_expiry(&self, key: &str) -> Option<Instant> {
-        self.expiries.get(key).copied()
-    }
-}
 
 /// The last snapshot the agent rejected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,7 +73,7 @@ pub(crate) struct Shared {
     pub(crate) current: ArcSwap<Applied>,
     pub(crate) flags: FlagRegistry,
     pub(crate) deps: DepRegistry,
-    pub(crate) features: crate::feature::FeatureRegistry,
+    pub(crate) features: FeatureRegistry,
     pub(crate) cache: Option<DiskCache>,
     pub(crate) started_at: Instant,
     confirmed_at: ArcSwapOption<Instant>,
@@ -219,13 +111,13 @@ impl Shared {
     ) -> Self {
         let (live_tx, _) = watch::channel(false);
         let shared = Self {
+            deps: DepRegistry::new(&environment, &service),
+            features: FeatureRegistry::new(&environment, &service),
             environment,
             service,
             defaults,
             current: ArcSwap::from_pointee(initial),
             flags: FlagRegistry::default(),
-            deps: DepRegistry::default(),
-            features: Default::default(),
             cache,
             started_at: Instant::now(),
             confirmed_at: ArcSwapOption::new(confirmed_at.map(Arc::new)),
@@ -251,7 +143,13 @@ impl Shared {
     /// Runs `f` with a resolution context over the current state.
     pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&ResolveCtx<'_>) -> R) -> R {
         let applied = self.current.load_full();
-        let ctx = ResolveCtx { applied: &applied, now: Instant::now(), confirmed_at: self.confirmed_at() };
+        let ctx = ResolveCtx {
+            applied: &applied,
+            defaults: &self.defaults,
+            declared: &self.flags,
+            now: Instant::now(),
+            confirmed_at: self.confirmed_at(),
+        };
         f(&ctx)
     }
 
@@ -266,8 +164,8 @@ impl Shared {
             while self.refresh_dirty.swap(false, Ordering::SeqCst) {
                 let next = self.with_ctx(|ctx| {
                     let a = self.flags.refresh(ctx);
-                    let b = self.deps.refresh(ctx, &self.defaults, &self.flags);
-                    let c = self.features.refresh(ctx, &self.defaults, &self.flags);
+                    let b = self.deps.refresh(ctx);
+                    let c = self.features.views.refresh(ctx);
                     [a, b, c].into_iter().flatten().min()
                 });
                 self.next_wake.store(next.map(Arc::new));
@@ -280,7 +178,8 @@ impl Shared {
         }
     }
 
-    /// When the next time-driven flag change is due.
+    /// When the next time-driven change is due (a flag, breaker override or fault rule
+    /// expiring, a stale deadline).
     pub(crate) fn next_wake(&self) -> Option<Instant> {
         self.next_wake.load().as_deref().copied()
     }
@@ -289,16 +188,16 @@ impl Shared {
     /// once more after registration: a snapshot installed between reading the state and
     /// registering the slot would otherwise leave it stale until the next change (a kill
     /// switch ignored when the handle is taken while a push is being applied).
-    pub(crate) fn dependency_handle(&self, name: &str) -> crate::enforce::Dependency {
-        let handle = self.with_ctx(|ctx| self.deps.handle(name, ctx, &self.defaults, &self.flags));
+    pub(crate) fn dependency_handle(&self, name: &str) -> Dependency {
+        let handle = self.with_ctx(|ctx| self.deps.handle(name, ctx));
         self.refresh();
         handle
     }
 
     /// The handle of a feature of the degradation matrix; registered and re-resolved like
     /// [`Shared::dependency_handle`].
-    pub(crate) fn feature_handle(&self, name: &str) -> crate::feature::Feature {
-        let handle = self.with_ctx(|ctx| self.features.handle(name, ctx, &self.defaults, &self.flags));
+    pub(crate) fn feature_handle(&self, name: &str) -> Feature {
+        let handle = self.with_ctx(|ctx| self.features.handle(name, ctx));
         self.refresh();
         handle
     }

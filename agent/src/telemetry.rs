@@ -19,3 +19,7 @@ pub const SYNC_CONNECTED: &str = "levee_sync_connected";
 pub const CACHE_ERRORS_TOTAL: &str = "levee_cache_errors_total";
 /// Counter: snapshots received from the server and rejected (NACKed).
 pub const SNAPSHOTS_REJECTED_TOTAL: &str = "levee_snapshots_rejected_total";
+/// Counter with a `kind` label (`dependency`, `feature`): handles asked for past the cap of
+/// names an agent tracks (`MAX_TRACKED_DEPENDENCIES`, `MAX_TRACKED_FEATURES`) whose name
+/// the policy does not configure; each shares the `_overflow` entry of its kind.
+pub const TRACKING_OVERFLOW_TOTAL: &str = "levee_tracking_overflow_total";

@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use levee_agent::policy::{
-    Bulkhead, CircuitBreaker, Dependency as DependencyPolicy, DependencyCriticality, FallbackLevel, Flag,
+    BulkheadPolicy, CircuitBreakerPolicy, DependencyCriticality, DependencyPolicy, FallbackLevel, Flag,
     FlagType, Policy, Retry, ServiceConfig, Window,
 };
 use levee_agent::retry::{Classify, ErrorKind};
@@ -47,7 +47,7 @@ pub fn safe_defaults() -> ServiceConfig {
             criticality: DependencyCriticality::Critical,
             attempt_timeout: Duration::from_millis(300),
             retry: Retry { max_attempts: 2, cap: Duration::from_millis(500), ..Retry::default() },
-            bulkhead: Bulkhead { max_concurrent: 40, max_wait: Duration::from_millis(10) },
+            bulkhead: BulkheadPolicy { max_concurrent: 40, max_wait: Duration::from_millis(10) },
             fallback: FallbackLevel::FeatureError,
             ..DependencyPolicy::default()
         },
@@ -59,13 +59,13 @@ pub fn safe_defaults() -> ServiceConfig {
             enabled_flag: Some("recommendations.enabled".into()),
             attempt_timeout: Duration::from_millis(80),
             retry: Retry { max_attempts: 1, ..Retry::default() },
-            circuit_breaker: CircuitBreaker {
+            circuit_breaker: CircuitBreakerPolicy {
                 window: Window::Time { seconds: 10 },
                 minimum_calls: 10,
                 wait_in_open: Duration::from_secs(5),
-                ..CircuitBreaker::default()
+                ..CircuitBreakerPolicy::default()
             },
-            bulkhead: Bulkhead { max_concurrent: 10, max_wait: Duration::ZERO },
+            bulkhead: BulkheadPolicy { max_concurrent: 10, max_wait: Duration::ZERO },
             fallback: FallbackLevel::Generic,
             ..DependencyPolicy::default()
         },

@@ -164,7 +164,7 @@ pub struct CircuitBreaker {
 impl CircuitBreaker {
     /// A CLOSED breaker with `settings`; `attempt_timeout` gives the default
     /// `max_wait_in_half_open` (twice it). Metrics are not registered.
-    pub fn new(settings: &policy::CircuitBreaker, attempt_timeout: Duration) -> Self {
+    pub fn new(settings: &policy::CircuitBreakerPolicy, attempt_timeout: Duration) -> Self {
         Self::build(settings, attempt_timeout, BreakerMetrics::noop())
     }
 
@@ -173,14 +173,18 @@ impl CircuitBreaker {
     /// [`BREAKER_TRANSITIONS`](crate::metrics_names::BREAKER_TRANSITIONS),
     /// [`BREAKER_REJECTED`](crate::metrics_names::BREAKER_REJECTED)) with `labels`.
     pub fn with_metrics(
-        settings: &policy::CircuitBreaker,
+        settings: &policy::CircuitBreakerPolicy,
         attempt_timeout: Duration,
         labels: Labels,
     ) -> Self {
         Self::build(settings, attempt_timeout, BreakerMetrics::new(labels))
     }
 
-    fn build(settings: &policy::CircuitBreaker, attempt_timeout: Duration, metrics: BreakerMetrics) -> Self {
+    fn build(
+        settings: &policy::CircuitBreakerPolicy,
+        attempt_timeout: Duration,
+        metrics: BreakerMetrics,
+    ) -> Self {
         let b = Self {
             word: WordAtomic::new(word(State::Closed, 0, 0, 0)),
             enabled: AtomicBool::new(true),
@@ -226,7 +230,7 @@ impl CircuitBreaker {
     /// emptied when its shape changed (old outcomes do not fit the new shape). Thresholds,
     /// `minimum_calls` and slow-call settings apply from the next recorded call; durations
     /// and probe count from the next transition.
-    pub fn update(&self, settings: &policy::CircuitBreaker) {
+    pub fn update(&self, settings: &policy::CircuitBreakerPolicy) {
         self.enabled.store(settings.enabled, Ordering::Relaxed);
         self.minimum_calls.store(u64::from(settings.minimum_calls.max(1)), Ordering::Relaxed);
         self.failure_ppm.store(ppm(settings.failure_rate_threshold), Ordering::Relaxed);

@@ -13,8 +13,8 @@ const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 
-fn settings(window: Window, minimum_calls: u32) -> policy::CircuitBreaker {
-    policy::CircuitBreaker {
+fn settings(window: Window, minimum_calls: u32) -> policy::CircuitBreakerPolicy {
+    policy::CircuitBreakerPolicy {
         window,
         minimum_calls,
         half_open_probes: 3,

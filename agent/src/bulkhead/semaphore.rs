@@ -57,7 +57,7 @@ pub struct Bulkhead {
 
 impl Bulkhead {
     /// A bulkhead with `settings` (`max_concurrent`, `max_wait`); metrics not registered.
-    pub fn new(settings: &policy::Bulkhead) -> Self {
+    pub fn new(settings: &policy::BulkheadPolicy) -> Self {
         Self::build(settings, Gauge::noop(), Counter::noop(), Gauge::noop())
     }
 
@@ -65,7 +65,7 @@ impl Bulkhead {
     /// [`BULKHEAD_IN_USE`](crate::metrics_names::BULKHEAD_IN_USE),
     /// [`BULKHEAD_REJECTED`](crate::metrics_names::BULKHEAD_REJECTED) and
     /// [`BULKHEAD_SUGGESTED`](crate::metrics_names::BULKHEAD_SUGGESTED) with `labels`.
-    pub fn with_metrics(settings: &policy::Bulkhead, labels: &Labels) -> Self {
+    pub fn with_metrics(settings: &policy::BulkheadPolicy, labels: &Labels) -> Self {
         Self::build(
             settings,
             labels.gauge(names::BULKHEAD_IN_USE),
@@ -75,7 +75,7 @@ impl Bulkhead {
     }
 
     fn build(
-        settings: &policy::Bulkhead,
+        settings: &policy::BulkheadPolicy,
         in_use_gauge: Gauge,
         rejected_counter: Counter,
         suggested_gauge: Gauge,
@@ -100,7 +100,7 @@ impl Bulkhead {
 
     /// Applies new settings live: resizes (see [`Bulkhead::resize`]) and sets the wait.
     /// Calls in flight are never affected.
-    pub fn update(&self, settings: &policy::Bulkhead) {
+    pub fn update(&self, settings: &policy::BulkheadPolicy) {
         let wait = u64::try_from(settings.max_wait.as_nanos()).unwrap_or(u64::MAX);
         self.inner.max_wait_ns.store(wait, Ordering::Relaxed);
         self.resize(settings.max_concurrent);

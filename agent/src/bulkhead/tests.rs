@@ -13,7 +13,7 @@ use crate::policy;
 const MS: Duration = Duration::from_millis(1);
 
 fn bulkhead(max_concurrent: u32, max_wait: Duration) -> Bulkhead {
-    Bulkhead::new(&policy::Bulkhead { max_concurrent, max_wait })
+    Bulkhead::new(&policy::BulkheadPolicy { max_concurrent, max_wait })
 }
 
 /// Exactly `n` calls can hold a permit at once, the next one is refused.
@@ -92,7 +92,7 @@ fn bh_2_clones_share_one_limit() {
 async fn bh_3_lowering_the_limit_under_load_keeps_calls_in_flight_and_holds_new_ones() {
     let b = bulkhead(20, Duration::from_secs(10));
     let mut in_flight: Vec<_> = (0..20).map(|_| b.try_acquire().unwrap()).collect();
-    b.update(&policy::Bulkhead { max_concurrent: 5, max_wait: Duration::from_secs(10) });
+    b.update(&policy::BulkheadPolicy { max_concurrent: 5, max_wait: Duration::from_secs(10) });
     assert_eq!((b.in_flight(), b.max_concurrent()), (20, 5));
     let mut waiter = std::pin::pin!(b.acquire(None));
     assert!(futures::poll!(&mut waiter).is_pending());

@@ -57,17 +57,17 @@ pub struct Envelope {
 /// A snapshot read back from the cache, verified and validated.
 #[derive(Clone, Debug)]
 pub struct CachedSnapshot {
-    /// Revision of the snapshot.
+    /// Revision of the snapshot (≥ 1, matching the file name).
     pub revision: u64,
-    /// Hash of `body`.
+    /// Lower-case hex SHA-256 of `body`, verified.
     pub hash: String,
-    /// Body text (canonical JSON).
+    /// The snapshot body exactly as the server sent it (canonical JSON text).
     pub body: String,
-    /// Decoded, validated configuration.
+    /// `body` decoded and validated.
     pub config: ServiceConfig,
     /// When the file was written, which is when the snapshot was last confirmed live.
     pub written_at: Timestamp,
-    /// File it came from.
+    /// The cache file it was read from.
     pub path: PathBuf,
 }
 
@@ -77,15 +77,15 @@ pub enum CacheError {
     /// The file or directory could not be read or written.
     #[error("cannot read {path}: {source}")]
     Io {
-        /// File or directory.
+        /// The cache file or generation directory.
         path: PathBuf,
-        /// OS error.
+        /// The operating system's error.
         source: io::Error,
     },
     /// Not a JSON envelope (truncated, garbage, too big, wrong field types).
     #[error("{path} is not a valid cache file: {detail}")]
     Malformed {
-        /// File.
+        /// The cache file (`<dir>/<env>/<service>/rev-<revision>.json`).
         path: PathBuf,
         /// What the decoder said.
         detail: String,
@@ -93,7 +93,7 @@ pub enum CacheError {
     /// Written by an agent with another schema version.
     #[error("{path} has schema version {found:?}, this agent reads {expected}")]
     Schema {
-        /// File.
+        /// The cache file (`<dir>/<env>/<service>/rev-<revision>.json`).
         path: PathBuf,
         /// Version in the file, if it had one.
         found: Option<u64>,
@@ -103,7 +103,7 @@ pub enum CacheError {
     /// Belongs to another environment, service or revision than its place says.
     #[error("{path} belongs to {found}, expected {expected}")]
     Mismatch {
-        /// File.
+        /// The cache file (`<dir>/<env>/<service>/rev-<revision>.json`).
         path: PathBuf,
         /// What the file says.
         found: String,
@@ -113,7 +113,7 @@ pub enum CacheError {
     /// The body does not hash to the recorded hash (bit rot or a partial write).
     #[error("{path}: body hash {actual} does not match recorded {recorded}")]
     Hash {
-        /// File.
+        /// The cache file (`<dir>/<env>/<service>/rev-<revision>.json`).
         path: PathBuf,
         /// Hash in the envelope.
         recorded: String,
@@ -123,7 +123,7 @@ pub enum CacheError {
     /// The body does not decode or validate as a [`ServiceConfig`].
     #[error("{path}: body is not a valid configuration: {source}")]
     Invalid {
-        /// File.
+        /// The cache file (`<dir>/<env>/<service>/rev-<revision>.json`).
         path: PathBuf,
         /// Decoding or validation errors.
         source: policy::PolicyError,
@@ -131,9 +131,9 @@ pub enum CacheError {
     /// Writing a new generation failed.
     #[error("cannot write cache file in {dir}: {source}")]
     Write {
-        /// Cache directory.
+        /// The generation directory written to.
         dir: PathBuf,
-        /// OS error.
+        /// The operating system's error.
         source: io::Error,
     },
 }

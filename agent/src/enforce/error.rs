@@ -1,73 +1,17 @@
-//! Errors raised by enforcement itself (not by the dependency).
-//!
-//! Small opaque structs, tower style: the tower layer boxes them, callers find them with
-//! `downcast_ref`, so error types do not change when the layer order does. The plain API
-//! wraps them in [`CallError`].
+//! Errors raised by enforcement itself (not by the dependency): [`CallError`], which the
+//! plain API returns, and [`NotReplayable`]. The opaque structs a stage raises
+//! (`KillSwitched`, `AttemptTimeout`, `DeadlineError`, `InjectedFault`) are defined in the
+//! crate's leaf `failure` module, so `retry`'s classifier can recognize them, and are
+//! re-exported here.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
+
+pub use crate::failure::{AttemptTimeout, DeadlineError, InjectedFault, KillSwitched};
 
 use crate::breaker::BreakerOpen;
 use crate::bulkhead::BulkheadFull;
-
-/// The dependency is switched off by its kill switch (`enabled_flag` is `false`); the call
-/// was not made. Not retryable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KillSwitched {
-    dependency: Arc<str>,
-}
-
-impl KillSwitched {
-    pub(crate) fn new(dependency: Arc<str>) -> Self {
-        Self { dependency }
-    }
-
-    /// Name of the dependency that is switched off.
-    pub fn dependency(&self) -> &str {
-        &self.dependency
-    }
-}
-
-impl fmt::Display for KillSwitched {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "dependency `{}` is switched off by its kill switch", self.dependency)
-    }
-}
-
-impl std::error::Error for KillSwitched {}
-
-/// One attempt took longer than its per-attempt timeout and was abandoned (its future
-/// dropped). Retryable.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AttemptTimeout {
-    dependency: Arc<str>,
-    timeout: Duration,
-}
-
-impl AttemptTimeout {
-    pub(crate) fn new(dependency: Arc<str>, timeout: Duration) -> Self {
-        Self { dependency, timeout }
-    }
-
-    /// Name of the dependency.
-    pub fn dependency(&self) -> &str {
-        &self.dependency
-    }
-
-    /// The per-attempt timeout that elapsed.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-}
-
-impl fmt::Display for AttemptTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "attempt to `{}` timed out after {:?}", self.dependency, self.timeout)
-    }
-}
-
-impl std::error::Error for AttemptTimeout {}
+use crate::retry::{Classify, ErrorKind};
 
 /// A tower service was asked for a second attempt but requests of this stack cannot be
 /// replayed (raised only if a retry stage is configured for a non-replayable request).
@@ -87,69 +31,6 @@ impl fmt::Display for NotReplayable {
 }
 
 impl std::error::Error for NotReplayable {}
-
-/// An attempt failed because a fault-injection rule said so (game days): it behaves like
-/// the real failure it imitates (an HTTP status or a connection error) for retries and
-/// breakers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InjectedFault {
-    dependency: Arc<str>,
-    kind: crate::retry::ErrorKind,
-}
-
-impl InjectedFault {
-    pub(crate) fn new(dependency: Arc<str>, kind: crate::retry::ErrorKind) -> Self {
-        Self { dependency, kind }
-    }
-
-    /// The failure imitated.
-    pub fn kind(&self) -> crate::retry::ErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for InjectedFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "injected fault on `{}`: {:?}", self.dependency, self.kind)
-    }
-}
-
-impl std::error::Error for InjectedFault {}
-
-/// The request's deadline left no time for (another) attempt. `why` says what ran out;
-/// `source()` is the last attempt's error, when there was one (RT-2, RT-3).
-#[derive(Debug)]
-pub struct DeadlineError {
-    why: String,
-    last: Option<crate::BoxError>,
-}
-
-impl DeadlineError {
-    pub(crate) fn new(why: impl Into<String>, last: Option<crate::BoxError>) -> Self {
-        Self { why: why.into(), last }
-    }
-
-    /// What ran out, in words.
-    pub fn why(&self) -> &str {
-        &self.why
-    }
-}
-
-impl fmt::Display for DeadlineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "deadline exceeded: {}", self.why)?;
-        if let Some(last) = &self.last {
-            write!(f, "; last error: {last}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for DeadlineError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.last.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
 
 /// Why a call through [`Dependency::call`](super::Dependency::call) did not produce the
 /// dependency's answer.
@@ -207,7 +88,7 @@ impl<E> CallError<E> {
             CallError::BulkheadFull(e) => Box::new(e),
             CallError::BreakerOpen(e) => Box::new(e),
             CallError::DeadlineExceeded(e, last) => {
-                Box::new(DeadlineError { why: e.why, last: last.map(|l| l.into_box()) })
+                Box::new(DeadlineError::new(e.why, last.map(|l| l.into_box())))
             }
             CallError::Timeout(e) => Box::new(e),
             CallError::Injected(e) => Box::new(e),
@@ -241,6 +122,28 @@ impl<E: std::error::Error + 'static> std::error::Error for CallError<E> {
         match self {
             CallError::Inner(e) => Some(e),
             CallError::DeadlineExceeded(_, Some(last)) => Some(&**last),
+            _ => None,
+        }
+    }
+}
+
+impl<E: Classify> Classify for CallError<E> {
+    fn error_kind(&self) -> ErrorKind {
+        use CallError as C;
+        match self {
+            C::KillSwitched(_) => ErrorKind::KillSwitched,
+            C::BulkheadFull(_) => ErrorKind::BulkheadFull,
+            C::BreakerOpen(_) => ErrorKind::BreakerOpen,
+            C::DeadlineExceeded(..) => ErrorKind::DeadlineExceeded,
+            C::Timeout(_) => ErrorKind::AttemptTimeout,
+            C::Injected(f) => f.kind(),
+            C::Inner(e) => e.error_kind(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CallError::Inner(e) => e.retry_after(),
             _ => None,
         }
     }

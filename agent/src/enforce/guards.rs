@@ -70,8 +70,8 @@ impl Guards {
         dependency: &str,
         operation: &str,
         retry: &policy::Retry,
-        breaker: &policy::CircuitBreaker,
-        bulkhead: &policy::Bulkhead,
+        breaker: &policy::CircuitBreakerPolicy,
+        bulkhead: &policy::BulkheadPolicy,
         attempt_timeout: Duration,
     ) -> Self {
         let labels = Labels::new(dependency, operation);
@@ -89,8 +89,8 @@ impl Guards {
     pub(crate) fn update(
         &self,
         retry: &policy::Retry,
-        breaker: &policy::CircuitBreaker,
-        bulkhead: &policy::Bulkhead,
+        breaker: &policy::CircuitBreakerPolicy,
+        bulkhead: &policy::BulkheadPolicy,
         attempt_timeout: Duration,
     ) {
         self.retrier.update(retry);
@@ -136,7 +136,7 @@ impl DepState {
 
     /// The dependency-level guards, created with `policy` on first use and updated to it
     /// afterwards.
-    pub(crate) fn dependency_guards(&self, policy: &policy::Dependency) -> Arc<Guards> {
+    pub(crate) fn dependency_guards(&self, policy: &policy::DependencyPolicy) -> Arc<Guards> {
         if let Some(g) = self.guards.load().as_ref() {
             g.update(&policy.retry, &policy.circuit_breaker, &policy.bulkhead, policy.attempt_timeout);
             return g.clone();
@@ -158,8 +158,8 @@ impl DepState {
         &self,
         operation: &str,
         retry: &policy::Retry,
-        breaker: &policy::CircuitBreaker,
-        bulkhead: &policy::Bulkhead,
+        breaker: &policy::CircuitBreakerPolicy,
+        bulkhead: &policy::BulkheadPolicy,
         attempt_timeout: Duration,
     ) -> Arc<Guards> {
         if let Some(g) = self.ops.load().get(operation) {

@@ -95,7 +95,7 @@ pub trait Judge<Req, Res>: Clone + Send + Sync + 'static {
     /// Called on each outgoing attempt (after any replay) to add propagation headers.
     fn prepare(&self, _req: &mut Req, _will_retry: bool) {}
 
-    /// `None` = success; `Some((kind, retry_after))` = a failure of that kind.
+    /// How an attempt's result turns out (see [`Judgement`]).
     fn judge(&self, result: &Result<Res, BoxError>) -> Judgement;
 }
 
@@ -107,8 +107,8 @@ pub struct ErrorJudge;
 impl<Req, Res> Judge<Req, Res> for ErrorJudge {
     fn judge(&self, result: &Result<Res, BoxError>) -> Judgement {
         match result {
-            Ok(_) => None,
-            Err(e) => Some((classify_error(e.as_ref()), None)),
+            Ok(_) => Judgement::Success,
+            Err(e) => Judgement::failure(classify_error(e.as_ref())),
         }
     }
 }
@@ -161,7 +161,7 @@ where
     fn judge(&self, result: &Result<http::Response<RB>, BoxError>) -> Judgement {
         match result {
             Ok(res) => http_status_judgement(res.status(), res.headers()),
-            Err(e) => Some((classify_error(e.as_ref()), None)),
+            Err(e) => Judgement::failure(classify_error(e.as_ref())),
         }
     }
 }
@@ -174,9 +174,9 @@ fn http_status_judgement(status: http::StatusCode, headers: &HeaderMap) -> Judge
         let ra = headers
             .get(http::header::RETRY_AFTER)
             .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
-        Some((ErrorKind::HttpStatus(s), ra))
+        Judgement::Failure { kind: ErrorKind::HttpStatus(s), retry_after: ra }
     } else {
-        None
+        Judgement::Success
     }
 }
 
@@ -204,7 +204,7 @@ impl Judge<reqwest::Request, reqwest::Response> for HttpJudge {
     fn judge(&self, result: &Result<reqwest::Response, BoxError>) -> Judgement {
         match result {
             Ok(res) => http_status_judgement(res.status(), res.headers()),
-            Err(e) => Some((classify_error(e.as_ref()), None)),
+            Err(e) => Judgement::failure(classify_error(e.as_ref())),
         }
     }
 }
@@ -239,17 +239,17 @@ where
         match result {
             Ok(res) => {
                 if res.status() != http::StatusCode::OK {
-                    return Some((ErrorKind::HttpStatus(res.status().as_u16()), None));
+                    return Judgement::failure(ErrorKind::HttpStatus(res.status().as_u16()));
                 }
                 let headers = res.headers();
                 let code = headers
                     .get("grpc-status")
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<i32>().ok())
-                    .map(tonic::Code::from_i32)?;
-                if code == tonic::Code::Ok {
-                    return None;
-                }
+                    .map(tonic::Code::from_i32);
+                let Some(code) = code.filter(|c| *c != tonic::Code::Ok) else {
+                    return Judgement::Success;
+                };
                 // gRPC A6: a pushback ≥ 0 allows a retry after that delay; negative or
                 // malformed forbids it.
                 let pushback = headers
@@ -258,9 +258,12 @@ where
                     .and_then(|v| v.parse::<i64>().ok());
                 let delay =
                     pushback.and_then(|ms| u64::try_from(ms).ok()).map(std::time::Duration::from_millis);
-                Some((ErrorKind::Grpc { code, pushback: delay.is_some() }, delay))
+                Judgement::Failure {
+                    kind: ErrorKind::Grpc { code, pushback: delay.is_some() },
+                    retry_after: delay,
+                }
             }
-            Err(e) => Some((classify_error(e.as_ref()), None)),
+            Err(e) => Judgement::failure(classify_error(e.as_ref())),
         }
     }
 }

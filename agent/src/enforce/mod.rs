@@ -3,7 +3,7 @@
 //! [`Dependency`] is the handle (`agent.dependency("recommendations")`); its
 //! [`call`](Dependency::call) wraps any future, [`call_or_fallback`](Dependency::call_or_fallback)
 //! adds a fallback, and [`DependencyLayer`] does the same for any `tower::Service`. All three
-//! go through [`run`], the one place that decides the order of enforcement.
+//! go through `run::run`, the one place that decides the order of enforcement.
 //!
 //! The hot path reads the dependency's resolved view with one lock-free `arc-swap` load
 //! and takes no lock; the view is rewritten whenever a snapshot is applied or a flag
@@ -11,6 +11,7 @@
 
 mod error;
 mod guards;
+mod judgement;
 mod layer;
 mod run;
 
@@ -37,13 +38,12 @@ pub use run::idempotent_by_name;
 
 pub(crate) use guards::DepState;
 use guards::Guards;
-pub(crate) use run::Judgement;
+pub use judgement::Judgement;
 
-use crate::breaker::BreakerSnapshot;
-use crate::flags::{FlagRegistry, ResolveCtx};
-use crate::policy::{
-    self, BreakerOverrideState, DependencyCriticality, FallbackLevel, FlagType, ServiceConfig, Timestamp,
-};
+use crate::applied::ResolveCtx;
+use crate::breaker::{BreakerSnapshot, CircuitBreaker, State as BreakerState};
+use crate::policy::{self, BreakerOverrideState, DependencyCriticality, FallbackLevel};
+use crate::registry::{Registry, Resolve};
 use crate::retry::Classify;
 
 /// Per-call settings of one (dependency, operation) scope and its guards.
@@ -61,7 +61,7 @@ pub(crate) struct Scope {
 #[derive(Debug)]
 pub(crate) struct DepView {
     pub(crate) name: Arc<str>,
-    pub(crate) policy: Arc<policy::Dependency>,
+    pub(crate) policy: Arc<policy::DependencyPolicy>,
     /// Whether the kill switch lets calls through.
     pub(crate) enabled: bool,
     pub(crate) criticality: DependencyCriticality,
@@ -72,11 +72,6 @@ pub(crate) struct DepView {
     pub(crate) state: Arc<DepState>,
     default_scope: Scope,
     ops: HashMap<Box<str>, Scope>,
-}
-
-/// Wall-clock expiry → monotonic instant (None when absent; now when already past).
-fn expiry_instant(at: Option<Timestamp>, now_wall: Timestamp, now: Instant) -> Option<Instant> {
-    at.map(|t| now + Duration::from_millis(t.unix_ms().saturating_sub(now_wall.unix_ms()).max(0) as u64))
 }
 
 impl DepView {
@@ -92,33 +87,14 @@ impl DepView {
             && !crate::deadline::current().is_some_and(|c| c.inbound_retried)
     }
 
-    fn resolve(
-        name: &Arc<str>,
-        state: &Arc<DepState>,
-        ctx: &ResolveCtx<'_>,
-        defaults: &ServiceConfig,
-        flags: &FlagRegistry,
-    ) -> (Self, Option<Instant>) {
+    fn resolve_with(name: &Arc<str>, state: &Arc<DepState>, ctx: &ResolveCtx<'_>) -> (Self, Option<Instant>) {
         let config = &ctx.applied.config;
+        let defaults = ctx.defaults;
         let from_server = config.policy.dependencies.get(&**name);
         let policy =
             from_server.or_else(|| defaults.policy.dependencies.get(&**name)).cloned().unwrap_or_default();
-        let (enabled, wake) = match &policy.enabled_flag {
-            None => (true, None),
-            Some(key) => match flags.bool_handle(key) {
-                // A declared handle already resolved server value / expiry / stale policy
-                // against its compiled-in default.
-                Some(handle) => (handle.get(), None),
-                None => {
-                    let (flag, wake) = ctx.resolve(key, FlagType::Bool);
-                    let on = flag.ok().map(|f| {
-                        let full = f.rollout.as_ref().is_none_or(|r| r.percent >= 100.0);
-                        f.value.as_bool().unwrap_or(true) || !full
-                    });
-                    (on.unwrap_or(true), wake)
-                }
-            },
-        };
+        let (enabled, mut wake) = ctx.switch_on(policy.enabled_flag.as_deref());
+        let mut wake_at = |at: Instant| wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
         // Service-wide settings come from whichever config supplied the dependency.
         let service_policy = if from_server.is_some() { &config.policy } else { &defaults.policy };
         let dep_guards = state.dependency_guards(&policy);
@@ -143,10 +119,11 @@ impl DepView {
                 Scope { attempt_timeout: timeout, measure, idempotent: o.idempotent, guards },
             );
         }
-        // Operator overrides of breakers (with their expiry, enforced by the breaker itself).
-        let now_wall = Timestamp::now();
+        // Operator overrides of breakers. Each ends at its expiry, scheduled like a flag's
+        // (CP-11): the housekeeping timer re-resolves at that instant, so breaker state,
+        // readiness and the status report change then, not at the next call.
         let mut overridden: Vec<*const Guards> = Vec::new();
-        for o in config.breaker_overrides.iter().filter(|o| *o.dependency == **name) {
+        for (o, until) in ctx.applied.breaker_overrides().filter(|(o, _)| *o.dependency == **name) {
             let g = match &o.operation {
                 Some(op) => ops
                     .get(op.as_str())
@@ -154,10 +131,15 @@ impl DepView {
                     .unwrap_or_else(|| dep_guards.clone()),
                 None => dep_guards.clone(),
             };
-            let until = expiry_instant(o.expires_at, now_wall, ctx.now);
-            if until.is_none_or(|u| u > ctx.now) {
-                g.breaker.set_override(Some(o.state), until);
-                overridden.push(Arc::as_ptr(&g));
+            match until {
+                Some(u) if u <= ctx.now => expire_override(&g.breaker, o.state, u),
+                _ => {
+                    g.breaker.set_override(Some(o.state), until);
+                    overridden.push(Arc::as_ptr(&g));
+                    if let Some(u) = until {
+                        wake_at(u);
+                    }
+                }
             }
         }
         let all_guards = std::iter::once(dep_guards.clone()).chain(ops.values().map(|s| s.guards.clone()));
@@ -166,13 +148,17 @@ impl DepView {
                 g.breaker.set_override(None::<BreakerOverrideState>, None);
             }
         }
-        let rules: Vec<_> = config
-            .faults
-            .iter()
-            .filter(|f| *f.dependency == **name && f.expires_at > now_wall)
-            .cloned()
-            .collect();
-        let faults_active = config.faults_allowed && !rules.is_empty();
+        // Fault rules, each until its expiry (scheduled the same way).
+        let mut rules = Vec::new();
+        if config.faults_allowed {
+            for (rule, until) in ctx.applied.fault_rules().filter(|(f, _)| *f.dependency == **name) {
+                if until > ctx.now {
+                    rules.push(rule.clone());
+                    wake_at(until);
+                }
+            }
+        }
+        let faults_active = !rules.is_empty();
         state.faults.update(rules, config.faults_allowed);
         let view = DepView {
             name: name.clone(),
@@ -215,98 +201,69 @@ impl DepView {
     }
 }
 
-/// Every dependency handle of one agent, by name.
-type DepSlot = Arc<ArcSwap<DepView>>;
-
-#[derive(Default)]
-pub(crate) struct DepRegistry {
-    slots: ArcSwap<Vec<(Arc<str>, DepSlot)>>,
-}
-
-impl fmt::Debug for DepRegistry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DepRegistry").field("dependencies", &self.slots.load().len()).finish()
+/// Ends the operator override of `breaker` that expired at `until`, now rather than at the
+/// breaker's next call. The breaker clears an expired override itself (reason
+/// `override_expired`) when it is asked for a permit, so it is asked — only while it is in
+/// the expired override's state: that is a forced state, in which asking takes no probe
+/// and, once the override has expired, rejects nothing. A permit obtained is dropped
+/// unrecorded, which counts neither way. In any other state the override is gone already,
+/// or replaced by another, and the caller clears it.
+fn expire_override(breaker: &CircuitBreaker, state: BreakerOverrideState, until: Instant) {
+    let forced = match state {
+        BreakerOverrideState::ForcedOpen => BreakerState::ForcedOpen,
+        BreakerOverrideState::ForcedClosed => BreakerState::ForcedClosed,
+        BreakerOverrideState::Disabled => BreakerState::Disabled,
+    };
+    if breaker.state() == forced {
+        // Same state: only the expiry the breaker checks is set (to `until`, passed).
+        breaker.set_override(Some(state), Some(until));
+        drop(breaker.try_acquire());
     }
 }
 
-/// Most dependencies one agent tracks; past it, further names share one `_overflow`
-/// dependency (its own guards, default policy), counted in `levee_calls_total` under that
-/// name — never a silent bypass of protection.
+impl Resolve for DepView {
+    const KIND: &'static str = "dependency";
+    const CAP: usize = MAX_TRACKED_DEPENDENCIES;
+    const OVERFLOW: &'static str = OVERFLOW_DEPENDENCY;
+
+    fn resolve(name: &Arc<str>, previous: Option<&Self>, ctx: &ResolveCtx<'_>) -> (Self, Option<Instant>) {
+        let state = match previous {
+            Some(p) => p.state.clone(),
+            None => Arc::new(DepState::new(name.clone())),
+        };
+        Self::resolve_with(name, &state, ctx)
+    }
+
+    fn configured(name: &str, ctx: &ResolveCtx<'_>) -> bool {
+        ctx.applied.config.policy.dependencies.contains_key(name)
+            || ctx.defaults.policy.dependencies.contains_key(name)
+    }
+}
+
+/// Every dependency handle of one agent, by name.
+pub(crate) type DepRegistry = Registry<DepView>;
+
+/// Most dependencies one agent tracks one by one; past it, a dependency the policy does
+/// not name shares the [`OVERFLOW_DEPENDENCY`] (its own guards, the default policy),
+/// counted in `levee_tracking_overflow_total{kind="dependency"}` and, per call, in
+/// `levee_calls_total` under that name — never a silent bypass of protection (see
+/// [`Dependency`] for what an unknown dependency gets).
 pub const MAX_TRACKED_DEPENDENCIES: usize = 1024;
 /// The name under which dependencies past [`MAX_TRACKED_DEPENDENCIES`] are tracked.
 pub const OVERFLOW_DEPENDENCY: &str = "_overflow";
 
-impl DepRegistry {
-    /// The slot of `name`, created (and resolved) on first use.
-    pub(crate) fn handle(
-        &self,
-        name: &str,
-        ctx: &ResolveCtx<'_>,
-        defaults: &ServiceConfig,
-        flags: &FlagRegistry,
-    ) -> Dependency {
-        if let Some((n, slot)) = self.slots.load().iter().find(|(n, _)| &**n == name) {
-            return Dependency { name: n.clone(), slot: slot.clone() };
-        }
-        let name = if self.slots.load().len() >= MAX_TRACKED_DEPENDENCIES {
-            tracing::warn!(
-                dependency = name,
-                "too many dependencies tracked; sharing the overflow dependency"
-            );
-            if let Some((n, slot)) = self.slots.load().iter().find(|(n, _)| &**n == OVERFLOW_DEPENDENCY) {
-                return Dependency { name: n.clone(), slot: slot.clone() };
-            }
-            OVERFLOW_DEPENDENCY
-        } else {
-            name
-        };
-        let name: Arc<str> = name.into();
-        let state = Arc::new(DepState::new(name.clone()));
-        let (view, _) = DepView::resolve(&name, &state, ctx, defaults, flags);
-        let slot = Arc::new(ArcSwap::from_pointee(view));
-        let mut out = None;
-        self.slots.rcu(|v| {
-            if let Some((n, s)) = v.iter().find(|(n, _)| *n == name) {
-                out = Some(Dependency { name: n.clone(), slot: s.clone() });
-                return Vec::clone(v);
-            }
-            out = Some(Dependency { name: name.clone(), slot: slot.clone() });
-            let mut v = Vec::clone(v);
-            v.push((name.clone(), slot.clone()));
-            v
-        });
-        out.expect("rcu ran at least once")
-    }
-
-    /// Re-resolves every slot; returns the next instant a kill switch changes by itself.
-    pub(crate) fn refresh(
-        &self,
-        ctx: &ResolveCtx<'_>,
-        defaults: &ServiceConfig,
-        flags: &FlagRegistry,
-    ) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
-        for (name, slot) in self.slots.load().iter() {
-            let state = slot.load().state.clone();
-            let (view, wake) = DepView::resolve(name, &state, ctx, defaults, flags);
-            slot.store(Arc::new(view));
-            if let Some(w) = wake {
-                next = Some(next.map_or(w, |n| n.min(w)));
-            }
-        }
-        next
-    }
-
-    /// Every tracked dependency (for status reports and readiness).
-    pub(crate) fn all(&self) -> Vec<Dependency> {
-        self.slots.load().iter().map(|(n, s)| Dependency { name: n.clone(), slot: s.clone() }).collect()
+impl Registry<DepView> {
+    /// The handle of dependency `name` (see [`Registry::slot`]).
+    pub(crate) fn handle(&self, name: &str, ctx: &ResolveCtx<'_>) -> Dependency {
+        let (name, slot) = self.slot(name, ctx);
+        Dependency { name, slot }
     }
 
     /// Adds every breaker and bulkhead (dependency-level and per operation) to a status
     /// report, with the Little's-law bulkhead size suggestion.
     pub(crate) fn contribute(&self, report: &mut crate::proto::StatusReport) {
-        for dep in self.all() {
-            let view = dep.view();
+        for (name, slot) in self.all().iter() {
+            let view = slot.load();
             let mut scopes: Vec<(String, Arc<Guards>)> =
                 vec![(String::new(), view.default_scope.guards.clone())];
             for (op, scope) in &view.ops {
@@ -317,7 +274,7 @@ impl DepRegistry {
             for (op, g) in scopes {
                 let b = g.breaker.snapshot();
                 report.breakers.push(crate::proto::BreakerStatus {
-                    dependency: dep.name().to_string(),
+                    dependency: name.to_string(),
                     operation: op.clone(),
                     state: b.state.as_str().to_string(),
                     transitions: b.transitions.iter().map(|t| t.count).sum(),
@@ -327,7 +284,7 @@ impl DepRegistry {
                 });
                 let est = g.bulkhead.estimate();
                 report.bulkheads.push(crate::proto::BulkheadStatus {
-                    dependency: dep.name().to_string(),
+                    dependency: name.to_string(),
                     operation: op,
                     max_concurrent: g.bulkhead.max_concurrent(),
                     in_use: g.bulkhead.in_flight(),
@@ -340,13 +297,13 @@ impl DepRegistry {
     /// Whether every **critical** dependency can be called now: switched on and its
     /// breaker not open. Non-critical dependencies never affect readiness.
     pub(crate) fn critical_ready(&self) -> bool {
-        self.all().iter().all(|d| {
-            let view = d.view();
+        self.all().iter().all(|(_, slot)| {
+            let view = slot.load();
             if view.criticality != DependencyCriticality::Critical {
                 return true;
             }
             let state = view.default_scope.guards.breaker.state();
-            view.enabled && !matches!(state, crate::breaker::State::Open | crate::breaker::State::ForcedOpen)
+            view.enabled && !matches!(state, BreakerState::Open | BreakerState::ForcedOpen)
         })
     }
 }
@@ -355,7 +312,7 @@ impl DepRegistry {
 /// current policy with one lock-free load.
 ///
 /// An unknown dependency (named neither in the applied snapshot nor in the compiled-in
-/// defaults) is enforced with [`policy::Dependency::default()`].
+/// defaults) is enforced with [`policy::DependencyPolicy::default()`].
 #[derive(Clone)]
 pub struct Dependency {
     name: Arc<str>,
@@ -369,14 +326,15 @@ impl fmt::Debug for Dependency {
 }
 
 impl Dependency {
-    /// Name of the dependency.
+    /// The name the dependency is tracked under: the one asked for, or
+    /// [`OVERFLOW_DEPENDENCY`] past [`MAX_TRACKED_DEPENDENCIES`].
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The dependency's current policy (from the applied snapshot, else the compiled-in
-    /// defaults, else [`policy::Dependency::default()`]).
-    pub fn policy(&self) -> Arc<policy::Dependency> {
+    /// defaults, else [`policy::DependencyPolicy::default()`]).
+    pub fn policy(&self) -> Arc<policy::DependencyPolicy> {
         self.slot.load().policy.clone()
     }
 
@@ -419,7 +377,7 @@ impl Dependency {
     /// Whether a call of `operation` would be retried on failure now (idempotent by name
     /// or policy, more than one attempt configured, retries not paused). Services using
     /// [`call`](Self::call) with their own HTTP client pass this to
-    /// [`propagate`](crate::enforce::propagate) so the service called does not retry again.
+    /// [`propagate`] so the service called does not retry again.
     pub fn will_retry(&self, operation: &str) -> bool {
         self.slot.load().will_retry(operation, None)
     }
@@ -456,7 +414,7 @@ impl Dependency {
         Fut: Future<Output = Result<T, E>>,
     {
         let view = self.slot.load_full();
-        run::run(&view, operation, None, attempt, run::judge_classify).await
+        run::run(&view, operation, None, attempt, Judgement::classify).await
     }
 
     /// As [`call`](Self::call), with the caller judging each attempt's result (for
@@ -473,7 +431,7 @@ impl Dependency {
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        J: Fn(&Result<T, E>) -> Option<(crate::retry::ErrorKind, Option<Duration>)>,
+        J: Fn(&Result<T, E>) -> Judgement,
     {
         let view = self.slot.load_full();
         run::run(&view, operation, idempotent, attempt, judge).await
@@ -482,9 +440,9 @@ impl Dependency {
     /// Calls the dependency and, when that fails for any reason (kill switch, open
     /// breaker, full bulkhead, deadline, timeout, error), answers from `fallback` instead.
     ///
-    /// Returns the value and where it came from: [`Degraded::level`] is
+    /// Returns the value and where it came from: [`WithFallback::level`] is
     /// [`FallbackLevel::Fresh`] for the dependency's answer and the dependency's configured
-    /// `fallback` level otherwise, with the cause in [`Degraded::cause`]. The fallback gets
+    /// `fallback` level otherwise, with the cause in [`WithFallback::cause`]. The fallback gets
     /// the error by reference, runs outside the primary's bulkhead, retries and breaker,
     /// and should be cheap (a cached or static value).
     pub async fn call_or_fallback<T, E, F, Fut, G, GFut>(
@@ -492,7 +450,7 @@ impl Dependency {
         operation: &str,
         attempt: F,
         fallback: G,
-    ) -> Degraded<T, E>
+    ) -> WithFallback<T, E>
     where
         E: Classify,
         F: FnMut() -> Fut,
@@ -502,11 +460,11 @@ impl Dependency {
     {
         let view = self.slot.load_full();
         let level = view.policy.fallback;
-        match run::run(&view, operation, None, attempt, run::judge_classify).await {
-            Ok(value) => Degraded { value, level: FallbackLevel::Fresh, cause: None },
+        match run::run(&view, operation, None, attempt, Judgement::classify).await {
+            Ok(value) => WithFallback { value, level: FallbackLevel::Fresh, cause: None },
             Err(e) => {
                 let value = fallback(&e).await;
-                Degraded { value, level, cause: Some(e) }
+                WithFallback { value, level, cause: Some(e) }
             }
         }
     }
@@ -540,7 +498,7 @@ impl Dependency {
         key: K,
         operation: &str,
         attempt: F,
-    ) -> Result<Degraded<T, E>, CallError<E>>
+    ) -> Result<WithFallback<T, E>, CallError<E>>
     where
         K: std::hash::Hash + Eq,
         T: Clone,
@@ -551,13 +509,13 @@ impl Dependency {
         match self.call(operation, attempt).await {
             Ok(value) => {
                 cache.put(key, value.clone());
-                Ok(Degraded { value, level: FallbackLevel::Fresh, cause: None })
+                Ok(WithFallback { value, level: FallbackLevel::Fresh, cause: None })
             }
             Err(e) => {
                 cache.set_max_staleness(self.slot.load().policy.stale_max_age);
                 match cache.get_if_error(&key) {
                     Some(stale) => {
-                        Ok(Degraded { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
+                        Ok(WithFallback { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
                     }
                     None => Err(e),
                 }
@@ -619,7 +577,7 @@ impl Dependency {
                 current.set(index);
                 attempt(endpoint)
             },
-            run::judge_classify,
+            Judgement::classify,
             &observe,
         )
         .await
@@ -632,9 +590,11 @@ impl Dependency {
     }
 }
 
-/// A value and which fallback level produced it.
+/// What a call with a fallback returns ([`Dependency::call_or_fallback`],
+/// [`Dependency::call_stale_if_error`]): the value, the level that produced it, and why
+/// the fallback answered.
 #[derive(Debug)]
-pub struct Degraded<T, E> {
+pub struct WithFallback<T, E> {
     /// The answer: the dependency's, or the fallback's.
     pub value: T,
     /// [`FallbackLevel::Fresh`] for the dependency's answer; the dependency's configured
@@ -644,7 +604,7 @@ pub struct Degraded<T, E> {
     pub cause: Option<CallError<E>>,
 }
 
-impl<T, E> Degraded<T, E> {
+impl<T, E> WithFallback<T, E> {
     /// Whether the value came from the fallback.
     pub fn is_degraded(&self) -> bool {
         self.cause.is_some()
@@ -658,7 +618,7 @@ pub struct Endpoints<P> {
     detector: crate::outlier::OutlierDetector<P>,
     /// The dependency policy whose settings the detector has (held, so a new policy is
     /// told apart by pointer).
-    applied: ArcSwap<policy::Dependency>,
+    applied: ArcSwap<policy::DependencyPolicy>,
 }
 
 impl<P> Endpoints<P> {
@@ -671,7 +631,7 @@ impl<P> Endpoints<P> {
 
     /// Applies the dependency's current `outlier_detection` settings when the policy
     /// changed since the last call (one pointer comparison otherwise).
-    fn follow(&self, policy: &Arc<policy::Dependency>) {
+    fn follow(&self, policy: &Arc<policy::DependencyPolicy>) {
         if !Arc::ptr_eq(&self.applied.load(), policy) {
             self.applied.store(policy.clone());
             self.detector.update(&policy.outlier_detection.clone().unwrap_or_default());

@@ -10,17 +10,12 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::guards::CallOutcome;
-use super::{AttemptTimeout, CallError, DeadlineError, DepView, InjectedFault, KillSwitched};
+use super::{AttemptTimeout, CallError, DeadlineError, DepView, InjectedFault, Judgement, KillSwitched};
 use crate::breaker::{BreakerOpen, Outcome};
 use crate::bulkhead::BulkheadError;
 use crate::deadline;
 use crate::fault::FaultDecision;
 use crate::retry::{CallInfo, Classify, ErrorKind, RetryError};
-
-/// How an attempt that did not fail locally turned out, as the caller's judge sees it:
-/// `None` = success; `Some((kind, retry_after))` = a failure of that kind, with a
-/// server-requested delay before the next attempt if any.
-pub(crate) type Judgement = Option<(ErrorKind, Option<Duration>)>;
 
 /// Why one attempt did not succeed.
 pub(crate) enum AttemptFailure<T, E> {
@@ -282,12 +277,12 @@ where
                         Err(AttemptFailure::Timeout(AttemptTimeout::new(view.name.clone(), budget)))
                     }
                     Ok(r) => match judge(&r) {
-                        None => {
+                        Judgement::Success => {
                             permit.record(Outcome::Success, elapsed);
                             observe(Outcome::Success);
                             r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
                         }
-                        Some((kind, retry_after)) => {
+                        Judgement::Failure { kind, retry_after } => {
                             permit.record(outcome_of(kind), elapsed);
                             observe(outcome_of(kind));
                             Err(match r {
@@ -333,14 +328,5 @@ where
             guards.count(outcome);
             Err(err)
         }
-    }
-}
-
-/// The judge of [`Dependency::call`](super::Dependency::call): `Ok` is success, an error is
-/// classified by its [`Classify`] implementation.
-pub(crate) fn judge_classify<T, E: Classify>(r: &Result<T, E>) -> Judgement {
-    match r {
-        Ok(_) => None,
-        Err(e) => Some((e.error_kind(), e.retry_after())),
     }
 }

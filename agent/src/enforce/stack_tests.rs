@@ -15,7 +15,7 @@ use crate::retry::ErrorKind;
 use crate::state::Shared;
 
 fn dep(shared: &Shared, name: &str) -> Dependency {
-    shared.with_ctx(|ctx| shared.deps.handle(name, ctx, &shared.defaults, &shared.flags))
+    shared.with_ctx(|ctx| shared.deps.handle(name, ctx))
 }
 
 fn refused() -> io::Error {
@@ -154,32 +154,42 @@ async fn full_bulkhead_rejects_without_attempt_and_frees_on_completion() {
 #[tokio::test(start_paused = true)]
 async fn rt_2_stack_stops_instead_of_sleeping_past_the_deadline() {
     let body = policy("").replace(r#""base": "10ms", "cap": "40ms""#, r#""base": "200ms", "cap": "2s""#);
-    let shared = shared_with(&body.replace(r#""policy": {"#, r#""policy": {"reserve": "0ms", "#));
-    let d = dep(&shared, "p");
-    let started = Instant::now();
-    let attempts = AtomicU32::new(0);
-    // Backoff for retry 1 is uniform(0, 200ms·2¹) — it may fit; loop until a stop shows the
-    // property: the call never ends later than the deadline.
-    let r = with_deadline(Deadline::after(Duration::from_millis(120)), async {
-        d.call("GET /x", || {
-            attempts.fetch_add(1, Ordering::SeqCst);
-            async { Err::<(), _>(refused()) }
+    let body = body.replace(r#""policy": {"#, r#""policy": {"reserve": "0ms", "#);
+    // The backoff before retry n is uniform(0, 200 ms·2ⁿ): against a 120 ms deadline a
+    // delay may fit or not. Each seed fixes one sequence of delays; together they cover a
+    // stop before the first retry, a stop before the second, and three attempts that fit.
+    let mut stops = [0u32; 4];
+    for seed in 0..32 {
+        let shared = shared_with(&body);
+        let d = dep(&shared, "p");
+        d.view().scope("GET /x").guards.retrier.policy().backoff().reseed(seed);
+        let started = Instant::now();
+        let attempts = AtomicU32::new(0);
+        let r = with_deadline(Deadline::after(Duration::from_millis(120)), async {
+            d.call("GET /x", || {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(refused()) }
+            })
+            .await
         })
-        .await
-    })
-    .await;
-    assert!(
-        started.elapsed() <= Duration::from_millis(120),
-        "slept past the deadline: {:?}",
-        started.elapsed()
-    );
-    match r {
-        Err(CallError::DeadlineExceeded(e, last)) => {
-            assert!(e.why().contains("deadline") || e.why().contains("fit"), "{}", e.why());
-            assert!(matches!(last.as_deref(), Some(CallError::Inner(_))), "chained to the last error");
+        .await;
+        let (elapsed, attempts) = (started.elapsed(), attempts.load(Ordering::SeqCst));
+        assert!(elapsed <= Duration::from_millis(120), "seed {seed}: slept past the deadline: {elapsed:?}");
+        match r {
+            Err(CallError::DeadlineExceeded(e, last)) => {
+                assert!(attempts < 3, "seed {seed}: a deadline stop comes before the last attempt");
+                assert!(e.why().contains("does not fit"), "seed {seed}: {}", e.why());
+                assert!(
+                    matches!(last.as_deref(), Some(CallError::Inner(_))),
+                    "seed {seed}: chained to the last error"
+                );
+            }
+            Err(CallError::Inner(_)) => assert_eq!(attempts, 3, "seed {seed}: every delay fitted"),
+            other => panic!("seed {seed}: expected DeadlineExceeded or the last error, got {other:?}"),
         }
-        other => panic!("expected DeadlineExceeded, got {other:?}"),
+        stops[attempts as usize] += 1;
     }
+    assert!(stops[1..].iter().all(|n| *n > 0), "every outcome is exercised: {stops:?}");
 }
 
 /// The per-attempt timeout is min(configured, remaining − reserve).

@@ -19,7 +19,7 @@ const POLICY: &str = r#"{
 }"#;
 
 fn dep(shared: &Shared, name: &str) -> Dependency {
-    shared.with_ctx(|ctx| shared.deps.handle(name, ctx, &shared.defaults, &shared.flags))
+    shared.with_ctx(|ctx| shared.deps.handle(name, ctx))
 }
 
 fn switched_off() -> String {
@@ -109,7 +109,7 @@ fn a_handle_registered_while_a_snapshot_is_installed_sees_the_new_snapshot() {
     let off = switched_off();
     let stale = shared.with_ctx(|ctx| {
         apply(&shared, 2, &off); // the push lands after the state was read
-        shared.deps.handle("recommendations", ctx, &shared.defaults, &shared.flags)
+        shared.deps.handle("recommendations", ctx)
     });
     assert!(stale.is_enabled(), "the interleaving under test: built from the pre-push state");
     let handle = shared.dependency_handle("recommendations");
@@ -152,7 +152,7 @@ async fn attempt_timeout_uses_operation_override_then_dependency_value() {
 async fn unknown_dependency_gets_compiled_in_defaults() {
     let shared = shared_with(POLICY);
     let d = dep(&shared, "never-configured");
-    assert_eq!(*d.policy(), crate::policy::Dependency::default());
+    assert_eq!(*d.policy(), crate::policy::DependencyPolicy::default());
     assert_eq!(d.attempt_timeout("any"), crate::policy::defaults::ATTEMPT_TIMEOUT);
     assert!(d.is_enabled());
 }

@@ -7,19 +7,20 @@ use futures::FutureExt;
 
 use crate::policy::FallbackLevel;
 
-/// A result and the fallback level that produced it.
+/// A value and the fallback level that served it, as a fallback chain or
+/// [`Feature::serve`](crate::feature::Feature::serve) returns it.
 ///
 /// Degraded success is not success: callers report `level` (metrics separate ok /
 /// degraded(level) / failed) and may show users that the answer is partial.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Degraded<T> {
-    /// The value.
+pub struct Served<T> {
+    /// The primary path's answer, or the fallback's.
     pub value: T,
     /// Which level produced it: FRESH for the primary path.
     pub level: FallbackLevel,
 }
 
-impl<T> Degraded<T> {
+impl<T> Served<T> {
     /// A fresh (primary path) result.
     pub const fn fresh(value: T) -> Self {
         Self { value, level: FallbackLevel::Fresh }
@@ -31,8 +32,8 @@ impl<T> Degraded<T> {
     }
 
     /// Maps the value, keeping the level.
-    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Degraded<U> {
-        Degraded { value: f(self.value), level: self.level }
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Served<U> {
+        Served { value: f(self.value), level: self.level }
     }
 }
 
@@ -94,10 +95,10 @@ impl FallbackChain {
     pub fn resolve<T, E>(
         &self,
         mut provide: impl FnMut(FallbackLevel) -> Result<T, E>,
-    ) -> Result<Degraded<T>, FeatureUnavailable> {
+    ) -> Result<Served<T>, FeatureUnavailable> {
         for &level in &self.levels {
             match std::panic::catch_unwind(AssertUnwindSafe(|| provide(level))) {
-                Ok(Ok(value)) => return Ok(Degraded { value, level }),
+                Ok(Ok(value)) => return Ok(Served { value, level }),
                 Ok(Err(_)) => tracing::debug!(level = level.as_str(), "fallback level failed"),
                 Err(_) => tracing::warn!(level = level.as_str(), "fallback level panicked"),
             }
@@ -115,7 +116,7 @@ impl FallbackChain {
         &self,
         limit: Duration,
         mut provide: F,
-    ) -> Result<Degraded<T>, FeatureUnavailable>
+    ) -> Result<Served<T>, FeatureUnavailable>
     where
         F: FnMut(FallbackLevel) -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -123,7 +124,7 @@ impl FallbackChain {
         for &level in &self.levels {
             let attempt = AssertUnwindSafe(provide(level)).catch_unwind();
             match tokio::time::timeout(limit, attempt).await {
-                Ok(Ok(Ok(value))) => return Ok(Degraded { value, level }),
+                Ok(Ok(Ok(value))) => return Ok(Served { value, level }),
                 Ok(Ok(Err(_))) => tracing::debug!(level = level.as_str(), "fallback level failed"),
                 Ok(Err(_)) => tracing::warn!(level = level.as_str(), "fallback level panicked"),
                 Err(_) => tracing::debug!(level = level.as_str(), "fallback level timed out"),
@@ -142,14 +143,14 @@ impl FallbackChain {
         primary: P,
         limit: Duration,
         provide: F,
-    ) -> Result<Degraded<T>, FeatureUnavailable>
+    ) -> Result<Served<T>, FeatureUnavailable>
     where
         P: Future<Output = Result<T, E>>,
         F: FnMut(FallbackLevel) -> Fut,
         Fut: Future<Output = Result<T, E2>>,
     {
         match primary.await {
-            Ok(v) => Ok(Degraded::fresh(v)),
+            Ok(v) => Ok(Served::fresh(v)),
             Err(_) => self.resolve_async(limit, provide).await,
         }
     }

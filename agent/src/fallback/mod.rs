@@ -6,9 +6,9 @@ mod chain;
 mod stale;
 mod tracker;
 
-pub use chain::{Degraded, FallbackChain, FeatureUnavailable};
+pub use chain::{FallbackChain, FeatureUnavailable, Served};
 pub use stale::{Stale, StaleCache};
-pub use tracker::{FeatureHandle, FeatureStatus, FeatureTracker, OVERFLOW_FEATURE};
+pub use tracker::{FeatureDegradation, FeatureHandle, FeatureTracker, OVERFLOW_FEATURE};
 
 #[cfg(test)]
 mod tests;

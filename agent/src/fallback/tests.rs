@@ -20,7 +20,7 @@ fn chain_walks_down_failing_and_panicking_levels() {
             _ => Ok("unavailable marker"),
         }
     });
-    assert_eq!(got, Ok(Degraded { value: "unavailable marker", level: FallbackLevel::EmptyMarked }));
+    assert_eq!(got, Ok(Served { value: "unavailable marker", level: FallbackLevel::EmptyMarked }));
     assert_eq!(tried, [FallbackLevel::Stale, FallbackLevel::Generic, FallbackLevel::EmptyMarked]);
     let none = chain.resolve(|_| Err::<(), _>(()));
     assert_eq!(none, Err(FeatureUnavailable::default()));
@@ -41,7 +41,7 @@ fn chain_walks_down_failing_and_panicking_levels() {
 async fn async_chain_runs_primary_then_degrades_with_a_time_limit_per_level() {
     let chain = FallbackChain::from_level(FallbackLevel::Stale);
     let fresh = chain.run(async { Ok::<_, ()>(1) }, SEC, |_| async { Ok::<_, ()>(0) }).await;
-    assert_eq!(fresh, Ok(Degraded::fresh(1)));
+    assert_eq!(fresh, Ok(Served::fresh(1)));
     assert!(!fresh.unwrap().is_degraded());
     let degraded = chain
         .run(async { Err::<u32, _>("primary down") }, 50 * Duration::from_millis(1), |level| async move {
@@ -56,7 +56,7 @@ async fn async_chain_runs_primary_then_degrades_with_a_time_limit_per_level() {
         })
         .await
         .unwrap();
-    assert_eq!(degraded, Degraded { value: 3, level: FallbackLevel::EmptyMarked });
+    assert_eq!(degraded, Served { value: 3, level: FallbackLevel::EmptyMarked });
     assert!(degraded.is_degraded());
     assert_eq!(degraded.map(|v| v * 2).value, 6);
 }

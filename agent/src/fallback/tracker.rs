@@ -34,10 +34,10 @@ struct FeatureState {
 
 /// A feature's degradation, as reported to the server (which alerts on long fallback).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FeatureStatus {
-    /// The feature.
+pub struct FeatureDegradation {
+    /// The feature's name, as in the degradation matrix.
     pub feature: String,
-    /// Level of its latest result.
+    /// The level of its latest result (FRESH when not degraded).
     pub level: FallbackLevel,
     /// When it started living on fallbacks (wall clock, for people); `None` when fresh.
     pub degraded_since: Option<Timestamp>,
@@ -78,7 +78,7 @@ impl FeatureHandle {
         }
     }
 
-    fn status(&self) -> FeatureStatus {
+    fn status(&self) -> FeatureDegradation {
         let s = &*self.state;
         let since = s.since_mono.load(Ordering::Relaxed);
         let level = LEVELS[usize::from(s.level.load(Ordering::Relaxed)).min(4)];
@@ -94,7 +94,7 @@ impl FeatureHandle {
             )
         };
         s.degraded_seconds.set(degraded_for.as_secs_f64());
-        FeatureStatus { feature: s.name.to_string(), level, degraded_since, degraded_for }
+        FeatureDegradation { feature: s.name.to_string(), level, degraded_since, degraded_for }
     }
 }
 
@@ -163,7 +163,7 @@ impl FeatureTracker {
 
     /// Every tracked feature's status, sorted by name; also refreshes the
     /// [`FEATURE_DEGRADED_SECONDS`](crate::metrics_names::FEATURE_DEGRADED_SECONDS) gauges.
-    pub fn report(&self) -> Vec<FeatureStatus> {
+    pub fn report(&self) -> Vec<FeatureDegradation> {
         let mut out: Vec<_> = self.features.load().values().map(FeatureHandle::status).collect();
         out.sort_by(|a, b| a.feature.cmp(&b.feature));
         out

@@ -27,39 +27,16 @@ use arc_swap::ArcSwap;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::policy::{Flag, FlagType, StalePolicy};
-use crate::state::Applied;
-
-#[cfg(feature = "openfeature")]
-pub mod openfeature;
+use crate::applied::{BoolAnswer, DeclaredFlags, DefaultReason, ResolveCtx, Split};
+pub use crate::applied::{ROLLOUT_BUCKETS, rollout_bucket};
+use crate::policy::{Flag, FlagType};
 
 #[cfg(test)]
 pub(crate) mod tests;
 
-/// Parts of the key space used for rollout buckets (a rollout of `p` percent covers
-/// `p × 10 000` of them).
-pub const ROLLOUT_BUCKETS: u64 = 1_000_000;
-
 const BIT_VALUE: u64 = 1;
 const BIT_ROLLOUT: u64 = 1 << 1;
 const BIT_ROLLOUT_VALUE: u64 = 1 << 2;
-
-/// Rollout bucket of `caller_key` for `flag_key`, in `0..ROLLOUT_BUCKETS`.
-///
-/// Stable across processes, hosts and releases (part of the contract: the same key lands
-/// in the same bucket everywhere): FNV-1a 64 over `flag_key`, a zero byte and `caller_key`,
-/// finished with the SplitMix64 mixer, modulo [`ROLLOUT_BUCKETS`].
-pub fn rollout_bucket(flag_key: &str, caller_key: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in flag_key.bytes().chain(std::iter::once(0)).chain(caller_key.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^= h >> 31;
-    h % ROLLOUT_BUCKETS
-}
 
 /// A bool flag handle. Cheap to clone; reads are one atomic load.
 #[derive(Clone)]
@@ -87,22 +64,27 @@ impl FlagBool {
         if bits & BIT_ROLLOUT == 0 {
             return bits & BIT_VALUE != 0;
         }
-        let threshold = bits >> 32;
-        if rollout_bucket(&self.key, caller_key) < threshold {
+        if Split::inside(bits >> 32, &self.key, caller_key) {
             bits & BIT_ROLLOUT_VALUE != 0
         } else {
             self.default
         }
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> bool {
         self.default
+    }
+
+    /// Whether the server's flag has a rollout (keyed reads may differ from unkeyed ones).
+    #[cfg_attr(not(feature = "openfeature"), allow(dead_code))]
+    pub(crate) fn has_rollout(&self) -> bool {
+        self.slot.load(Ordering::Relaxed) & BIT_ROLLOUT != 0
     }
 }
 
@@ -127,12 +109,12 @@ impl FlagInt {
         self.slot.load(Ordering::Relaxed) as i64
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> i64 {
         self.default
     }
@@ -159,12 +141,12 @@ impl FlagFloat {
         f64::from_bits(self.slot.load(Ordering::Relaxed))
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> f64 {
         self.default
     }
@@ -190,12 +172,12 @@ impl FlagString {
         self.slot.load_full()
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> &str {
         &self.default
     }
@@ -229,12 +211,12 @@ impl FlagJson {
         T::deserialize(&*self.slot.load_full())
     }
 
-    /// Key of the flag.
+    /// The key it was declared with: the server's flag key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The compiled-in default.
+    /// The default declared in code: the value while the snapshot has none usable.
     pub fn default_value(&self) -> &serde_json::Value {
         &self.default
     }
@@ -311,79 +293,18 @@ impl Declared {
     }
 }
 
+/// Packs a bool flag's [`BoolAnswer`] into its slot: bit 0 the unkeyed answer, bit 1 "has
+/// a rollout", bit 2 the value inside the rollout, bits 32.. the rollout threshold.
 fn bool_bits(default: bool, flag: Option<&Flag>) -> u64 {
-    let Some(value) = flag.and_then(|f| f.value.as_bool()) else {
-        return u64::from(default);
-    };
-    match flag.and_then(|f| f.rollout.as_ref()) {
-        None => u64::from(value),
-        Some(r) => {
-            let threshold = (r.percent.clamp(0.0, 100.0) * (ROLLOUT_BUCKETS as f64 / 100.0)).round() as u64;
-            let unkeyed = if threshold >= ROLLOUT_BUCKETS { value } else { default };
-            let mut bits = u64::from(unkeyed) | BIT_ROLLOUT | (threshold << 32);
-            if value {
-                bits |= BIT_ROLLOUT_VALUE;
-            }
-            bits
+    let answer = BoolAnswer::of(flag, default);
+    let mut bits = u64::from(answer.unkeyed);
+    if let Some(split) = answer.split {
+        bits |= BIT_ROLLOUT | (split.threshold << 32);
+        if split.value {
+            bits |= BIT_ROLLOUT_VALUE;
         }
     }
-}
-
-/// What flag resolution looks at, besides the flag itself.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ResolveCtx<'a> {
-    pub(crate) applied: &'a Applied,
-    pub(crate) now: Instant,
-    /// When the configuration was last confirmed live; `None` = never.
-    pub(crate) confirmed_at: Option<Instant>,
-}
-
-/// Why a flag resolved to its default rather than the snapshot's value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DefaultReason {
-    /// The snapshot has no such flag.
-    Absent,
-    /// The snapshot's flag has another type.
-    WrongType,
-    /// `expires_at` has passed.
-    Expired,
-    /// `revert_after` elapsed without a live confirmation.
-    Stale,
-}
-
-impl<'a> ResolveCtx<'a> {
-    /// Resolves `key` as a flag of type `want`: the snapshot flag to use, or why the
-    /// default applies; plus the instant at which the answer changes by itself (expiry or
-    /// stale deadline), if any.
-    pub(crate) fn resolve(
-        &self,
-        key: &str,
-        want: FlagType,
-    ) -> (Result<&'a Flag, DefaultReason>, Option<Instant>) {
-        let Some(flag) = self.applied.config.flags.get(key) else {
-            return (Err(DefaultReason::Absent), None);
-        };
-        if flag.kind != want {
-            return (Err(DefaultReason::WrongType), None);
-        }
-        let mut next = None;
-        if let Some(at) = self.applied.flag_expiry(key) {
-            if self.now >= at {
-                return (Err(DefaultReason::Expired), None);
-            }
-            next = Some(at);
-        }
-        if let StalePolicy::RevertAfter(d) = flag.stale {
-            let Some(revert_at) = self.confirmed_at.and_then(|c| c.checked_add(d)) else {
-                return (Err(DefaultReason::Stale), next);
-            };
-            if self.now >= revert_at {
-                return (Err(DefaultReason::Stale), next);
-            }
-            next = Some(next.map_or(revert_at, |n: Instant| n.min(revert_at)));
-        }
-        (Ok(flag), next)
-    }
+    bits
 }
 
 /// Every declared flag of one agent.
@@ -449,14 +370,6 @@ impl FlagRegistry {
         });
     }
 
-    /// The first declared bool flag with this key, if any.
-    pub(crate) fn bool_handle(&self, key: &str) -> Option<FlagBool> {
-        self.declared.load().iter().find_map(|d| match d {
-            Declared::Bool(h) if &*h.key == key => Some(h.clone()),
-            _ => None,
-        })
-    }
-
     /// Looks up a declared handle of the given key and type (used by the OpenFeature
     /// provider so it answers exactly as the handles do).
     #[cfg_attr(not(feature = "openfeature"), allow(dead_code))]
@@ -490,5 +403,14 @@ impl FlagRegistry {
             }
         }
         next
+    }
+}
+
+impl DeclaredFlags for FlagRegistry {
+    fn bool_default(&self, key: &str) -> Option<bool> {
+        self.declared.load().iter().find_map(|d| match d {
+            Declared::Bool(h) if &*h.key == key => Some(h.default),
+            _ => None,
+        })
     }
 }

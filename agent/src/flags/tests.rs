@@ -5,8 +5,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::*;
+use crate::applied::{Applied, Source};
 use crate::policy::{ServiceConfig, Timestamp, decode_config};
-use crate::state::{Applied, Shared, Source};
+use crate::state::Shared;
 
 pub(crate) fn shared_with(body: &str) -> Arc<Shared> {
     let shared = Arc::new(Shared::new(

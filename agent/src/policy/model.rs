@@ -1,9 +1,13 @@
 //! The serde types of a service's configuration.
 //!
 //! Every struct rejects unknown fields and fills absent ones from
-//! [`defaults`](super::defaults). Durations are strings with units (`"300ms"`, `"15s"`,
-//! `"5m"`), ratios are numbers in `0..=1`, percentages are numbers in `0..=100`, and
-//! expiries are RFC 3339 timestamps. [`ServiceConfig::validate`] checks every range.
+//! [`defaults`](super::defaults) (one named constant each). Durations are strings with
+//! units (`"300ms"`, `"15s"`, `"5m"`), ratios are numbers in `0..=1`, percentages are
+//! numbers in `0..=100`, and expiries are RFC 3339 timestamps.
+//!
+//! The allowed range of each field is stated once, by validation
+//! ([`ServiceConfig::validate`], `validate.rs`), whose error names the field's path, the
+//! value and the range; the field docs here do not repeat it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -87,7 +91,7 @@ pub struct Policy {
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "80ms"))]
     pub non_critical_cap: Duration,
     /// Outgoing dependencies by name.
-    pub dependencies: BTreeMap<String, Dependency>,
+    pub dependencies: BTreeMap<String, DependencyPolicy>,
     /// Inbound admission: concurrency limit, queue, criticality, shedding.
     pub inbound: Inbound,
     /// Product features, what they depend on and what users get when that fails.
@@ -124,12 +128,16 @@ pub enum DependencyCriticality {
     NonCritical,
 }
 
-/// One outgoing dependency.
+/// The policy of one outgoing dependency (the runtime handle is
+/// [`Dependency`](crate::Dependency)).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Dependency {
-    /// Critical or non-critical.
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = Dependency))]
+pub struct DependencyPolicy {
+    /// Whether the service can answer without it: decides readiness and the
+    /// non-critical cap on attempt timeouts.
     pub criticality: DependencyCriticality,
     /// Key of a bool flag; while that flag is `false` the dependency is switched off
     /// (calls are not made and go straight to the fallback). `None` = no kill switch.
@@ -138,12 +146,13 @@ pub struct Dependency {
     #[serde(with = "humantime_serde", default = "attempt_timeout")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "300ms"))]
     pub attempt_timeout: Duration,
-    /// Retry policy.
+    /// Retries of an attempt that failed; operations may override.
     pub retry: Retry,
-    /// Circuit breaker policy.
-    pub circuit_breaker: CircuitBreaker,
-    /// Bulkhead (bounded concurrency) policy.
-    pub bulkhead: Bulkhead,
+    /// The breaker shared by the dependency's operations (an operation that overrides it
+    /// gets its own).
+    pub circuit_breaker: CircuitBreakerPolicy,
+    /// Concurrent calls allowed, shared like the breaker.
+    pub bulkhead: BulkheadPolicy,
     /// What callers get when the dependency fails or is switched off.
     pub fallback: FallbackLevel,
     /// Oldest value the STALE level may serve.
@@ -160,15 +169,15 @@ pub struct Dependency {
     pub operations: BTreeMap<String, Operation>,
 }
 
-impl Default for Dependency {
+impl Default for DependencyPolicy {
     fn default() -> Self {
         Self {
             criticality: DependencyCriticality::Critical,
             enabled_flag: None,
             attempt_timeout: d::ATTEMPT_TIMEOUT,
             retry: Retry::default(),
-            circuit_breaker: CircuitBreaker::default(),
-            bulkhead: Bulkhead::default(),
+            circuit_breaker: CircuitBreakerPolicy::default(),
+            bulkhead: BulkheadPolicy::default(),
             fallback: FallbackLevel::FeatureError,
             stale_max_age: d::STALE_MAX_AGE,
             fallback_timeout: d::FALLBACK_TIMEOUT,
@@ -186,16 +195,16 @@ pub struct Operation {
     /// Whether the operation may be retried; `None` = decided by the method (GET, HEAD,
     /// OPTIONS, PUT, DELETE are idempotent; POST only with an idempotency key).
     pub idempotent: Option<bool>,
-    /// Time limit of one attempt.
+    /// Time limit of one attempt; `None` = the dependency's.
     #[serde(with = "humantime_serde::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "200ms"))]
     pub attempt_timeout: Option<Duration>,
-    /// Retry policy of this operation.
+    /// Retries of this operation; `None` = the dependency's.
     pub retry: Option<Retry>,
     /// Circuit breaker of this operation (its own state).
-    pub circuit_breaker: Option<CircuitBreaker>,
+    pub circuit_breaker: Option<CircuitBreakerPolicy>,
     /// Bulkhead of this operation (its own permits).
-    pub bulkhead: Option<Bulkhead>,
+    pub bulkhead: Option<BulkheadPolicy>,
 }
 
 /// Retry with exponential backoff and full jitter, limited by a retry budget.
@@ -203,18 +212,18 @@ pub struct Operation {
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Retry {
-    /// Attempts in total including the first; 1 = no retry. Allowed 1..=10.
+    /// Attempts in total including the first; 1 = no retry.
     pub max_attempts: u32,
     /// Base delay: attempt n waits uniform(0, min(cap, base × 2^n)).
     #[serde(with = "humantime_serde", default = "retry_base")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
     pub base: Duration,
-    /// Largest delay.
+    /// Ceiling of every backoff delay (`cap` in `base`'s formula).
     #[serde(with = "humantime_serde", default = "retry_cap")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2s"))]
     pub cap: Duration,
     /// Token bucket bounding retries to a share of successful traffic.
-    pub budget: RetryBudget,
+    pub budget: RetryBudgetPolicy,
 }
 
 impl Default for Retry {
@@ -223,7 +232,7 @@ impl Default for Retry {
             max_attempts: d::RETRY_MAX_ATTEMPTS,
             base: d::RETRY_BASE,
             cap: d::RETRY_CAP,
-            budget: RetryBudget::default(),
+            budget: RetryBudgetPolicy::default(),
         }
     }
 }
@@ -232,16 +241,18 @@ impl Default for Retry {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct RetryBudget {
-    /// Tokens each success deposits; a retry costs 1. Ratio 0..=1.
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = RetryBudget))]
+pub struct RetryBudgetPolicy {
+    /// Tokens each success deposits (a ratio); a retry costs 1.
     pub ratio: f64,
-    /// Most tokens the bucket holds. Allowed 1..=10000.
+    /// Most tokens the bucket holds.
     pub capacity: f64,
-    /// Retries per second allowed even with an empty bucket. Allowed 0..=1000.
+    /// Retries per second allowed even with an empty bucket.
     pub min_retries_per_sec: f64,
 }
 
-impl Default for RetryBudget {
+impl Default for RetryBudgetPolicy {
     fn default() -> Self {
         Self {
             ratio: d::RETRY_BUDGET_RATIO,
@@ -256,12 +267,12 @@ impl Default for RetryBudget {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Window {
-    /// The last `size` calls. Allowed 1..=10000.
+    /// The last `size` calls.
     Count {
         /// Calls in the window.
         size: u32,
     },
-    /// The calls of the last `seconds` seconds, in one-second buckets. Allowed 1..=3600.
+    /// The calls of the last `seconds` seconds, in one-second buckets.
     Time {
         /// Seconds in the window.
         seconds: u32,
@@ -278,31 +289,34 @@ impl Default for Window {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct CircuitBreaker {
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = CircuitBreaker))]
+pub struct CircuitBreakerPolicy {
     /// `false` turns the breaker off for this dependency.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Count- or time-based sliding window.
+    /// The calls whose outcomes decide: the last N calls, or the last N seconds.
     pub window: Window,
-    /// Calls the window must hold before the breaker may trip. Allowed 1..=10000.
+    /// Calls the window must hold before the breaker may trip.
     pub minimum_calls: u32,
-    /// Failure rate at or above which the breaker opens. Ratio 0..=1 (exclusive of 0).
+    /// Failure rate (a ratio) at or above which the breaker opens.
     pub failure_rate_threshold: f64,
     /// A call lasting at least this long is slow; `None` = slow-call detection off.
     #[serde(with = "humantime_serde::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "250ms"))]
     pub slow_call_duration: Option<Duration>,
-    /// Slow-call rate at or above which the breaker opens. Ratio 0..=1.
+    /// Slow-call rate (a ratio) at or above which the breaker opens; 1 = only when every
+    /// call is slow.
     pub slow_call_rate_threshold: f64,
     /// First open period; doubles on each consecutive open.
     #[serde(with = "humantime_serde", default = "wait_in_open")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "15s"))]
     pub wait_in_open: Duration,
-    /// Cap of the open period.
+    /// Longest open period, however many consecutive opens.
     #[serde(with = "humantime_serde", default = "max_wait_in_open")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5m"))]
     pub max_wait_in_open: Duration,
-    /// Probe calls let through in HALF_OPEN. Allowed 1..=100.
+    /// Probe calls let through in HALF_OPEN, one attempt each.
     pub half_open_probes: u32,
     /// How long HALF_OPEN may wait for its probes before reopening; `None` = twice the
     /// attempt timeout.
@@ -311,7 +325,7 @@ pub struct CircuitBreaker {
     pub max_wait_in_half_open: Option<Duration>,
 }
 
-impl Default for CircuitBreaker {
+impl Default for CircuitBreakerPolicy {
     fn default() -> Self {
         Self {
             enabled: true,
@@ -332,8 +346,10 @@ impl Default for CircuitBreaker {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Bulkhead {
-    /// Concurrent calls admitted. Allowed 1..=100000.
+// The API document keeps the schema name it always had.
+#[cfg_attr(feature = "openapi", schema(as = Bulkhead))]
+pub struct BulkheadPolicy {
+    /// Concurrent calls admitted.
     pub max_concurrent: u32,
     /// Longest wait for a slot (`0ms` = fail fast); also bounded by the deadline.
     #[serde(with = "humantime_serde", default = "bulkhead_max_wait")]
@@ -341,7 +357,7 @@ pub struct Bulkhead {
     pub max_wait: Duration,
 }
 
-impl Default for Bulkhead {
+impl Default for BulkheadPolicy {
     fn default() -> Self {
         Self { max_concurrent: d::BULKHEAD_MAX_CONCURRENT, max_wait: d::BULKHEAD_MAX_WAIT }
     }
@@ -352,9 +368,9 @@ impl Default for Bulkhead {
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OutlierDetection {
-    /// Consecutive errors that eject an endpoint. Allowed 1..=1000.
+    /// Consecutive errors that eject an endpoint.
     pub consecutive_errors: u32,
-    /// Analysis interval.
+    /// How often ejections are re-evaluated (ejected endpoints whose time is up return).
     #[serde(with = "humantime_serde", default = "outlier_interval")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10s"))]
     pub interval: Duration,
@@ -362,7 +378,7 @@ pub struct OutlierDetection {
     #[serde(with = "humantime_serde", default = "outlier_base_ejection")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "30s"))]
     pub base_ejection_time: Duration,
-    /// Most of the pool ever ejected at once, in percent 0..=100.
+    /// Most of the pool ever ejected at once, in percent (never the whole pool).
     pub max_ejection_percent: u32,
 }
 
@@ -447,27 +463,28 @@ pub enum LimitAlgorithm {
 pub struct Limit {
     /// Which algorithm adjusts the limit.
     pub algorithm: LimitAlgorithm,
-    /// Starting limit (the limit itself for `fixed`). Allowed 1..=100000.
+    /// Starting limit (the limit itself for `fixed`).
     pub initial_limit: u32,
-    /// Lower bound. Allowed 1..=100000.
+    /// The limit never goes below it (`minLimit`).
     pub min_limit: u32,
-    /// Upper bound. Allowed 1..=100000, at least `min_limit`.
+    /// The limit never goes above it (`maxLimit`).
     pub max_limit: u32,
-    /// AIMD decrease factor on a drop. Ratio 0.5..1 (exclusive of 1).
+    /// AIMD decrease factor on a drop (`backoffRatio`, a ratio).
     pub backoff_ratio: f64,
     /// AIMD: a round trip longer than this counts as a drop.
     #[serde(with = "humantime_serde", default = "limit_timeout")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5s"))]
     pub timeout: Duration,
     /// Gradient2/Vegas smoothing: how much of the new estimate replaces the limit at each
-    /// update. Ratio 0..=1 (exclusive of 0); `None` = the algorithm's own default
-    /// (Gradient2 0.2, Vegas 1.0, as Netflix concurrency-limits).
+    /// update (a ratio); `None` = the algorithm's own default (Gradient2 0.2, Vegas 1.0, as
+    /// Netflix concurrency-limits).
     pub smoothing: Option<f64>,
-    /// Gradient2 long window, in samples. Allowed 1..=100000.
+    /// Gradient2 long window, in samples.
     pub long_window: u32,
-    /// Gradient2 RTT tolerance. Allowed 1..=10.
+    /// Gradient2 RTT tolerance: how much longer than the long-term RTT a short-term RTT
+    /// may be before the limit shrinks (a factor).
     pub rtt_tolerance: f64,
-    /// Gradient2 queue size headroom. Allowed 0..=10000.
+    /// Gradient2 queue size headroom, in requests.
     pub queue_size: u32,
 }
 
@@ -493,7 +510,7 @@ impl Default for Limit {
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Queue {
-    /// Most requests waiting. Allowed 0..=100000.
+    /// Most requests waiting; 0 = no queue.
     pub max_len: u32,
     /// CoDel target delay: the short queue timeout while overloaded.
     #[serde(with = "humantime_serde", default = "codel_target")]
@@ -553,12 +570,13 @@ pub enum AdmissionMode {
     Shadow,
 }
 
-/// Inbound admission.
+/// Inbound admission: the limit, its queue, criticality per route, the mode (enforce or
+/// shadow) and the operator levers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Inbound {
-    /// Concurrency limit.
+    /// How many inbound requests run at once.
     pub limit: Limit,
     /// Queue in front of the limit.
     pub queue: Queue,
@@ -566,7 +584,7 @@ pub struct Inbound {
     pub routes: BTreeMap<String, Route>,
     /// Criticality of requests that carry none and match no route.
     pub default_criticality: Criticality,
-    /// Operator lever: percentage 0..=100 of SHEDDABLE and SHEDDABLE_PLUS traffic to shed.
+    /// Operator lever: percentage of SHEDDABLE and SHEDDABLE_PLUS traffic to shed.
     pub shed_sheddable_percent: f64,
     /// Operator lever: no outgoing retries at all while set.
     pub retries_paused: bool,
@@ -702,7 +720,7 @@ pub enum StalePolicy {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Rollout {
-    /// Share of keys, in percent 0..=100, that see `value`; the rest see the default.
+    /// Share of keys, in percent, that see `value`; the rest see the default.
     pub percent: f64,
 }
 
@@ -711,7 +729,8 @@ pub struct Rollout {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Flag {
-    /// Value type.
+    /// The type of `value` (JSON field `type`); a handle declared with another type gets
+    /// its default.
     #[serde(rename = "type")]
     pub kind: FlagType,
     /// Current value; must match `type`.
@@ -730,7 +749,7 @@ pub struct Flag {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object, example = json!("hold")))]
     pub stale: StalePolicy,
-    /// Optional gradual rollout.
+    /// Gradual rollout by caller key; `None` = everyone sees `value`.
     #[serde(default)]
     pub rollout: Option<Rollout>,
 }
@@ -749,7 +768,7 @@ pub enum FaultAction {
     },
     /// Fails the attempt with this HTTP status (gRPC callers see the mapped code).
     Abort {
-        /// HTTP status 400..=599.
+        /// HTTP status answered instead of calling.
         status: u16,
     },
     /// Fails the attempt as a connection error (retryable).
@@ -768,9 +787,9 @@ pub struct FaultRule {
     /// Operation; `None` = every operation of the dependency.
     #[serde(default)]
     pub operation: Option<String>,
-    /// What happens.
+    /// What the rule does to an affected attempt.
     pub action: FaultAction,
-    /// Share of attempts affected, in percent 0..=100.
+    /// Share of attempts affected, in percent.
     pub percent: f64,
     /// Mandatory: the rule stops by itself after this instant, even offline.
     pub expires_at: Timestamp,
@@ -799,12 +818,12 @@ pub struct BreakerOverride {
     /// Operation; `None` = the dependency-level breaker.
     #[serde(default)]
     pub operation: Option<String>,
-    /// Forced state.
+    /// The state forced until `expires_at` or until the override is deleted.
     pub state: BreakerOverrideState,
     /// The override ends by itself after this instant (server and agent side).
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
-    /// Why it was set.
+    /// Why it was set, for the audit log and the operators who find it.
     #[serde(default)]
     pub reason: String,
 }

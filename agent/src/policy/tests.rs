@@ -185,3 +185,15 @@ fn admission_and_throttling_fields_are_checked_with_their_ranges() {
     let ok = check(r#"{"policy":{"inbound":{"mode":"shadow","read_only_flag":"shop.read_only"}}}"#).unwrap();
     assert_eq!(ok.policy.inbound.read_only_flag.as_deref(), Some("shop.read_only"));
 }
+
+/// The model types were renamed (`DependencyPolicy`, …) so they no longer share a name with
+/// the runtime types; the API document keeps the schema names clients know.
+#[cfg(feature = "openapi")]
+#[test]
+fn renamed_model_types_keep_their_schema_names() {
+    use utoipa::ToSchema;
+    assert_eq!(DependencyPolicy::name(), "Dependency");
+    assert_eq!(CircuitBreakerPolicy::name(), "CircuitBreaker");
+    assert_eq!(BulkheadPolicy::name(), "Bulkhead");
+    assert_eq!(RetryBudgetPolicy::name(), "RetryBudget");
+}

@@ -254,7 +254,7 @@ fn validate_policy(c: &mut Check, p: &str, policy: &Policy) {
     }
 }
 
-fn validate_dependency(c: &mut Check, p: &str, dep: &Dependency) {
+fn validate_dependency(c: &mut Check, p: &str, dep: &DependencyPolicy) {
     if let Some(f) = &dep.enabled_flag {
         c.name(&join(p, "enabled_flag"), f, "flag key");
     }
@@ -332,7 +332,7 @@ fn validate_retry(c: &mut Check, p: &str, r: &Retry) {
     c.range_f64(&join(&bp, "min_retries_per_sec"), r.budget.min_retries_per_sec, 0.0, 1000.0, " per second");
 }
 
-fn validate_breaker(c: &mut Check, p: &str, b: &CircuitBreaker) {
+fn validate_breaker(c: &mut Check, p: &str, b: &CircuitBreakerPolicy) {
     match b.window {
         Window::Count { size } => c.range_u32(&join(p, "window.size"), size, 1, 10_000),
         Window::Time { seconds } => c.range_u32(&join(p, "window.seconds"), seconds, 1, 3600),
@@ -377,7 +377,7 @@ fn validate_breaker(c: &mut Check, p: &str, b: &CircuitBreaker) {
     }
 }
 
-fn validate_bulkhead(c: &mut Check, p: &str, b: &Bulkhead) {
+fn validate_bulkhead(c: &mut Check, p: &str, b: &BulkheadPolicy) {
     c.range_u32(&join(p, "max_concurrent"), b.max_concurrent, 1, 100_000);
     c.duration(&join(p, "max_wait"), b.max_wait, Duration::ZERO, Duration::from_secs(60));
 }

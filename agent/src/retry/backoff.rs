@@ -50,6 +50,12 @@ impl Backoff {
         self.jitter.store(matches!(jitter, Jitter::None) as u8, Ordering::Relaxed);
     }
 
+    /// Restarts the jitter's random sequence at `seed` (tests).
+    #[cfg(test)]
+    pub(crate) fn reseed(&self, seed: u64) {
+        self.rng.reseed(seed);
+    }
+
     /// The jitter mode.
     pub fn jitter(&self) -> Jitter {
         if self.jitter.load(Ordering::Relaxed) == 1 { Jitter::None } else { Jitter::Full }

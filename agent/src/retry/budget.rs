@@ -51,17 +51,17 @@ pub struct RetryBudget {
 
 impl RetryBudget {
     /// A full bucket with the given settings (metrics not registered).
-    pub fn new(settings: &policy::RetryBudget) -> Self {
+    pub fn new(settings: &policy::RetryBudgetPolicy) -> Self {
         Self::build(settings, Counter::noop())
     }
 
     /// As [`RetryBudget::new`], counting exhaustion in
     /// [`RETRY_BUDGET_EXHAUSTED`](crate::metrics_names::RETRY_BUDGET_EXHAUSTED) with `labels`.
-    pub fn with_metrics(settings: &policy::RetryBudget, labels: &Labels) -> Self {
+    pub fn with_metrics(settings: &policy::RetryBudgetPolicy, labels: &Labels) -> Self {
         Self::build(settings, labels.counter(names::RETRY_BUDGET_EXHAUSTED))
     }
 
-    fn build(settings: &policy::RetryBudget, exhausted: Counter) -> Self {
+    fn build(settings: &policy::RetryBudgetPolicy, exhausted: Counter) -> Self {
         let b = Self {
             tokens: AtomicU64::new(micro(settings.capacity)),
             ratio: AtomicU64::new(0),
@@ -78,7 +78,7 @@ impl RetryBudget {
 
     /// Applies new settings live. The tokens held are kept (clamped to a smaller
     /// capacity), and so is the floor's rate history.
-    pub fn update(&self, settings: &policy::RetryBudget) {
+    pub fn update(&self, settings: &policy::RetryBudgetPolicy) {
         let cap = micro(settings.capacity);
         self.ratio.store(micro(settings.ratio), Ordering::Relaxed);
         self.capacity.store(cap, Ordering::Relaxed);

@@ -7,6 +7,7 @@ use http::{HeaderMap, Method};
 use crate::breaker::BreakerOpen;
 use crate::bulkhead::BulkheadFull;
 use crate::deadline::DeadlineExceeded;
+use crate::failure::{AttemptTimeout, DeadlineError, ErrorKind, InjectedFault, KillSwitched};
 
 /// Header carrying an idempotency key; a POST that has one may be retried.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
@@ -51,93 +52,6 @@ impl Idempotency {
     /// Whether a retry is allowed by idempotency.
     pub const fn is_idempotent(self) -> bool {
         matches!(self, Idempotency::Idempotent)
-    }
-}
-
-/// What kind of failure an attempt ended with, as far as retries and breakers care.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The connection could not be established (refused, DNS, TLS handshake): the peer
-    /// never saw the request.
-    Connect,
-    /// The connection broke during the exchange (reset, aborted, closed early): the peer
-    /// may have seen the request.
-    Reset,
-    /// The per-attempt timeout fired.
-    AttemptTimeout,
-    /// The peer answered with this HTTP status (only failures are classified).
-    HttpStatus(u16),
-    /// The peer answered with this gRPC status code; `pushback` is true when the server
-    /// sent retry pushback allowing a retry (`grpc-retry-pushback-ms` ≥ 0).
-    Grpc {
-        /// The status code.
-        code: tonic::Code,
-        /// Server pushback allows a retry.
-        pushback: bool,
-    },
-    /// Rejected locally by an open circuit breaker.
-    BreakerOpen,
-    /// Rejected locally by a full bulkhead or an overloaded limiter.
-    BulkheadFull,
-    /// Rejected locally because a kill switch turned the dependency off.
-    KillSwitched,
-    /// The request's deadline has passed (or left no budget for an attempt).
-    DeadlineExceeded,
-    /// Anything else: not retried, counted as a dependency failure.
-    Other,
-}
-
-impl ErrorKind {
-    /// Whether an error of this kind may be retried (given an idempotent operation):
-    /// connect and reset errors, attempt timeouts, HTTP 408, 429, 502, 503, 504, gRPC
-    /// UNAVAILABLE, and RESOURCE_EXHAUSTED with server pushback. Never the local
-    /// rejections (`BreakerOpen`, `BulkheadFull`, `KillSwitched`), `DeadlineExceeded`, other
-    /// 4xx, or anything unknown.
-    pub const fn is_retryable(&self) -> bool {
-        match self {
-            ErrorKind::Connect | ErrorKind::Reset | ErrorKind::AttemptTimeout => true,
-            ErrorKind::HttpStatus(s) => matches!(*s, 408 | 429 | 502 | 503 | 504),
-            ErrorKind::Grpc { code, pushback } => {
-                matches!(code, tonic::Code::Unavailable)
-                    || (*pushback && matches!(code, tonic::Code::ResourceExhausted))
-            }
-            ErrorKind::BreakerOpen
-            | ErrorKind::BulkheadFull
-            | ErrorKind::KillSwitched
-            | ErrorKind::DeadlineExceeded
-            | ErrorKind::Other => false,
-        }
-    }
-
-    /// Whether the request certainly never reached the peer (a retry cannot duplicate
-    /// work): only [`ErrorKind::Connect`].
-    pub const fn never_reached_peer(&self) -> bool {
-        matches!(self, ErrorKind::Connect)
-    }
-
-    /// Whether a circuit breaker should count this as a failure of the dependency (the
-    /// default of agent-semantics §3): transport errors, attempt timeouts, 5xx, 408, 429,
-    /// gRPC UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED and
-    /// DATA_LOSS, and unknown errors. Client errors (other 4xx, gRPC client-side codes) and
-    /// local rejections are not the dependency's fault.
-    pub const fn is_dependency_failure(&self) -> bool {
-        match self {
-            ErrorKind::Connect | ErrorKind::Reset | ErrorKind::AttemptTimeout | ErrorKind::Other => true,
-            ErrorKind::HttpStatus(s) => *s >= 500 || *s == 408 || *s == 429,
-            ErrorKind::Grpc { code, .. } => matches!(
-                code,
-                tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Internal
-                    | tonic::Code::Unknown
-                    | tonic::Code::ResourceExhausted
-                    | tonic::Code::DataLoss
-            ),
-            ErrorKind::BreakerOpen
-            | ErrorKind::BulkheadFull
-            | ErrorKind::KillSwitched
-            | ErrorKind::DeadlineExceeded => false,
-        }
     }
 }
 
@@ -191,28 +105,6 @@ impl Classify for tonic::Status {
     }
 }
 
-impl<E: Classify> Classify for crate::enforce::CallError<E> {
-    fn error_kind(&self) -> ErrorKind {
-        use crate::enforce::CallError as C;
-        match self {
-            C::KillSwitched(_) => ErrorKind::KillSwitched,
-            C::BulkheadFull(_) => ErrorKind::BulkheadFull,
-            C::BreakerOpen(_) => ErrorKind::BreakerOpen,
-            C::DeadlineExceeded(..) => ErrorKind::DeadlineExceeded,
-            C::Timeout(_) => ErrorKind::AttemptTimeout,
-            C::Injected(f) => f.kind(),
-            C::Inner(e) => e.error_kind(),
-        }
-    }
-
-    fn retry_after(&self) -> Option<Duration> {
-        match self {
-            crate::enforce::CallError::Inner(e) => e.retry_after(),
-            _ => None,
-        }
-    }
-}
-
 fn grpc_pushback(status: &tonic::Status) -> Option<Duration> {
     let v = status.metadata().get("grpc-retry-pushback-ms")?.to_str().ok()?;
     v.parse::<u64>().ok().map(Duration::from_millis)
@@ -234,16 +126,16 @@ pub fn classify_error(err: &(dyn StdError + 'static)) -> ErrorKind {
         if e.is::<DeadlineExceeded>() {
             return ErrorKind::DeadlineExceeded;
         }
-        if e.is::<tokio::time::error::Elapsed>() || e.is::<crate::enforce::AttemptTimeout>() {
+        if e.is::<tokio::time::error::Elapsed>() || e.is::<AttemptTimeout>() {
             return ErrorKind::AttemptTimeout;
         }
-        if e.is::<crate::enforce::KillSwitched>() {
+        if e.is::<KillSwitched>() {
             return ErrorKind::KillSwitched;
         }
-        if e.is::<crate::enforce::DeadlineError>() {
+        if e.is::<DeadlineError>() {
             return ErrorKind::DeadlineExceeded;
         }
-        if let Some(f) = e.downcast_ref::<crate::enforce::InjectedFault>() {
+        if let Some(f) = e.downcast_ref::<InjectedFault>() {
             return f.kind();
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {

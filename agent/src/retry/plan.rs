@@ -128,7 +128,7 @@ impl RetryPolicy {
         self.max_attempts.load(Ordering::Relaxed)
     }
 
-    /// The backoff.
+    /// The backoff that draws the delays of [`plan_next`](Self::plan_next).
     pub fn backoff(&self) -> &Backoff {
         &self.backoff
     }

@@ -17,6 +17,12 @@ impl FastRng {
         Self(AtomicU64::new(seed))
     }
 
+    /// Restarts the sequence at `seed` (tests that need a component's jitter fixed).
+    #[cfg(test)]
+    pub(crate) fn reseed(&self, seed: u64) {
+        self.0.store(seed, Ordering::Relaxed);
+    }
+
     /// A generator seeded from the operating system's randomness.
     pub fn new() -> Self {
         Self::with_seed(rand::random())

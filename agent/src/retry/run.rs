@@ -128,12 +128,13 @@ impl Retrier {
         self.budget.update(&settings.budget);
     }
 
-    /// The retry policy.
+    /// Attempts cap and backoff (replaced on [`update`](Self::update)).
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
     }
 
-    /// The retry budget.
+    /// The retry budget, possibly shared with other retriers of the dependency (it keeps
+    /// its tokens on [`update`](Self::update)).
     pub fn budget(&self) -> &Arc<RetryBudget> {
         &self.budget
     }

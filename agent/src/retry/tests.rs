@@ -19,7 +19,7 @@ fn retry_settings(max_attempts: u32, base: Duration) -> policy::Retry {
 }
 
 fn budget(ratio: f64, capacity: f64, floor: f64) -> RetryBudget {
-    RetryBudget::new(&policy::RetryBudget { ratio, capacity, min_retries_per_sec: floor })
+    RetryBudget::new(&policy::RetryBudgetPolicy { ratio, capacity, min_retries_per_sec: floor })
 }
 
 /// An attempt error with a kind and an optional server delay.
@@ -170,7 +170,7 @@ async fn rt_3_retry_after_longer_than_the_budget_stops_and_says_why() {
 #[tokio::test(start_paused = true)]
 async fn cb_5_open_breaker_inside_a_retry_loop_fails_at_once_without_retry_or_budget_charge() {
     let breaker = CircuitBreaker::new(
-        &policy::CircuitBreaker { minimum_calls: 1, ..Default::default() },
+        &policy::CircuitBreakerPolicy { minimum_calls: 1, ..Default::default() },
         Duration::from_secs(1),
     );
     let r = Retrier::new(&retry_settings(3, 10 * MS));
@@ -402,7 +402,7 @@ async fn budget_floor_allows_a_trickle_when_empty() {
     advance(MS).await;
     assert!(b.try_withdraw(), "one more per second");
     assert!(!b.try_withdraw());
-    b.update(&policy::RetryBudget { ratio: 0.5, capacity: 0.5, min_retries_per_sec: 0.0 });
+    b.update(&policy::RetryBudgetPolicy { ratio: 0.5, capacity: 0.5, min_retries_per_sec: 0.0 });
     b.deposit();
     assert_eq!(b.tokens(), 0.5, "clamped to the new capacity");
     advance(10 * MS * 1000).await;

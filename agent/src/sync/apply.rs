@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::applied::{Applied, Source};
 use crate::policy::{self, SCHEMA_VERSION, Timestamp};
 use crate::proto::Snapshot;
-use crate::state::{Applied, Shared, Source};
+use crate::state::Shared;
 
 /// The verdict on one snapshot.
 #[derive(Debug)]

@@ -64,7 +64,7 @@ pub(crate) struct SyncClient {
     pub(crate) endpoint: Endpoint,
     pub(crate) authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
     pub(crate) instance_id: String,
-    pub(crate) settings: SyncSettings,
+    pub(crate) settings: SyncClientSettings,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
@@ -73,7 +73,10 @@ impl SyncClient {
     ///
     /// # Errors
     /// When `address` is not a valid URI.
-    pub(crate) fn endpoint(address: &str, s: &SyncSettings) -> Result<Endpoint, tonic::transport::Error> {
+    pub(crate) fn endpoint(
+        address: &str,
+        s: &SyncClientSettings,
+    ) -> Result<Endpoint, tonic::transport::Error> {
         Endpoint::from_shared(address.to_string())?
             .connect_timeout(s.connect_timeout)
             .tcp_nodelay(true)
@@ -86,7 +89,7 @@ impl SyncClient {
 
     /// Runs until shutdown.
     pub(crate) async fn run(mut self) {
-        let mut backoff = Backoff::new(&self.settings);
+        let mut backoff = ReconnectBackoff::new(&self.settings);
         let mut last_logged: Option<String> = None;
         loop {
             let ended = self.session().await;

@@ -36,39 +36,52 @@ pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalive idle time.
 pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
-/// Timings of the sync client. Every field has a named default (see the constants of
+/// Timings of the sync client, each with its named default (the `DEFAULT_*` constants of
 /// this module); tests shrink them.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SyncSettings {
+pub struct SyncClientSettings {
     /// Heartbeat interval assumed until the server announces one.
+    /// Default: [`DEFAULT_HEARTBEAT_INTERVAL`].
     pub heartbeat_interval: Duration,
     /// Intervals without any message after which the stream is dead (CP-5).
+    /// Default: [`DEFAULT_MISSED_HEARTBEATS`].
     pub missed_heartbeats: u32,
     /// First backoff ceiling; attempt `n` waits uniform(0, min(cap, base × factorⁿ)).
+    /// Default: [`DEFAULT_BACKOFF_BASE`].
     pub backoff_base: Duration,
     /// Growth of the ceiling per failed attempt.
+    /// Default: [`DEFAULT_BACKOFF_FACTOR`].
     pub backoff_factor: f64,
-    /// Largest ceiling.
+    /// Largest backoff ceiling, however many attempts failed.
+    /// Default: [`DEFAULT_BACKOFF_CAP`].
     pub backoff_cap: Duration,
     /// Upper bound of the random delay after an established stream drops or `GoAway`.
+    /// Default: [`DEFAULT_RECONNECT_JITTER`].
     pub reconnect_jitter: Duration,
     /// Wait after an authorization failure (jittered ±[`UNAUTHORIZED_JITTER`]) (CP-7).
+    /// Default: [`DEFAULT_UNAUTHORIZED_BACKOFF`].
     pub unauthorized_backoff: Duration,
-    /// Interval of status reports.
+    /// Interval of the status reports sent to the server.
+    /// Default: [`DEFAULT_STATUS_INTERVAL`].
     pub status_interval: Duration,
-    /// Interval of staleness-gauge refreshes.
+    /// Interval of the staleness-gauge refreshes (`levee_config_age_seconds`).
+    /// Default: [`DEFAULT_METRICS_INTERVAL`].
     pub metrics_interval: Duration,
     /// Time limit of establishing a connection.
+    /// Default: [`DEFAULT_CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
     /// HTTP/2 PING interval; pings are sent while idle too.
+    /// Default: [`DEFAULT_HTTP2_KEEPALIVE_INTERVAL`].
     pub http2_keepalive_interval: Duration,
-    /// HTTP/2 PING acknowledgement timeout.
+    /// Wait for a PING acknowledgement before the connection is closed.
+    /// Default: [`DEFAULT_HTTP2_KEEPALIVE_TIMEOUT`].
     pub http2_keepalive_timeout: Duration,
-    /// TCP keepalive idle time.
+    /// TCP keepalive idle time of the connection to the server.
+    /// Default: [`DEFAULT_TCP_KEEPALIVE`].
     pub tcp_keepalive: Duration,
 }
 
-impl Default for SyncSettings {
+impl Default for SyncClientSettings {
     fn default() -> Self {
         Self {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
@@ -88,18 +101,21 @@ impl Default for SyncSettings {
     }
 }
 
-/// Exponential backoff with full jitter: failed attempt `n` (from 0) waits
-/// uniform(0, min(cap, base × factorⁿ)). Reset only after a message arrived on a stream.
+/// The sync client's reconnect backoff: exponential with full jitter, failed attempt `n`
+/// (from 0) waits uniform(0, min(cap, base × factorⁿ)); reset only after a message arrived
+/// on a stream. Unlike the retry stage's [`Backoff`](crate::retry::Backoff) (factor 2,
+/// shared by concurrent calls, no state) it grows by `backoff_factor` (default 1.6, as
+/// gRPC's connection backoff) and counts its own attempts.
 #[derive(Clone, Debug)]
-pub(crate) struct Backoff {
+pub(crate) struct ReconnectBackoff {
     base: Duration,
     factor: f64,
     cap: Duration,
     attempt: u32,
 }
 
-impl Backoff {
-    pub(crate) fn new(s: &SyncSettings) -> Self {
+impl ReconnectBackoff {
+    pub(crate) fn new(s: &SyncClientSettings) -> Self {
         Self { base: s.backoff_base, factor: s.backoff_factor.max(1.0), cap: s.backoff_cap, attempt: 0 }
     }
 
@@ -142,7 +158,7 @@ mod tests {
 
     #[test]
     fn backoff_ceiling_grows_by_factor_up_to_cap_and_resets() {
-        let mut b = Backoff::new(&SyncSettings::default());
+        let mut b = ReconnectBackoff::new(&SyncClientSettings::default());
         let mut ceilings = Vec::new();
         for _ in 0..12 {
             ceilings.push(b.ceiling().as_millis());
@@ -157,8 +173,8 @@ mod tests {
 
     #[test]
     fn full_jitter_spreads_over_the_whole_range() {
-        let s = SyncSettings { backoff_base: Duration::from_secs(10), ..SyncSettings::default() };
-        let delays: Vec<Duration> = (0..400).map(|_| Backoff::new(&s).next_delay()).collect();
+        let s = SyncClientSettings { backoff_base: Duration::from_secs(10), ..SyncClientSettings::default() };
+        let delays: Vec<Duration> = (0..400).map(|_| ReconnectBackoff::new(&s).next_delay()).collect();
         assert!(delays.iter().all(|d| *d <= Duration::from_secs(10)));
         // Full jitter: some land in the bottom and some in the top tenth.
         assert!(delays.iter().any(|d| *d < Duration::from_secs(1)));

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "axum")]
 mod admission;
+mod architecture;
 mod clients;
 mod support;
 
@@ -357,6 +358,71 @@ async fn cp_9_deleted_flag_falls_back_to_compiled_default() {
     assert_eq!(server.ack().await.0, 2);
     assert_eq!((enabled.get(), max.get()), (true, 50), "deleted flags: compiled-in defaults");
     assert!(a.dependency("recommendations").is_enabled(), "kill switch follows the declared default");
+    a.shutdown().await;
+}
+
+/// CP-11: an operator override and a fault rule expire while the server is unreachable.
+/// Both end at their expiry with no call made: the critical dependency's breaker leaves
+/// FORCED_OPEN (reason `override_expired`), readiness comes back at that moment, the next
+/// status report shows it, and the dependency under the fault rule is called normally.
+#[tokio::test(start_paused = true)]
+async fn cp_11_override_and_fault_rule_expire_on_time_while_offline() {
+    use levee_agent::breaker::{State, TransitionReason};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start().await;
+    let addr = server.addr;
+    let a = agent(&server.url(), dir.path());
+    let payments = a.dependency("payments");
+    let search = a.dependency("search");
+    let (_, _, conn) = server.connected().await;
+    let (t0, wall) = (Instant::now(), Timestamp::now());
+    let at = |secs: i64| Timestamp::from_unix_ms(wall.unix_ms() + secs * 1000).to_rfc3339();
+    let body = format!(
+        r#"{{"policy": {{"dependencies": {{
+              "payments": {{"criticality": "critical"}},
+              "search": {{"criticality": "non_critical", "retry": {{"max_attempts": 1}}}}}}}},
+            "breaker_overrides": [{{"dependency": "payments", "state": "forced_open",
+                                    "expires_at": "{}", "reason": "game day"}}],
+            "faults_allowed": true,
+            "faults": [{{"id": "drill", "dependency": "search", "action": {{"type": "abort", "status": 503}},
+                         "percent": 100, "expires_at": "{}"}}]}}"#,
+        at(30),
+        at(40),
+    );
+    conn.snapshot(1, &body).await;
+    server.ack().await;
+    let search_once = || search.call("GET /q", || async { Ok::<_, std::io::Error>("results") });
+    assert_eq!(payments.breaker("").state, State::ForcedOpen);
+    assert!(!a.readiness(), "a critical dependency forced open");
+    assert!(matches!(search_once().await, Err(CallError::Injected(_))));
+
+    server.stop().await;
+    tokio::time::sleep_until(t0 + Duration::from_secs(29)).await;
+    assert_eq!(payments.breaker("").state, State::ForcedOpen, "not expired yet");
+    assert!(!a.readiness());
+
+    // No call to `payments` from here on: the expiry alone must change everything.
+    tokio::time::sleep_until(t0 + Duration::from_secs(31)).await;
+    let breaker = payments.breaker("");
+    assert_eq!(breaker.state, State::Closed, "the override ended at its expiry, offline");
+    assert_eq!(breaker.last_reason, Some(TransitionReason::OverrideExpired));
+    assert!(a.readiness(), "ready again at the expiry, not at the next call");
+    assert_eq!(a.status().source, Source::Live, "still the same snapshot, only older");
+
+    tokio::time::sleep_until(t0 + Duration::from_secs(41)).await;
+    assert_eq!(search_once().await.unwrap(), "results", "the fault rule ended at its expiry");
+
+    // The server comes back: the first status report already shows the breaker closed.
+    let mut server = TestServer::start_on(addr).await;
+    let (_, _, _conn) = server.connected().await;
+    let report = loop {
+        if let Event::Status(s) = server.next("a status report").await {
+            break s;
+        }
+    };
+    let b = report.breakers.iter().find(|b| b.dependency == "payments").expect("payments reported");
+    assert_eq!((b.state.as_str(), b.last_transition_reason.as_str()), ("CLOSED", "override_expired"));
     a.shutdown().await;
 }
 

@@ -13,7 +13,7 @@ use levee_agent::proto::{
     AgentMessage, Heartbeat, Hello, ServerMessage, ServiceRevision, Snapshot, StatusReport, agent_message,
     server_message,
 };
-use levee_agent::{Agent, SyncSettings};
+use levee_agent::{Agent, SyncClientSettings};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -281,8 +281,8 @@ pub async fn dead_address() -> SocketAddr {
 }
 
 /// Settings for tests: the defaults (tests assert the real timings).
-pub fn settings() -> SyncSettings {
-    SyncSettings::default()
+pub fn settings() -> SyncClientSettings {
+    SyncClientSettings::default()
 }
 
 pub fn agent(url: &str, cache: &std::path::Path) -> Agent {

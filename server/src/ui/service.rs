@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use levee_agent::policy::{
-    BreakerOverrideState, Dependency, DependencyCriticality, Flag, FlagType, ServiceConfig, Window, lint,
+    BreakerOverrideState, DependencyCriticality, DependencyPolicy, Flag, FlagType, ServiceConfig, Window,
+    lint,
 };
 use serde::Deserialize;
 
@@ -84,7 +85,7 @@ struct DepView {
     operations: usize,
 }
 
-fn dep_view(name: &str, d: &Dependency, cfg: &ServiceConfig) -> DepView {
+fn dep_view(name: &str, d: &DependencyPolicy, cfg: &ServiceConfig) -> DepView {
     let retry = if d.retry.max_attempts <= 1 {
         "no retry".to_string()
     } else {

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use levee_agent::Agent;
 use levee_agent::breaker::State as BreakerState;
-use levee_agent::policy::{Dependency as DependencyPolicy, Retry, ServiceConfig};
+use levee_agent::policy::{DependencyPolicy, Retry, ServiceConfig};
 use reqwest::Method;
 
 use crate::checkout_app::TOP_SELLERS;

@@ -5,18 +5,18 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use levee_agent::{Agent, SyncSettings};
+use levee_agent::{Agent, SyncClientSettings};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 /// Sync timings shrunk so reconnects happen within a test's patience, in real time.
-pub fn fast_sync() -> SyncSettings {
-    SyncSettings {
+pub fn fast_sync() -> SyncClientSettings {
+    SyncClientSettings {
         backoff_base: Duration::from_millis(50),
         backoff_cap: Duration::from_millis(300),
         reconnect_jitter: Duration::from_millis(50),
         connect_timeout: Duration::from_secs(2),
-        ..SyncSettings::default()
+        ..SyncClientSettings::default()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use levee_agent::{Agent, SyncSettings};
+use levee_agent::{Agent, SyncClientSettings};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -210,11 +210,11 @@ async fn service_page_shows_how_many_agents_applied_the_change() {
     let cache = tempfile::tempdir().unwrap();
     let agent = Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "checkout")
         .cache_dir(cache.path())
-        .sync_settings(SyncSettings {
+        .sync_settings(SyncClientSettings {
             backoff_base: Duration::from_millis(50),
             backoff_cap: Duration::from_millis(300),
             reconnect_jitter: Duration::from_millis(50),
-            ..SyncSettings::default()
+            ..SyncClientSettings::default()
         })
         .build()
         .expect("agent builds");

@@ -4,7 +4,7 @@
 //! # async fn example(agent: levee_agent::Agent) {
 //! use open_feature::OpenFeature;
 //! let mut api = OpenFeature::singleton_mut().await;
-//! api.set_provider(levee_agent::flags::openfeature::LeveeProvider::new(&agent)).await;
+//! api.set_provider(levee_agent::openfeature::LeveeProvider::new(&agent)).await;
 //! let client = api.create_client();
 //! let on = client.get_bool_value("recommendations.enabled", None, None).await.unwrap_or(true);
 //! # }
@@ -24,9 +24,10 @@ use open_feature::{
     Value,
 };
 
-use super::{BIT_ROLLOUT, Declared, DefaultReason};
+use crate::applied::{BoolAnswer, DefaultReason, Source, Split};
+use crate::flags::Declared;
 use crate::policy::{Flag, FlagType};
-use crate::state::{Shared, Source};
+use crate::state::Shared;
 
 /// Name the provider reports in its metadata.
 pub const PROVIDER_NAME: &str = "levee";
@@ -107,25 +108,21 @@ impl FeatureProvider for LeveeProvider {
                 Some(k) => h.get_for(k),
                 None => h.get(),
             };
-            let split = h.slot.load(std::sync::atomic::Ordering::Relaxed) & BIT_ROLLOUT != 0;
             let mut d = self.details(value);
-            if split && ctx.targeting_key.is_some() {
+            if h.has_rollout() && ctx.targeting_key.is_some() {
                 d.reason = Some(EvaluationReason::Split);
             }
             return Ok(d);
         }
         let target = ctx.targeting_key.clone();
         let value = self.resolve_undeclared(flag_key, FlagType::Bool, |f| {
-            let v = f.value.as_bool()?;
-            match (&f.rollout, &target) {
-                (None, _) => Some(v),
-                (Some(r), _) if r.percent >= 100.0 => Some(v),
-                (Some(r), Some(k)) => {
-                    let inside = (super::rollout_bucket(flag_key, k) as f64)
-                        < r.percent * (super::ROLLOUT_BUCKETS as f64 / 100.0);
-                    // Outside the rollout there is no declared default: let OpenFeature use the caller's.
-                    if inside { Some(v) } else { None }
-                }
+            // The default given here never shows: outside the rollout there is no declared
+            // default, so OpenFeature uses the caller's.
+            let answer = BoolAnswer::of(Some(f), false);
+            match (answer.split, &target) {
+                (None, _) => f.value.as_bool(),
+                (Some(s), _) if s.covers_all() => Some(s.value),
+                (Some(s), Some(k)) => Split::inside(s.threshold, flag_key, k).then_some(s.value),
                 (Some(_), None) => None,
             }
         });
