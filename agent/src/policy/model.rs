@@ -300,8 +300,9 @@ pub struct CircuitBreaker {
     pub max_wait_in_open: Duration,
     /// Probe calls let through in HALF_OPEN. Allowed 1..=100.
     pub half_open_probes: u32,
-    /// How long HALF_OPEN may wait for its probes before reopening; `None` = twice the
-    /// attempt timeout.
+    /// How long a HALF_OPEN probe may stay out without reporting before it counts as failed
+    /// and the breaker reopens; `None` = twice the attempt timeout. Time with no probe out
+    /// never counts: a rarely called dependency still closes its breaker.
     #[serde(with = "humantime_serde::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2s"))]
     pub max_wait_in_half_open: Option<Duration>,
