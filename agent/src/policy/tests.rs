@@ -152,3 +152,52 @@ fn lint_flags_retry_longer_than_deadline() {
     let codes: Vec<&str> = lint(&cfg.policy).iter().map(|l| l.code).collect();
     assert_eq!(codes, vec!["retry_exceeds_deadline"]);
 }
+
+fn lints(json: &str) -> Vec<(String, &'static str)> {
+    lint(&check(json).unwrap().policy).into_iter().map(|l| (l.path, l.code)).collect()
+}
+
+#[test]
+fn lint_reads_retry_and_timeout_set_on_an_operation_override() {
+    // The dependency itself is fine; its operations set what the lints warn about.
+    let found = lints(
+        r#"{"policy":{"default_deadline":"500ms","dependencies":{"p":{"attempt_timeout":"100ms",
+            "retry":{"max_attempts":1},"operations":{
+              "GET /quote/{sku}":{"retry":{"max_attempts":3}, "attempt_timeout":"300ms"},
+              "GET /slow":{"attempt_timeout":"2s"},
+              "GET /inherits":{"idempotent":true}}}}}}"#,
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("dependencies.p.operations.GET /quote/{sku}.retry".to_string(), "retry_exceeds_deadline"),
+            ("dependencies.p.operations.GET /slow.attempt_timeout".to_string(), "timeout_exceeds_budget"),
+        ]
+    );
+}
+
+#[test]
+fn lint_compares_route_deadlines_with_every_worst_case() {
+    // Worst case of p: 3 × 50 ms + backoff 50 ms + 100 ms = 300 ms: within default_deadline
+    // (1 s), beyond the route's 200 ms.
+    let cfg = check(
+        r#"{"policy":{"dependencies":{"p":{"attempt_timeout":"50ms","retry":{"max_attempts":3,"base":"50ms"}},
+              "q":{"attempt_timeout":"150ms","retry":{"max_attempts":1}}},
+            "inbound":{"routes":{"GET /quote/{sku}":{"deadline":"200ms"},"GET /fast":{"deadline":"100ms"},
+              "GET /no-deadline":{"criticality":"SHEDDABLE"}}}}}"#,
+    )
+    .unwrap();
+    let found = lint(&cfg.policy);
+    let codes: Vec<_> = found.iter().map(|l| (l.path.as_str(), l.code)).collect();
+    assert_eq!(
+        codes,
+        vec![
+            ("inbound.routes.GET /fast.deadline", "retry_exceeds_deadline"),
+            ("inbound.routes.GET /fast.deadline", "timeout_exceeds_budget"),
+            ("inbound.routes.GET /quote/{sku}.deadline", "retry_exceeds_deadline"),
+        ]
+    );
+    assert!(found[0].message.contains("dependencies.p (300ms)"), "{}", found[0].message);
+    assert!(found[1].message.contains("dependencies.q (150ms)"), "{}", found[1].message);
+    assert!(!found[1].message.contains("dependencies.p"), "{}", found[1].message);
+}
