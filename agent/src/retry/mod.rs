@@ -18,7 +18,9 @@ mod run;
 
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
-pub use classify::{Classify, ErrorKind, IDEMPOTENCY_KEY_HEADER, Idempotency, classify_error};
+pub use classify::{
+    Classify, ErrorKind, HttpStatusError, IDEMPOTENCY_KEY_HEADER, Idempotency, classify_error,
+};
 pub use one_layer::{RETRIED_HEADER, inbound_is_marked, mark_outgoing, one_layer_allows};
 pub use plan::{Decision, RetryPolicy, StopReason};
 pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
