@@ -368,20 +368,15 @@ impl CircuitBreaker {
                     let next = half_open_word(State::HalfOpen, g1, probes - 1, probes, 1);
                     match self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire) {
                         Ok(_) => {
-                            let wait = self.max_wait_in_half_open.load(Ordering::Relaxed);
+                            let until = self.half_open_deadline(now);
                             self.enter(
                                 State::Open,
                                 State::HalfOpen,
                                 TransitionReason::OpenElapsed,
                                 g1,
-                                now + wait,
+                                until,
                             );
-                            return Ok(BreakerPermit {
-                                breaker: self,
-                                generation: g1,
-                                kind: Kind::Probe,
-                                done: false,
-                            });
+                            return self.probe(g1);
                         }
                         Err(cur) => w = cur,
                     }
@@ -412,16 +407,8 @@ impl CircuitBreaker {
                         let next = half_open_word(State::HalfOpen, g1, free - 1, need, 1);
                         match self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire) {
                             Ok(_) => {
-                                self.publish_timer(
-                                    g1,
-                                    now + self.max_wait_in_half_open.load(Ordering::Relaxed),
-                                );
-                                return Ok(BreakerPermit {
-                                    breaker: self,
-                                    generation: g1,
-                                    kind: Kind::Probe,
-                                    done: false,
-                                });
+                                self.publish_timer(g1, self.half_open_deadline(now));
+                                return self.probe(g1);
                             }
                             Err(cur) => w = cur,
                         }
@@ -430,14 +417,7 @@ impl CircuitBreaker {
                         // current one is over.
                         let next = half_open_word(State::HalfOpen, g, free - 1, need, old);
                         match self.word.compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Acquire) {
-                            Ok(_) => {
-                                return Ok(BreakerPermit {
-                                    breaker: self,
-                                    generation: next_gen(g),
-                                    kind: Kind::Probe,
-                                    done: false,
-                                });
-                            }
+                            Ok(_) => return self.probe(next_gen(g)),
                             Err(cur) => w = cur,
                         }
                     }
@@ -459,6 +439,16 @@ impl CircuitBreaker {
                 }
             }
         }
+    }
+
+    /// A HALF_OPEN probe permit timed with `cohort`.
+    fn probe(&self, cohort: u64) -> Result<BreakerPermit<'_>, BreakerOpen> {
+        Ok(BreakerPermit { breaker: self, generation: cohort, kind: Kind::Probe, done: false })
+    }
+
+    /// When a probe cohort armed at `now` is overdue.
+    fn half_open_deadline(&self, now: u64) -> u64 {
+        now.saturating_add(self.max_wait_in_half_open.load(Ordering::Relaxed))
     }
 
     fn reject(&self) -> Result<BreakerPermit<'_>, BreakerOpen> {
@@ -775,10 +765,7 @@ impl CircuitBreaker {
                         };
                         if self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                             if rearm {
-                                self.publish_timer(
-                                    gen_of(next),
-                                    now + self.max_wait_in_half_open.load(Ordering::Relaxed),
-                                );
+                                self.publish_timer(gen_of(next), self.half_open_deadline(now));
                             }
                             return;
                         }
@@ -804,8 +791,7 @@ impl CircuitBreaker {
             match self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if rearm {
-                        let wait = self.max_wait_in_half_open.load(Ordering::Relaxed);
-                        self.publish_timer(gen_of(next), self.now_ms() + wait);
+                        self.publish_timer(gen_of(next), self.half_open_deadline(self.now_ms()));
                     }
                     return;
                 }
