@@ -229,13 +229,25 @@ async fn expiry_sweeper(store: Store, hub: Hub, mut shutdown: watch::Receiver<bo
                 .mutate(change, &ctx, |p| {
                     let t = Timestamp::from_unix_ms(now);
                     let mut removed = Vec::new();
+                    let switches: std::collections::BTreeSet<String> =
+                        p.policy.flag_references().into_iter().map(|r| r.key.to_string()).collect();
+                    let mut reverted = Vec::new();
                     p.flags.retain(|k, f| {
                         let keep = f.expires_at.is_none_or(|e| e > t);
                         if !keep {
                             removed.push(format!("flag {k}"));
+                            if switches.contains(k) {
+                                reverted.push(k.clone());
+                            }
                         }
                         keep
                     });
+                    // An expired kill switch reverts to the service's compiled-in default:
+                    // the policy says so, or its reference would dangle (OPS-1).
+                    for k in reverted {
+                        removed.push(format!("kill switch {k} now declared in policy.compiled_in_flags"));
+                        p.policy.compiled_in_flags.insert(k);
+                    }
                     p.faults.retain(|id, f| {
                         let keep = f.expires_at > t;
                         if !keep {

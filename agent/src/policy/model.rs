@@ -5,7 +5,7 @@
 //! `"5m"`), ratios are numbers in `0..=1`, percentages are numbers in `0..=100`, and
 //! expiries are RFC 3339 timestamps. [`ServiceConfig::validate`] checks every range.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -91,6 +91,48 @@ pub struct Policy {
     pub inbound: Inbound,
     /// Product features, what they depend on and what users get when that fails.
     pub degradation_matrix: Vec<MatrixRow>,
+    /// Keys of bool flags that only the service's compiled-in defaults define (a handle
+    /// declared in code, `agent.flag_bool(key, default)`, or the defaults' `flags`), which
+    /// an `enabled_flag` may therefore name although the server stores no such flag.
+    /// Every other `enabled_flag` must name a bool flag of the service: a typo is refused,
+    /// never a kill switch that silently does nothing (OPS-1). Absent = none.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub compiled_in_flags: BTreeSet<String>,
+}
+
+impl Policy {
+    /// Every kill switch the policy names: the path of the `enabled_flag` field (relative
+    /// to the policy, e.g. `dependencies.pricing.enabled_flag` or
+    /// `degradation_matrix[0].enabled_flag`), what it switches (`dependency pricing`,
+    /// `feature Checkout`) and the flag key, dependencies first.
+    pub fn flag_references(&self) -> Vec<FlagReference<'_>> {
+        let deps = self.dependencies.iter().filter_map(|(name, d)| {
+            Some(FlagReference {
+                path: format!("dependencies.{name}.enabled_flag"),
+                switches: format!("dependency {name}"),
+                key: d.enabled_flag.as_deref()?,
+            })
+        });
+        let rows = self.degradation_matrix.iter().enumerate().filter_map(|(i, r)| {
+            Some(FlagReference {
+                path: format!("degradation_matrix[{i}].enabled_flag"),
+                switches: format!("feature {}", r.feature),
+                key: r.enabled_flag.as_deref()?,
+            })
+        });
+        deps.chain(rows).collect()
+    }
+}
+
+/// One `enabled_flag` of a policy (see [`Policy::flag_references`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlagReference<'a> {
+    /// Path of the `enabled_flag` field, relative to the policy.
+    pub path: String,
+    /// What the flag switches, in words: `dependency <name>` or `feature <name>`.
+    pub switches: String,
+    /// The flag key named.
+    pub key: &'a str,
 }
 
 impl Default for Policy {
@@ -103,6 +145,7 @@ impl Default for Policy {
             dependencies: BTreeMap::new(),
             inbound: Inbound::default(),
             degradation_matrix: Vec::new(),
+            compiled_in_flags: BTreeSet::new(),
         }
     }
 }

@@ -4,4 +4,5 @@ mod auth;
 mod errors;
 mod helpers;
 mod history;
+mod kill_switch_refs;
 mod policy;
