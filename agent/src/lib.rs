@@ -60,6 +60,13 @@ pub use inbound::{InboundContext, InboundContextLayer};
 pub use state::{AgentStatus, Applied, LastNack, Source, StatusContributor};
 pub use sync::SyncSettings;
 
+/// The Rust blocks of `docs/agent-guide.md` and `docs/patterns.md`, compiled (and run,
+/// unless marked otherwise) as doctests so the guides cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/agent-guide.md")]
+#[doc = include_str!("../../docs/patterns.md")]
+pub struct DocsAreDoctests;
+
 /// A type-erased error, as tower middleware returns (`Box<dyn Error + Send + Sync>`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

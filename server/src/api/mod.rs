@@ -7,6 +7,8 @@
 
 mod audit;
 pub(crate) mod auth_routes;
+#[cfg(test)]
+mod doc_snippets;
 pub(crate) mod envs;
 mod extract;
 pub(crate) mod flags;
