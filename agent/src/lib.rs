@@ -44,6 +44,7 @@ pub mod inbound;
 pub mod metrics_names;
 pub mod outlier;
 pub mod policy;
+pub mod report;
 pub mod retry;
 mod state;
 pub mod sync;
