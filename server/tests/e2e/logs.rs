@@ -4,23 +4,15 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+
+use crate::support::levee_serve;
 
 /// Written to a pipe, the log carries no colour codes (they are for terminals only).
 #[tokio::test]
 async fn server_logs_carry_no_colour_codes_when_not_written_to_a_terminal() {
     let data = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_levee"))
-        .arg("serve")
-        .env("LEVEE_DATA_DIR", data.path())
-        .env("LEVEE_HTTP_ADDR", "127.0.0.1:0")
-        .env("LEVEE_GRPC_ADDR", "127.0.0.1:0")
-        .env("LEVEE_ADMIN_PASSWORD", crate::helpers::ADMIN_PASSWORD)
-        .env("LEVEE_LOG", "info")
-        .env_remove("LEVEE_DATABASE_URL")
-        .stdout(Stdio::piped())
+    let mut child = levee_serve(data.path(), "127.0.0.1:0", "127.0.0.1:0", "info")
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("levee binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
