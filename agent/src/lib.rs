@@ -50,6 +50,7 @@ pub mod openfeature;
 pub mod outlier;
 pub mod policy;
 mod registry;
+pub mod report;
 pub mod retry;
 mod state;
 pub mod sync;
@@ -67,6 +68,13 @@ pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};
 pub use state::{AgentStatus, LastNack, StatusContributor};
 pub use sync::SyncClientSettings;
+
+/// The Rust blocks of `docs/agent-guide.md` and `docs/patterns.md`, compiled (and run,
+/// unless marked otherwise) as doctests so the guides cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/agent-guide.md")]
+#[doc = include_str!("../../docs/patterns.md")]
+pub struct DocsAreDoctests;
 
 /// A type-erased error, as tower middleware returns (`Box<dyn Error + Send + Sync>`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -43,9 +43,16 @@ enum UsersCommand {
     },
 }
 
+/// Logs to stdout, in colour only when stdout is a terminal: a log written to a file, a
+/// pipe or journald carries no escape codes.
 fn init_tracing(filter: &str) {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::stdout().is_terminal())
+        .try_init();
 }
 
 #[tokio::main]

@@ -16,6 +16,8 @@ use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("db", &[]),
     ("diff", &[]),
+    ("manifest", &[]),
+    ("import", &["manifest"]),
     ("shutdown", &[]),
     ("hub", &["db"]),
     ("auth", &["db"]),
@@ -39,7 +41,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// Modules that know nothing about HTTP: the domain, storage and what runs beside them.
 const HTTP_FREE: &[&str] =
-    &["actions", "auth", "db", "diff", "fleet", "hub", "listener", "shutdown", "sweeper"];
+    &["actions", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown", "sweeper"];
 
 /// Names that only HTTP code uses.
 const HTTP_NAMES: &[&str] = &[

@@ -9,6 +9,7 @@
 
 mod app;
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 
 use levee_agent::Agent;
@@ -17,9 +18,18 @@ fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
+/// Logs to stdout (`RUST_LOG` filter), in colour only when stdout is a terminal: a log
+/// written to a file or piped to another program carries no escape codes.
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(env("RUST_LOG", "info,levee_agent=info"))
+        .with_ansi(std::io::stdout().is_terminal())
+        .init();
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_env_filter(env("RUST_LOG", "info,levee_agent=info")).init();
+    init_logging();
     let token = std::env::var("LEVEE_AGENT_TOKEN")
         .map_err(|_| "set LEVEE_AGENT_TOKEN to an agent token (see README)")?;
     let agent = Agent::builder(
@@ -45,4 +55,77 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::signal::ctrl_c().await?;
     agent.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    use super::*;
+
+    const CHILD: &str = "CHECKOUT_LOG_TEST_CLOSED_PORT";
+
+    /// The example's log, piped: no colour codes, and the agent's connection error printed
+    /// with each cause once ("tcp connect error: tcp connect error" before). The test runs
+    /// itself again as a child whose stdout is a pipe, as a log shipper or `| tee` would
+    /// see it; the child logs through `init_logging` and an agent whose server refuses the
+    /// connection.
+    #[test]
+    fn logs_carry_no_colour_codes_and_no_repeated_causes_when_piped() {
+        if let Ok(port) = std::env::var(CHILD) {
+            init_logging();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let _agent = Agent::builder(format!("http://127.0.0.1:{port}"), "token", "prod", "checkout")
+                    .defaults(app::safe_defaults())
+                    .build()
+                    .unwrap();
+                std::future::pending::<()>().await; // the parent kills this process
+            });
+            return;
+        }
+        // A port nothing listens on: the connection is refused at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::logs_carry_no_colour_codes_and_no_repeated_causes_when_piped",
+                "--nocapture",
+            ])
+            .env(CHILD, port.to_string())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let lost = loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains("levee sync stream lost") => break line,
+                Ok(line) => seen.push(line),
+                Err(e) => {
+                    let _ = child.kill();
+                    panic!("no connection error logged ({e}); saw {seen:?}");
+                }
+            }
+        };
+        child.kill().unwrap();
+        let _ = child.wait();
+        seen.push(lost.clone());
+        assert!(seen.iter().any(|l| l.contains("levee agent starting")), "{seen:?}");
+        for line in &seen {
+            assert!(!line.contains('\x1b'), "escape codes in a piped log: {line:?}");
+        }
+        assert!(lost.contains("Connection refused"), "{lost}");
+        assert!(lost.matches("tcp connect error").count() <= 1, "a cause printed twice: {lost}");
+    }
 }

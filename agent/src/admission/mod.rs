@@ -5,14 +5,13 @@
 //! One [`Admission`] engine per service ([`Agent::admission`](crate::Agent::admission)),
 //! shared by the tower [`AdmissionLayer`] for servers (axum, hyper, tonic) and the plain
 //! API ([`Admission::admit`] → [`AdmissionPermit`]). docs/agent-guide.md shows this
-//! example (a test checks that the two stay the same):
+//! example too (both are compiled as doctests):
 //!
 //! ```
 //! # use axum::routing::{get, post};
 //! # use levee_agent::AdmissionRequest;
 //! # use levee_agent::policy::Criticality;
 //! # async fn example(agent: levee_agent::Agent) {
-//! // admission example (compiled: it is the doctest of `levee_agent::admission`)
 //! let app = axum::Router::new()
 //!     .route("/quote/{sku}", get(|| async { "42" }))
 //!     .route("/orders", post(|| async { "created" }))

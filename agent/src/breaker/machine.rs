@@ -33,12 +33,26 @@ pub enum Outcome {
 //   bits 0..3   state (State as u64)
 //   bits 3..11  HALF_OPEN: probe permits still free
 //   bits 11..19 HALF_OPEN: probe successes still needed to close
-//   bits 19..64 generation, +1 on every transition
+//   bits 19..27 HALF_OPEN: probes of the current cohort still out (see below)
+//   bits 27..64 generation, +1 on every transition and every time the half-open wait is
+//               armed for a new cohort (wraps at 2^37)
+//
+// HALF_OPEN probes out = need − free (taken and not yet answered). The half-open wait
+// bounds probes that are out, never time with no probe out (CB-8): probes form cohorts.
+// A probe taken while none is out starts a cohort of its own (generation +1, the wait
+// armed from now). A probe taken while others are out joins the next cohort (its permit is
+// tagged generation + 1). When the last probe of the current cohort answers or is
+// cancelled, the next cohort (the probes still out) becomes current (generation +1, the
+// wait re-armed from now); with no probe out, the wait is disarmed. So every probe gets at
+// least `max_wait_in_half_open`, and one that never answers reopens the breaker at most
+// twice that long after it was sent (CB-1).
 const STATE_MASK: u64 = 0b111;
 const FREE_SHIFT: u32 = 3;
 const NEED_SHIFT: u32 = 11;
+const OLD_SHIFT: u32 = 19;
 const COUNT_MASK: u64 = 0xff;
-const GEN_SHIFT: u32 = 19;
+const GEN_SHIFT: u32 = 27;
+const GEN_MASK: u64 = (1 << (64 - GEN_SHIFT)) - 1;
 /// Most probes a HALF_OPEN period can have (validation allows 100).
 const MAX_PROBES: u32 = 255;
 
@@ -59,31 +73,57 @@ const fn need_of(w: u64) -> u32 {
     ((w >> NEED_SHIFT) & COUNT_MASK) as u32
 }
 #[inline]
-const fn word(state: State, generation: u64, free: u32, need: u32) -> u64 {
-    (generation << GEN_SHIFT)
+const fn old_of(w: u64) -> u32 {
+    ((w >> OLD_SHIFT) & COUNT_MASK) as u32
+}
+/// The generation after `g` (wrapping inside the word's field).
+#[inline]
+const fn next_gen(g: u64) -> u64 {
+    (g + 1) & GEN_MASK
+}
+/// A word outside HALF_OPEN (no probe counts).
+#[inline]
+const fn word(state: State, generation: u64) -> u64 {
+    half_open_word(state, generation, 0, 0, 0)
+}
+#[inline]
+const fn half_open_word(state: State, generation: u64, free: u32, need: u32, old: u32) -> u64 {
+    ((generation & GEN_MASK) << GEN_SHIFT)
+        | ((old as u64 & COUNT_MASK) << OLD_SHIFT)
         | ((need as u64 & COUNT_MASK) << NEED_SHIFT)
         | ((free as u64 & COUNT_MASK) << FREE_SHIFT)
         | state.index() as u64
 }
 
 // The timer word: one instant, in ms since `origin`, tagged with the generation it belongs
-// to (low 20 bits): the end of the open period in OPEN, the half-open deadline in
-// HALF_OPEN, the override's expiry in FORCED_*/DISABLED. The transition's winner stores it
-// right after its CAS; until then the tag does not match and readers treat the timer as not
-// yet reached (OPEN keeps rejecting), so a stale instant from an earlier period is never
-// trusted.
+// to (low 20 bits): the end of the open period in OPEN, the deadline of the current probe
+// cohort in HALF_OPEN, the override's expiry in FORCED_*/DISABLED. The CAS's winner
+// publishes it right after its CAS; until then the tag does not match and readers treat the
+// timer as not yet reached (OPEN keeps rejecting), so a stale instant from an earlier period
+// is never trusted. A publication never replaces a newer generation's timer (a winner
+// delayed between its CAS and its publication must not hide its successors' timers).
 const TAG_SHIFT: u32 = 44;
+const TAG_MASK: u64 = 0xf_ffff;
+/// Half the tag space: a tag less than this far ahead is later.
+const TAG_HALF: u64 = 1 << 19;
 const MS_MASK: u64 = (1 << TAG_SHIFT) - 1;
 /// "No expiry".
 const NEVER: u64 = MS_MASK;
 
 #[inline]
 const fn timer(generation: u64, ms: u64) -> u64 {
-    ((generation & 0xf_ffff) << TAG_SHIFT) | (if ms > NEVER { NEVER } else { ms })
+    ((generation & TAG_MASK) << TAG_SHIFT) | (if ms > NEVER { NEVER } else { ms })
 }
 #[inline]
 const fn timer_for(t: u64, generation: u64) -> Option<u64> {
-    if t >> TAG_SHIFT == generation & 0xf_ffff { Some(t & MS_MASK) } else { None }
+    if t >> TAG_SHIFT == generation & TAG_MASK { Some(t & MS_MASK) } else { None }
+}
+/// Whether the timer `t` belongs to a later generation than `generation` (serial-number
+/// order on the 20-bit tags, RFC 1982: later means less than half the tag space ahead).
+#[inline]
+const fn timer_is_newer(t: u64, generation: u64) -> bool {
+    let ahead = ((t >> TAG_SHIFT).wrapping_sub(generation)) & TAG_MASK;
+    ahead != 0 && ahead < TAG_HALF
 }
 
 fn ms(d: Duration) -> u64 {
@@ -107,9 +147,13 @@ fn ppm(ratio: f64) -> u64 {
 /// * **HALF_OPEN**: entered lazily by the first call after the open period (no timer
 ///   thread). Exactly `half_open_probes` permits are handed out (CB-2); any failed or slow
 ///   probe reopens; when all succeed the breaker closes with an empty window. A probe
-///   dropped without a result frees its permit and decides nothing (CB-4). If the probes
-///   have not all come back within `max_wait_in_half_open` (default: attempt timeout × 2),
-///   the next call reopens it (CB-1).
+///   dropped without a result frees its permit and decides nothing (CB-4). A probe that
+///   has been out for `max_wait_in_half_open` (default: attempt timeout × 2) without
+///   answering counts as failed: the next call, or the next probe to answer, reopens the
+///   breaker (CB-1). Only probes that are out are timed: while none is, HALF_OPEN waits for
+///   traffic for as long as it takes, so a rarely called dependency that recovered still
+///   closes its breaker (CB-8). (Each probe gets at least the wait; with several probes
+///   out at once, a later one may get up to twice the wait, see the word layout.)
 /// * **Overrides** (FORCED_OPEN, FORCED_CLOSED, DISABLED) are set by an operator with an
 ///   optional monotonic expiry ([`CircuitBreaker::set_override`]).
 ///
@@ -186,7 +230,7 @@ impl CircuitBreaker {
         metrics: BreakerMetrics,
     ) -> Self {
         let b = Self {
-            word: WordAtomic::new(word(State::Closed, 0, 0, 0)),
+            word: WordAtomic::new(word(State::Closed, 0)),
             enabled: AtomicBool::new(true),
             timer: WordAtomic::new(timer(0, NEVER)),
             count: CountWindow::new(match settings.window {
@@ -323,47 +367,63 @@ impl CircuitBreaker {
                         return self.reject();
                     }
                     let probes = self.half_open_probes.load(Ordering::Relaxed);
-                    let next = word(State::HalfOpen, g + 1, probes - 1, probes);
+                    let g1 = next_gen(g);
+                    // The first probe is taken with the transition: it starts the first cohort.
+                    let next = half_open_word(State::HalfOpen, g1, probes - 1, probes, 1);
                     match self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire) {
                         Ok(_) => {
-                            let wait = self.max_wait_in_half_open.load(Ordering::Relaxed);
+                            let until = self.half_open_deadline(now);
                             self.enter(
                                 State::Open,
                                 State::HalfOpen,
                                 TransitionReason::OpenElapsed,
-                                g + 1,
-                                now + wait,
+                                g1,
+                                until,
                             );
-                            return Ok(BreakerPermit {
-                                breaker: self,
-                                generation: g + 1,
-                                kind: Kind::Probe,
-                                done: false,
-                            });
+                            return self.probe(g1);
                         }
                         Err(cur) => w = cur,
                     }
                 }
                 State::HalfOpen => {
-                    let deadline = timer_for(self.timer.load(Ordering::Acquire), g);
-                    if let Some(deadline) = deadline {
-                        let now = self.now_ms();
-                        if now >= deadline {
+                    let now = self.now_ms();
+                    match self.half_open_overdue(w, now) {
+                        Overdue::No => {}
+                        Overdue::Yes => {
                             if self.reopen(w, TransitionReason::HalfOpenTimeout, now) {
                                 return self.reject();
                             }
                             w = self.word.load(Ordering::Acquire);
                             continue;
                         }
+                        Overdue::Moved(cur) => {
+                            w = cur;
+                            continue;
+                        }
                     }
-                    let free = free_of(w);
+                    let (free, need, old) = (free_of(w), need_of(w), old_of(w));
                     if free == 0 {
                         return self.reject();
                     }
-                    let next = word(State::HalfOpen, g, free - 1, need_of(w));
-                    match self.word.compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Acquire) {
-                        Ok(_) => return permit(Kind::Probe),
-                        Err(cur) => w = cur,
+                    if old == 0 {
+                        // No probe is out: this one starts a cohort, and the wait starts now.
+                        let g1 = next_gen(g);
+                        let next = half_open_word(State::HalfOpen, g1, free - 1, need, 1);
+                        match self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire) {
+                            Ok(_) => {
+                                self.publish_timer(g1, self.half_open_deadline(now));
+                                return self.probe(g1);
+                            }
+                            Err(cur) => w = cur,
+                        }
+                    } else {
+                        // Probes are out: this one joins the next cohort, timed once the
+                        // current one is over.
+                        let next = half_open_word(State::HalfOpen, g, free - 1, need, old);
+                        match self.word.compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Acquire) {
+                            Ok(_) => return self.probe(next_gen(g)),
+                            Err(cur) => w = cur,
+                        }
                     }
                 }
                 forced @ (State::ForcedOpen | State::ForcedClosed | State::Disabled) => {
@@ -385,14 +445,49 @@ impl CircuitBreaker {
         }
     }
 
+    /// A HALF_OPEN probe permit timed with `cohort`.
+    fn probe(&self, cohort: u64) -> Result<BreakerPermit<'_>, BreakerOpen> {
+        Ok(BreakerPermit { breaker: self, generation: cohort, kind: Kind::Probe, done: false })
+    }
+
+    /// When a probe cohort armed at `now` is overdue.
+    fn half_open_deadline(&self, now: u64) -> u64 {
+        now.saturating_add(self.max_wait_in_half_open.load(Ordering::Relaxed))
+    }
+
     fn reject(&self) -> Result<BreakerPermit<'_>, BreakerOpen> {
         self.metrics.rejected.increment(1);
         Err(BreakerOpen::new())
     }
 
+    /// Publishes the timer of generation `g`, unless a later generation's is already there.
+    fn publish_timer(&self, g: u64, ms: u64) {
+        let next = timer(g, ms);
+        let _ = self
+            .timer
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (!timer_is_newer(t, g)).then_some(next));
+    }
+
+    /// Whether the current probe cohort of the HALF_OPEN word `w` is past its deadline.
+    fn half_open_overdue(&self, w: u64, now: u64) -> Overdue {
+        if old_of(w) == 0 {
+            return Overdue::No; // no probe out: nothing to time (CB-8)
+        }
+        match timer_for(self.timer.load(Ordering::Acquire), gen_of(w)) {
+            Some(deadline) if now >= deadline => Overdue::Yes,
+            Some(_) => Overdue::No,
+            None => {
+                // Either the cohort's winner has not published its deadline yet (it has just
+                // begun: not overdue), or the breaker moved on since `w` was read.
+                let cur = self.word.load(Ordering::Acquire);
+                if cur != w { Overdue::Moved(cur) } else { Overdue::No }
+            }
+        }
+    }
+
     /// Publishes the side effects of a transition won by CAS to generation `g`.
     fn enter(&self, from: State, to: State, reason: TransitionReason, g: u64, timer_ms: u64) {
-        self.timer.store(timer(g, timer_ms), Ordering::Release);
+        self.publish_timer(g, timer_ms);
         if to == State::HalfOpen || (to == State::Closed && from != State::HalfOpen) {
             // A fresh window for the trial (and after an override): nothing recorded before
             // it may decide what comes after. HALF_OPEN → CLOSED keeps the window emptied
@@ -445,24 +540,23 @@ impl CircuitBreaker {
 
     /// CAS from `w` (CLOSED or HALF_OPEN) to OPEN. Returns whether this call won.
     fn reopen(&self, w: u64, reason: TransitionReason, now: u64) -> bool {
-        let g = gen_of(w);
-        let next = word(State::Open, g + 1, 0, 0);
-        if self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        let g = next_gen(gen_of(w));
+        if self.word.compare_exchange(w, word(State::Open, g), Ordering::AcqRel, Ordering::Acquire).is_err() {
             return false;
         }
         let n = self.consecutive_opens.fetch_add(1, Ordering::Relaxed).saturating_add(1);
-        self.enter(state_of(w), State::Open, reason, g + 1, now.saturating_add(self.open_period_ms(n)));
+        self.enter(state_of(w), State::Open, reason, g, now.saturating_add(self.open_period_ms(n)));
         true
     }
 
     fn close_override(&self, w: u64, reason: TransitionReason) -> bool {
-        let g = gen_of(w);
-        let next = word(State::Closed, g + 1, 0, 0);
-        if self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        let g = next_gen(gen_of(w));
+        if self.word.compare_exchange(w, word(State::Closed, g), Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
             return false;
         }
         self.consecutive_opens.store(0, Ordering::Relaxed);
-        self.enter(state_of(w), State::Closed, reason, g + 1, NEVER);
+        self.enter(state_of(w), State::Closed, reason, g, NEVER);
         true
     }
 
@@ -492,17 +586,14 @@ impl CircuitBreaker {
                     }
                 }
                 Some(t) if t == cur => {
-                    self.timer.store(timer(gen_of(w), expiry), Ordering::Release);
+                    self.publish_timer(gen_of(w), expiry);
                     return;
                 }
                 Some(t) => {
-                    let g = gen_of(w);
-                    if self
-                        .word
-                        .compare_exchange(w, word(t, g + 1, 0, 0), Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
+                    let g = next_gen(gen_of(w));
+                    if self.word.compare_exchange(w, word(t, g), Ordering::AcqRel, Ordering::Acquire).is_ok()
                     {
-                        self.enter(cur, t, TransitionReason::OverrideSet, g + 1, expiry);
+                        self.enter(cur, t, TransitionReason::OverrideSet, g, expiry);
                         return;
                     }
                 }
@@ -588,50 +679,142 @@ impl CircuitBreaker {
         self.reopen(w, reason, self.now_ms());
     }
 
-    fn record_probe(&self, generation: u64, outcome: Outcome, elapsed: Duration) {
+    /// Whether a probe permit of `cohort` still belongs to the trial of the word `w`: it is
+    /// in the current cohort (`Some(true)`) or in the next one (`Some(false)`).
+    #[inline]
+    fn probe_cohort(w: u64, cohort: u64) -> Option<bool> {
+        if state_of(w) != State::HalfOpen {
+            None
+        } else if gen_of(w) == cohort {
+            Some(true)
+        } else if next_gen(gen_of(w)) == cohort {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// The HALF_OPEN word after one probe of the current cohort is no longer out (answered
+    /// or cancelled), with `free` and `need` already updated: when it was the cohort's
+    /// last, the next cohort (the probes still out) becomes current and the wait is
+    /// re-armed (`true`), or with none out the wait is disarmed.
+    #[inline]
+    fn cohort_left(w: u64, free: u32, need: u32) -> (u64, bool) {
+        let (g, old) = (gen_of(w), old_of(w));
+        if old > 1 {
+            return (half_open_word(State::HalfOpen, g, free, need, old - 1), false);
+        }
+        let out = need - free;
+        if out == 0 {
+            (half_open_word(State::HalfOpen, g, free, need, 0), false)
+        } else {
+            (half_open_word(State::HalfOpen, next_gen(g), free, need, out), true)
+        }
+    }
+
+    fn record_probe(&self, cohort: u64, outcome: Outcome, elapsed: Duration) {
         let code = self.code(outcome, elapsed);
         let mut w = self.word.load(Ordering::Acquire);
         loop {
-            if gen_of(w) != generation || state_of(w) != State::HalfOpen {
+            let Some(current) = Self::probe_cohort(w, cohort) else {
                 return; // the trial this probe belonged to is over
-            }
+            };
+            let now = self.now_ms();
+            let (free, need) = (free_of(w), need_of(w));
             if code != OK {
                 let reason = if code & FAIL != 0 {
                     TransitionReason::ProbeFailed
                 } else {
                     TransitionReason::ProbeSlow
                 };
-                if self.reopen(w, reason, self.now_ms()) {
-                    return;
-                }
-            } else if need_of(w) <= 1 {
-                let next = word(State::Closed, generation + 1, 0, 0);
-                if self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    self.consecutive_opens.store(0, Ordering::Relaxed);
-                    self.enter(
-                        State::HalfOpen,
-                        State::Closed,
-                        TransitionReason::ProbesSucceeded,
-                        generation + 1,
-                        NEVER,
-                    );
+                if self.reopen(w, reason, now) {
                     return;
                 }
             } else {
-                let next = word(State::HalfOpen, generation, free_of(w), need_of(w) - 1);
-                if self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    return;
+                match self.half_open_overdue(w, now) {
+                    Overdue::Yes => {
+                        // A probe of the current cohort (this one, or one still out) has
+                        // been out longer than the wait: it counts as failed.
+                        if self.reopen(w, TransitionReason::HalfOpenTimeout, now) {
+                            return;
+                        }
+                    }
+                    Overdue::Moved(cur) => {
+                        w = cur;
+                        continue;
+                    }
+                    Overdue::No if need <= 1 => {
+                        let g = next_gen(gen_of(w));
+                        if self
+                            .word
+                            .compare_exchange(w, word(State::Closed, g), Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                        {
+                            self.consecutive_opens.store(0, Ordering::Relaxed);
+                            self.enter(
+                                State::HalfOpen,
+                                State::Closed,
+                                TransitionReason::ProbesSucceeded,
+                                g,
+                                NEVER,
+                            );
+                            return;
+                        }
+                    }
+                    Overdue::No => {
+                        let (next, rearm) = if current {
+                            Self::cohort_left(w, free, need - 1)
+                        } else {
+                            (half_open_word(State::HalfOpen, gen_of(w), free, need - 1, old_of(w)), false)
+                        };
+                        if self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                            if rearm {
+                                self.publish_timer(gen_of(next), self.half_open_deadline(now));
+                            }
+                            return;
+                        }
+                    }
                 }
             }
             w = self.word.load(Ordering::Acquire);
         }
     }
 
-    fn release_probe(&self, generation: u64) {
-        let _ = self.word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-            (gen_of(w) == generation && state_of(w) == State::HalfOpen)
-                .then(|| word(State::HalfOpen, generation, free_of(w) + 1, need_of(w)))
-        });
+    fn release_probe(&self, cohort: u64) {
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let Some(current) = Self::probe_cohort(w, cohort) else {
+                return;
+            };
+            let (free, need) = (free_of(w) + 1, need_of(w));
+            let (next, rearm) = if current {
+                Self::cohort_left(w, free, need)
+            } else {
+                (half_open_word(State::HalfOpen, gen_of(w), free, need, old_of(w)), false)
+            };
+            match self.word.compare_exchange(w, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if rearm {
+                        self.publish_timer(gen_of(next), self.half_open_deadline(self.now_ms()));
+                    }
+                    return;
+                }
+                Err(cur) => w = cur,
+            }
+        }
+    }
+
+    /// HALF_OPEN bookkeeping for the model tests: probes out, probes of the current cohort
+    /// out, and whether the current generation's timer is published.
+    #[cfg(all(test, loom))]
+    pub(crate) fn probe_counts(&self) -> (u32, u32, bool) {
+        let w = self.word.load(Ordering::Acquire);
+        let published = timer_for(self.timer.load(Ordering::Acquire), gen_of(w)).is_some();
+        if state_of(w) == State::HalfOpen {
+            (need_of(w) - free_of(w), old_of(w), published)
+        } else {
+            (0, 0, published)
+        }
     }
 
     /// The current state (an expired override or an elapsed open period shows until the
@@ -676,6 +859,14 @@ impl CircuitBreaker {
     }
 }
 
+/// Whether the current probe cohort is past its deadline.
+enum Overdue {
+    No,
+    Yes,
+    /// The breaker changed since the word was read: decide again on this one.
+    Moved(u64),
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// CLOSED or FORCED_CLOSED: the outcome goes to the window.
@@ -718,7 +909,8 @@ impl BreakerPermit<'_> {
         self.kind == Kind::Probe
     }
 
-    /// The state generation the permit was taken in.
+    /// The state generation the permit was taken in; for a HALF_OPEN probe taken while
+    /// other probes were out, the generation of the cohort it will be timed with (one more).
     pub fn generation(&self) -> u64 {
         self.generation
     }

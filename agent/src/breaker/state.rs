@@ -146,7 +146,8 @@ pub struct Transition {
 pub struct BreakerSnapshot {
     /// Current state.
     pub state: State,
-    /// Generation: incremented on every transition.
+    /// Generation: incremented on every transition, and in HALF_OPEN each time the wait
+    /// is armed for a new cohort of probes.
     pub generation: u64,
     /// Calls, failures and slow calls in the sliding window.
     pub window: WindowCounts,

@@ -82,6 +82,102 @@ async fn cb_1_hung_probe_reopens_after_half_open_wait() {
     assert_eq!(b.snapshot().half_open_free, 2);
 }
 
+/// CB-8: a dependency called once every 2 s recovers while its breaker is open. Each
+/// probe answers at once, so no probe is ever outstanding for long; the 2 s between probes
+/// are time with no traffic, which the half-open wait (here 2 × 300 ms) must not count.
+#[tokio::test(start_paused = true)]
+async fn cb_8_low_traffic_recovery_closes_the_breaker() {
+    let b = CircuitBreaker::new(&settings(count(10), 4), 300 * MS);
+    trip(&b, 4);
+    advance(15 * SEC).await;
+    for probe in 0..3 {
+        let p = b.try_acquire().unwrap_or_else(|_| panic!("probe {probe} refused: {:?}", b.snapshot()));
+        assert!(p.is_probe());
+        p.record(Outcome::Success, 20 * MS);
+        if probe < 2 {
+            assert_eq!(b.state(), State::HalfOpen, "probe {probe}");
+            advance(2 * SEC).await;
+        }
+    }
+    let snap = b.snapshot();
+    assert_eq!(snap.state, State::Closed, "{snap:?}");
+    assert_eq!(snap.reasons.iter().find(|(r, _)| *r == TransitionReason::HalfOpenTimeout), None);
+    assert_eq!(edge(&b, State::HalfOpen, State::Closed), 1);
+}
+
+/// The half-open wait (2 s here) times each probe from when it was sent, by cohorts: a
+/// probe sent while another is out is timed from the moment that one answers.
+#[tokio::test(start_paused = true)]
+async fn half_open_wait_times_probes_that_are_out_never_idle_time() {
+    let mut s = settings(count(10), 2);
+    s.half_open_probes = 2;
+    let b = CircuitBreaker::new(&s, ATTEMPT_TIMEOUT);
+    let reopened_by_timeout = |b: &CircuitBreaker| {
+        b.snapshot()
+            .reasons
+            .iter()
+            .find(|(r, _)| *r == TransitionReason::HalfOpenTimeout)
+            .map_or(0, |(_, n)| *n)
+    };
+
+    // An overlapping probe is not cut short by the earlier one's deadline.
+    trip(&b, 2);
+    advance(15 * SEC).await;
+    let a = b.try_acquire().unwrap();
+    advance(1800 * MS).await;
+    let late = b.try_acquire().unwrap();
+    advance(100 * MS).await;
+    a.record(Outcome::Success, 1900 * MS);
+    advance(1500 * MS).await; // 3.4 s after the first probe, 1.6 s after the second
+    assert_eq!(call(&b, Outcome::Success), Err(BreakerOpen::new()), "both permits were taken");
+    assert_eq!(b.state(), State::HalfOpen);
+    late.record(Outcome::Success, 1700 * MS);
+    assert_eq!(b.state(), State::Closed);
+
+    // A probe that hangs while an earlier one answers is timed from that answer.
+    trip(&b, 2);
+    advance(15 * SEC).await;
+    let a = b.try_acquire().unwrap();
+    advance(500 * MS).await;
+    let hung = b.try_acquire().unwrap();
+    advance(100 * MS).await;
+    a.record(Outcome::Success, 600 * MS);
+    advance(2 * SEC - MS).await;
+    assert_eq!(call(&b, Outcome::Success), Err(BreakerOpen::new()));
+    assert_eq!(b.state(), State::HalfOpen, "2 s after the first probe answered");
+    advance(MS).await;
+    assert_eq!(call(&b, Outcome::Success), Err(BreakerOpen::new()));
+    assert_eq!(b.state(), State::Open, "the hung probe counts as failed");
+    assert_eq!(reopened_by_timeout(&b), 1);
+    drop(hung);
+
+    // A probe that answers after the wait counts as failed even when no call noticed it.
+    advance(30 * SEC).await;
+    let slow = b.try_acquire().unwrap();
+    assert!(slow.is_probe());
+    advance(2 * SEC).await;
+    slow.record(Outcome::Success, 2 * SEC);
+    assert_eq!(b.state(), State::Open);
+    assert_eq!(reopened_by_timeout(&b), 2);
+
+    // Cancelling the probe being timed hands the wait to the probe still out.
+    advance(60 * SEC).await;
+    let first = b.try_acquire().unwrap();
+    advance(500 * MS).await;
+    let second = b.try_acquire().unwrap();
+    advance(100 * MS).await;
+    drop(first);
+    advance(2 * SEC - MS).await;
+    assert_eq!(b.state(), State::HalfOpen);
+    call(&b, Outcome::Success).expect("the cancelled probe's permit is free again");
+    assert_eq!(b.state(), State::HalfOpen, "one success of two");
+    advance(MS).await;
+    assert_eq!(call(&b, Outcome::Success), Err(BreakerOpen::new()));
+    assert_eq!(b.state(), State::Open, "the probe still out is overdue");
+    assert_eq!(reopened_by_timeout(&b), 3);
+    drop(second);
+}
+
 #[test]
 fn cb_2_stampede_at_the_transition_lets_exactly_the_probes_through() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
@@ -510,8 +606,8 @@ proptest! {
     }
 }
 
-/// CB-2 and CB-4 under every interleaving loom finds of the state and timer words (at most
-/// 2 preemptions). Only this crate needs `--cfg loom`, so pass it with `cargo rustc`:
+/// CB-2, CB-4 and CB-8 under every interleaving loom finds of the state and timer words (at
+/// most 2 preemptions). Only this crate needs `--cfg loom`, so pass it with `cargo rustc`:
 ///
 /// ```text
 /// cargo rustc -p levee-agent --lib --profile test --message-format short -- --cfg loom
@@ -608,6 +704,47 @@ mod loom_model {
             if state == State::HalfOpen {
                 assert_eq!(b.snapshot().half_open_free, 1, "a cancelled probe's permit is back");
             }
+        });
+    }
+
+    /// Probes answering, cancelled and taken at once hand the half-open wait from cohort
+    /// to cohort: whatever the interleaving, once no probe is out nothing is being timed
+    /// (CB-8), while probes are out the current cohort's deadline is published (CB-1), and
+    /// a wait never ends early (the model runs in far less than the 2 s wait).
+    #[test]
+    fn cb_8_loom_the_half_open_wait_follows_the_probes_out() {
+        model(|| {
+            let b = Arc::new(open_breaker(3));
+            let threads: Vec<_> = (0..3)
+                .map(|i| {
+                    let b = b.clone();
+                    loom::thread::spawn(move || {
+                        let p = b.try_acquire().expect("3 probe permits for 3 callers");
+                        assert!(p.is_probe());
+                        if i == 0 {
+                            drop(p); // cancelled
+                        } else {
+                            p.record(Outcome::Success, MS);
+                        }
+                        let (out, current, published) = b.probe_counts();
+                        assert!(current <= out, "{out} {current}");
+                        assert!(out == 0 || current > 0, "probes out but none timed");
+                        let _ = published; // may still be on its way from another thread
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let (out, current, published) = b.probe_counts();
+            assert_eq!((out, current), (0, 0), "no probe is out, none is timed");
+            assert!(published, "the current generation's timer is in place");
+            let snap = b.snapshot();
+            assert_eq!(snap.state, State::HalfOpen, "2 of 3 probes at most succeeded: {snap:?}");
+            assert!(
+                snap.reasons.iter().all(|(r, _)| *r != TransitionReason::HalfOpenTimeout),
+                "no wait ended early: {snap:?}"
+            );
         });
     }
 }

@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
 
 use http::{HeaderMap, HeaderValue};
 use tower::{Layer, Service, ServiceExt};
@@ -15,7 +14,7 @@ use tower::{Layer, Service, ServiceExt};
 use super::{Dependency, Judgement, NotReplayable, run};
 use crate::BoxError;
 use crate::deadline::{self, CRITICALITY_HEADER, DEADLINE_MS_HEADER, GRPC_TIMEOUT_HEADER};
-use crate::retry::{ErrorKind, Idempotency, RETRIED_HEADER, classify_error, parse_retry_after};
+use crate::retry::{Classify, ErrorKind, HttpStatusError, Idempotency, RETRIED_HEADER, classify_error};
 
 /// A request that can be sent again for a retry.
 pub trait ReplayRequest: Sized {
@@ -169,14 +168,9 @@ where
 /// 408, 429 and 5xx are failures, with their `Retry-After`; anything else is a success
 /// for the stack (a 404 is the caller's problem, not the dependency's health).
 fn http_status_judgement(status: http::StatusCode, headers: &HeaderMap) -> Judgement {
-    let s = status.as_u16();
-    if s >= 500 || s == 408 || s == 429 {
-        let ra = headers
-            .get(http::header::RETRY_AFTER)
-            .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
-        Judgement::Failure { kind: ErrorKind::HttpStatus(s), retry_after: ra }
-    } else {
-        Judgement::Success
+    match HttpStatusError::from_parts(status, headers) {
+        Some(e) => Judgement::Failure { kind: e.error_kind(), retry_after: e.retry_after() },
+        None => Judgement::Success,
     }
 }
 

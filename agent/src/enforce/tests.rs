@@ -84,10 +84,10 @@ async fn kill_switch_refuses_without_calling_or_polling() {
 
 #[tokio::test(start_paused = true)]
 async fn kill_switch_uses_declared_default_when_the_flag_is_absent_else_enabled() {
-    let no_flag = POLICY.replace(
-        r#""flags": {"recommendations.enabled": {"type": "bool", "value": true}}"#,
-        r#""flags": {}"#,
-    );
+    // The server has no such flag: the policy declares it as compiled into the service.
+    let no_flag = POLICY
+        .replace(r#""flags": {"recommendations.enabled": {"type": "bool", "value": true}}"#, r#""flags": {}"#)
+        .replace(r#""policy": {"#, r#""policy": {"compiled_in_flags": ["recommendations.enabled"], "#);
     let shared = shared_with(&no_flag);
     let d = dep(&shared, "recommendations");
     assert!(d.is_enabled(), "no flag and no declaration: enabled");

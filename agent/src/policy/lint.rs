@@ -34,15 +34,70 @@ pub fn retry_worst_case(attempt_timeout: Duration, retry: &Retry) -> Duration {
     total
 }
 
-/// Lints a policy. Returns warnings in a stable order; an empty list means nothing to say.
-pub fn lint(policy: &Policy) -> Vec<Lint> {
+/// One place where a call's attempt timeout and retries are set: a dependency, or one of
+/// its operations that overrides either.
+struct Scope<'a> {
+    /// Path of the dependency or operation (`dependencies.p.operations.GET /x`).
+    path: String,
+    attempt_timeout: Duration,
+    retry: &'a Retry,
+    /// Whether the scope sets its own retry (an operation may inherit the dependency's).
+    own_retry: bool,
+}
+
+impl Scope<'_> {
+    fn worst_case(&self) -> Duration {
+        retry_worst_case(self.attempt_timeout, self.retry)
+    }
+
+    /// The field a retry warning points at: the scope's own `retry`, else the attempt
+    /// timeout that made the inherited retries too long.
+    fn retry_path(&self) -> String {
+        if self.own_retry { format!("{}.retry", self.path) } else { format!("{}.attempt_timeout", self.path) }
+    }
+}
+
+/// Every dependency, then each of its operations that overrides `attempt_timeout` or
+/// `retry` (an operation inheriting both would only repeat its dependency's warnings).
+fn scopes(policy: &Policy) -> Vec<Scope<'_>> {
     let mut out = Vec::new();
     for (name, dep) in &policy.dependencies {
-        let p = format!("dependencies.{name}");
-        let worst = retry_worst_case(dep.attempt_timeout, &dep.retry);
-        if dep.retry.max_attempts > 1 && worst > policy.default_deadline {
+        let path = format!("dependencies.{name}");
+        out.push(Scope {
+            path: path.clone(),
+            attempt_timeout: dep.attempt_timeout,
+            retry: &dep.retry,
+            own_retry: true,
+        });
+        for (op, o) in &dep.operations {
+            if o.attempt_timeout.is_none() && o.retry.is_none() {
+                continue;
+            }
+            out.push(Scope {
+                path: format!("{path}.operations.{op}"),
+                attempt_timeout: o.attempt_timeout.unwrap_or(dep.attempt_timeout),
+                retry: o.retry.as_ref().unwrap_or(&dep.retry),
+                own_retry: o.retry.is_some(),
+            });
+        }
+    }
+    out
+}
+
+/// Lints a policy. Returns warnings in a stable order; an empty list means nothing to say.
+///
+/// The retry and timeout lints read every dependency and every operation override, and
+/// compare them with `default_deadline` and with each route's `deadline`
+/// (`inbound.routes`): a route's warning lists the dependencies and operations that do not
+/// fit its budget, since the policy does not say which of them the route calls.
+pub fn lint(policy: &Policy) -> Vec<Lint> {
+    let mut out = Vec::new();
+    let scopes = scopes(policy);
+    for scope in &scopes {
+        let worst = scope.worst_case();
+        if scope.retry.max_attempts > 1 && worst > policy.default_deadline {
             out.push(Lint {
-                path: format!("{p}.retry"),
+                path: scope.retry_path(),
                 code: "retry_exceeds_deadline",
                 message: format!(
                     "worst case of the retries ({} = attempts × attempt_timeout + backoff) is longer than \
@@ -52,27 +107,30 @@ pub fn lint(policy: &Policy) -> Vec<Lint> {
                 ),
             });
         }
-        if dep.attempt_timeout > policy.default_deadline {
+        if scope.attempt_timeout > policy.default_deadline {
             out.push(Lint {
-                path: format!("{p}.attempt_timeout"),
+                path: format!("{}.attempt_timeout", scope.path),
                 code: "timeout_exceeds_budget",
                 message: format!(
                     "attempt_timeout ({}) is longer than the caller's default budget ({})",
-                    fmt(dep.attempt_timeout),
+                    fmt(scope.attempt_timeout),
                     fmt(policy.default_deadline)
                 ),
             });
         }
-        if dep.retry.max_attempts > 3 {
+        if scope.own_retry && scope.retry.max_attempts > 3 {
             out.push(Lint {
-                path: format!("{p}.retry.max_attempts"),
+                path: format!("{}.retry.max_attempts", scope.path),
                 code: "too_many_attempts",
                 message: format!(
                     "{} attempts multiply load on a struggling dependency; 3 or fewer is the usual limit",
-                    dep.retry.max_attempts
+                    scope.retry.max_attempts
                 ),
             });
         }
+    }
+    for (name, dep) in &policy.dependencies {
+        let p = format!("dependencies.{name}");
         if dep.circuit_breaker.enabled && dep.circuit_breaker.minimum_calls < 5 {
             out.push(Lint {
                 path: format!("{p}.circuit_breaker.minimum_calls"),
@@ -104,6 +162,45 @@ pub fn lint(policy: &Policy) -> Vec<Lint> {
                     "attempt_timeout ({}) is above non_critical_cap ({}); the cap wins",
                     fmt(dep.attempt_timeout),
                     fmt(policy.non_critical_cap)
+                ),
+            });
+        }
+    }
+    for (route, r) in &policy.inbound.routes {
+        let Some(deadline) = r.deadline else { continue };
+        let path = format!("inbound.routes.{route}.deadline");
+        let list = |items: Vec<String>| items.join(", ");
+        let too_long: Vec<String> = scopes
+            .iter()
+            .filter(|s| s.retry.max_attempts > 1 && s.worst_case() > deadline)
+            .map(|s| format!("{} ({})", s.path, fmt(s.worst_case())))
+            .collect();
+        if !too_long.is_empty() {
+            out.push(Lint {
+                path: path.clone(),
+                code: "retry_exceeds_deadline",
+                message: format!(
+                    "the route's deadline ({}) is shorter than the worst case of the retries of {}; \
+                     if the route calls them, their last attempts can never be used",
+                    fmt(deadline),
+                    list(too_long)
+                ),
+            });
+        }
+        let too_slow: Vec<String> = scopes
+            .iter()
+            .filter(|s| s.attempt_timeout > deadline)
+            .map(|s| format!("{} ({})", s.path, fmt(s.attempt_timeout)))
+            .collect();
+        if !too_slow.is_empty() {
+            out.push(Lint {
+                path,
+                code: "timeout_exceeds_budget",
+                message: format!(
+                    "the route's deadline ({}) is shorter than the attempt_timeout of {}; if the route \
+                     calls them, one slow attempt uses its whole budget",
+                    fmt(deadline),
+                    list(too_slow)
                 ),
             });
         }

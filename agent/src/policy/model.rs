@@ -9,7 +9,7 @@
 //! ([`ServiceConfig::validate`], `validate.rs`), whose error names the field's path, the
 //! value and the range; the field docs here do not repeat it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -98,6 +98,48 @@ pub struct Policy {
     pub degradation_matrix: Vec<MatrixRow>,
     /// Client-side adaptive throttling of outgoing calls (SRE book, "Handling Overload").
     pub client_throttle: ClientThrottle,
+    /// Keys of bool flags that only the service's compiled-in defaults define (a handle
+    /// declared in code, `agent.flag_bool(key, default)`, or the defaults' `flags`), which
+    /// an `enabled_flag` may therefore name although the server stores no such flag.
+    /// Every other `enabled_flag` must name a bool flag of the service: a typo is refused,
+    /// never a kill switch that silently does nothing (OPS-1). Absent = none.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub compiled_in_flags: BTreeSet<String>,
+}
+
+impl Policy {
+    /// Every kill switch the policy names: the path of the `enabled_flag` field (relative
+    /// to the policy, e.g. `dependencies.pricing.enabled_flag` or
+    /// `degradation_matrix[0].enabled_flag`), what it switches (`dependency pricing`,
+    /// `feature Checkout`) and the flag key, dependencies first.
+    pub fn flag_references(&self) -> Vec<FlagReference<'_>> {
+        let deps = self.dependencies.iter().filter_map(|(name, d)| {
+            Some(FlagReference {
+                path: format!("dependencies.{name}.enabled_flag"),
+                switches: format!("dependency {name}"),
+                key: d.enabled_flag.as_deref()?,
+            })
+        });
+        let rows = self.degradation_matrix.iter().enumerate().filter_map(|(i, r)| {
+            Some(FlagReference {
+                path: format!("degradation_matrix[{i}].enabled_flag"),
+                switches: format!("feature {}", r.feature),
+                key: r.enabled_flag.as_deref()?,
+            })
+        });
+        deps.chain(rows).collect()
+    }
+}
+
+/// One `enabled_flag` of a policy (see [`Policy::flag_references`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlagReference<'a> {
+    /// Path of the `enabled_flag` field, relative to the policy.
+    pub path: String,
+    /// What the flag switches, in words: `dependency <name>` or `feature <name>`.
+    pub switches: String,
+    /// The flag key named.
+    pub key: &'a str,
 }
 
 impl Default for Policy {
@@ -111,6 +153,7 @@ impl Default for Policy {
             inbound: Inbound::default(),
             degradation_matrix: Vec::new(),
             client_throttle: ClientThrottle::default(),
+            compiled_in_flags: BTreeSet::new(),
         }
     }
 }
@@ -318,8 +361,9 @@ pub struct CircuitBreakerPolicy {
     pub max_wait_in_open: Duration,
     /// Probe calls let through in HALF_OPEN, one attempt each.
     pub half_open_probes: u32,
-    /// How long HALF_OPEN may wait for its probes before reopening; `None` = twice the
-    /// attempt timeout.
+    /// How long a HALF_OPEN probe may stay out without reporting before it counts as failed
+    /// and the breaker reopens; `None` = twice the attempt timeout. Time with no probe out
+    /// never counts: a rarely called dependency still closes its breaker.
     #[serde(with = "humantime_serde::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2s"))]
     pub max_wait_in_half_open: Option<Duration>,

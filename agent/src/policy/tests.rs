@@ -197,3 +197,136 @@ fn renamed_model_types_keep_their_schema_names() {
     assert_eq!(BulkheadPolicy::name(), "Bulkhead");
     assert_eq!(RetryBudgetPolicy::name(), "RetryBudget");
 }
+
+fn lints(json: &str) -> Vec<(String, &'static str)> {
+    lint(&check(json).unwrap().policy).into_iter().map(|l| (l.path, l.code)).collect()
+}
+
+#[test]
+fn lint_reads_retry_and_timeout_set_on_an_operation_override() {
+    // The dependency itself is fine; its operations set what the lints warn about.
+    let found = lints(
+        r#"{"policy":{"default_deadline":"500ms","dependencies":{"p":{"attempt_timeout":"100ms",
+            "retry":{"max_attempts":1},"operations":{
+              "GET /quote/{sku}":{"retry":{"max_attempts":3}, "attempt_timeout":"300ms"},
+              "GET /slow":{"attempt_timeout":"2s"},
+              "GET /inherits":{"idempotent":true}}}}}}"#,
+    );
+    assert_eq!(
+        found,
+        vec![
+            ("dependencies.p.operations.GET /quote/{sku}.retry".to_string(), "retry_exceeds_deadline"),
+            ("dependencies.p.operations.GET /slow.attempt_timeout".to_string(), "timeout_exceeds_budget"),
+        ]
+    );
+}
+
+#[test]
+fn lint_compares_route_deadlines_with_every_worst_case() {
+    // Worst case of p: 3 × 50 ms + backoff 50 ms + 100 ms = 300 ms: within default_deadline
+    // (1 s), beyond the route's 200 ms.
+    let cfg = check(
+        r#"{"policy":{"dependencies":{"p":{"attempt_timeout":"50ms","retry":{"max_attempts":3,"base":"50ms"}},
+              "q":{"attempt_timeout":"150ms","retry":{"max_attempts":1}}},
+            "inbound":{"routes":{"GET /quote/{sku}":{"deadline":"200ms"},"GET /fast":{"deadline":"100ms"},
+              "GET /no-deadline":{"criticality":"SHEDDABLE"}}}}}"#,
+    )
+    .unwrap();
+    let found = lint(&cfg.policy);
+    let codes: Vec<_> = found.iter().map(|l| (l.path.as_str(), l.code)).collect();
+    assert_eq!(
+        codes,
+        vec![
+            ("inbound.routes.GET /fast.deadline", "retry_exceeds_deadline"),
+            ("inbound.routes.GET /fast.deadline", "timeout_exceeds_budget"),
+            ("inbound.routes.GET /quote/{sku}.deadline", "retry_exceeds_deadline"),
+        ]
+    );
+    assert!(found[0].message.contains("dependencies.p (300ms)"), "{}", found[0].message);
+    assert!(found[1].message.contains("dependencies.q (150ms)"), "{}", found[1].message);
+    assert!(!found[1].message.contains("dependencies.p"), "{}", found[1].message);
+}
+
+fn errors(json: &str) -> Vec<FieldError> {
+    match check(json) {
+        Err(PolicyError::Invalid(v)) => v.0,
+        other => panic!("expected validation errors, got {other:?}"),
+    }
+}
+
+/// OPS-1: a kill switch naming a flag the service does not define (a one-letter typo) is
+/// refused, naming the field and the flags that do exist.
+#[test]
+fn ops_1_kill_switch_naming_no_flag_is_refused_with_the_existing_flags() {
+    let errs = errors(
+        r#"{"policy": {"dependencies": {"recs": {"enabled_flag": "recommendation.enabled"}},
+              "degradation_matrix": [{"feature": "Recommendations", "dependencies": ["recs"],
+                                      "on_failure": "generic", "enabled_flag": "recs.feture"}]},
+            "flags": {"recommendations.enabled": {"type": "bool", "value": true},
+                      "recs.feature": {"type": "bool", "value": true}}}"#,
+    );
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec!["policy.dependencies.recs.enabled_flag", "policy.degradation_matrix[0].enabled_flag"]
+    );
+    assert_eq!(errs[0].value, r#""recommendation.enabled""#);
+    for e in &errs {
+        assert!(e.message.contains(r#"flags: "recommendations.enabled", "recs.feature""#), "{e}");
+        assert!(e.message.contains("compiled_in_flags"), "{e}");
+    }
+    assert!(errs[0].message.contains("dependency recs"), "{}", errs[0]);
+    assert!(errs[1].message.contains("feature Recommendations"), "{}", errs[1]);
+    // With no flag at all, the message says so.
+    let errs = errors(r#"{"policy": {"dependencies": {"recs": {"enabled_flag": "recs.on"}}}}"#);
+    assert!(errs[0].message.contains("flags: none"), "{}", errs[0]);
+}
+
+#[test]
+fn ops_1_kill_switch_must_name_a_bool_flag_or_a_declared_compiled_in_flag() {
+    let errs = errors(
+        r#"{"policy": {"dependencies": {"recs": {"enabled_flag": "recs.max"}}},
+            "flags": {"recs.max": {"type": "int", "value": 5}}}"#,
+    );
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].path, "policy.dependencies.recs.enabled_flag");
+    assert!(errs[0].message.contains("must name a bool flag"), "{}", errs[0]);
+
+    // Declared as living only in the service's compiled-in defaults: accepted.
+    let cfg = check(
+        r#"{"policy": {"dependencies": {"recs": {"enabled_flag": "recs.on"}},
+                       "compiled_in_flags": ["recs.on"]}}"#,
+    )
+    .unwrap();
+    assert!(cfg.policy.compiled_in_flags.contains("recs.on"));
+    assert_eq!(cfg.policy.flag_references()[0].key, "recs.on");
+    // A declared key must be a valid flag key, and a typo against it still fails.
+    let errs = errors(
+        r#"{"policy": {"dependencies": {"recs": {"enabled_flag": "recs.of"}},
+                       "compiled_in_flags": ["recs.on", "Bad Key"]}}"#,
+    );
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec![r#"policy.compiled_in_flags["Bad Key"]"#, "policy.dependencies.recs.enabled_flag"]
+    );
+    assert!(errs[1].message.contains(r#"compiled_in_flags: "Bad Key", "recs.on""#), "{}", errs[1]);
+}
+
+#[test]
+fn unknown_dependency_names_list_the_declared_ones() {
+    let errs = errors(
+        r#"{"policy": {"dependencies": {"pricing": {}, "recs": {}},
+              "degradation_matrix": [{"feature": "F", "dependencies": ["pricng"], "on_failure": "generic"}]}}"#,
+    );
+    assert_eq!(errs[0].path, "policy.degradation_matrix[0].dependencies[0]");
+    assert!(errs[0].message.contains(r#"declared: "pricing", "recs""#), "{}", errs[0]);
+}
+
+/// An empty `compiled_in_flags` is left out of the canonical JSON, so the snapshots (and
+/// hashes) of policies without it are what they were before the field existed.
+#[test]
+fn empty_compiled_in_flags_is_not_serialized() {
+    let cfg = check(r#"{"policy": {"compiled_in_flags": []}}"#).unwrap();
+    assert!(!String::from_utf8(canonical_json(&cfg)).unwrap().contains("compiled_in_flags"));
+}

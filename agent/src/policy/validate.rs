@@ -141,6 +141,25 @@ pub fn check_operation(v: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Names for a message: `"a", "b"` (at most 20, then how many more), or `none`.
+fn names<'a>(all: impl IntoIterator<Item = &'a str>) -> String {
+    const SHOWN: usize = 20;
+    let all: Vec<&str> = all.into_iter().collect();
+    if all.is_empty() {
+        return "none".into();
+    }
+    let mut out = all.iter().take(SHOWN).map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ");
+    if all.len() > SHOWN {
+        out.push_str(&format!(" and {} more", all.len() - SHOWN));
+    }
+    out
+}
+
+/// The message for a name that is not among `known` (`what`: "dependency", …).
+fn unknown(what: &str, known: String) -> String {
+    format!("must name a {what} declared in the policy; declared: {known}")
+}
+
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
 const MAX_DEADLINE_ALLOWED: Duration = Duration::from_secs(3600);
 
@@ -150,10 +169,16 @@ impl ServiceConfig {
     /// Returns every bad field at once (`ValidationErrors`), each naming its path (prefixed
     /// `policy.`, `flags.<key>`, `faults[i]`, `breaker_overrides[i]`), the value and the
     /// allowed range. Expired fault rules and overrides are valid (they are simply inactive).
+    ///
+    /// Only here, where the flags are visible, is each kill switch of the policy
+    /// (`enabled_flag` of a dependency or a degradation-matrix row) checked against them
+    /// (OPS-1): it must name a bool flag of `flags`, or a key the policy lists in
+    /// `compiled_in_flags`; the error names the flags that do exist.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut c = Check::default();
         validate_policy(&mut c, "policy", &self.policy);
         validate_flags(&mut c, &self.flags);
+        validate_flag_references(&mut c, self);
         validate_faults(&mut c, &self.faults, &self.policy);
         validate_overrides(&mut c, &self.breaker_overrides, &self.policy);
         if c.errors.is_empty() { Ok(()) } else { Err(ValidationErrors(c.errors)) }
@@ -162,6 +187,8 @@ impl ServiceConfig {
 
 impl Policy {
     /// Validates a policy alone (what `PUT .../policy` takes); paths are relative to it.
+    /// Kill-switch references to flags are checked by [`ServiceConfig::validate`], which
+    /// sees the flags.
     pub fn validate(&self) -> Result<(), ValidationErrors> {
         let mut c = Check::default();
         validate_policy(&mut c, "", self);
@@ -229,7 +256,7 @@ fn validate_policy(c: &mut Check, p: &str, policy: &Policy) {
                 c.push(
                     format!("{}[{j}]", join(&rp, "dependencies")),
                     format!("{dep:?}"),
-                    "must name a dependency declared in dependencies",
+                    unknown("dependency", names(policy.dependencies.keys().map(String::as_str))),
                 );
             }
         }
@@ -250,6 +277,44 @@ fn validate_policy(c: &mut Check, p: &str, policy: &Policy) {
         );
         if let Some(f) = &row.enabled_flag {
             c.name(&join(&rp, "enabled_flag"), f, "flag key");
+        }
+    }
+    let cp = join(p, "compiled_in_flags");
+    c.count(&cp, policy.compiled_in_flags.len(), d::MAX_FLAGS);
+    for key in &policy.compiled_in_flags {
+        c.name(&format!("{cp}[{key:?}]"), key, "flag key");
+    }
+}
+
+/// OPS-1: every kill switch names a bool flag of the service, or one the policy declares as
+/// living only in the service's compiled-in defaults.
+fn validate_flag_references(c: &mut Check, cfg: &ServiceConfig) {
+    for r in cfg.policy.flag_references() {
+        let path = format!("policy.{}", r.path);
+        match cfg.flags.get(r.key) {
+            Some(f) if f.kind == FlagType::Bool => {}
+            Some(f) => c.push(
+                path,
+                format!("{:?}", r.key),
+                format!(
+                    "must name a bool flag: this kill switch of {} names a {} flag",
+                    r.switches,
+                    f.kind.as_str()
+                ),
+            ),
+            None if cfg.policy.compiled_in_flags.contains(r.key) => {}
+            None => c.push(
+                path,
+                format!("{:?}", r.key),
+                format!(
+                    "must name a flag of this service, or a key listed in policy.compiled_in_flags when only \
+                     the service's compiled-in defaults define it (the kill switch of {} would otherwise do \
+                     nothing); flags: {}; compiled_in_flags: {}",
+                    r.switches,
+                    names(cfg.flags.keys().map(String::as_str)),
+                    names(cfg.policy.compiled_in_flags.iter().map(String::as_str)),
+                ),
+            ),
         }
     }
 }
@@ -541,9 +606,11 @@ fn validate_faults(c: &mut Check, faults: &[FaultRule], policy: &Policy) {
 
 fn validate_target(c: &mut Check, p: &str, dep: &str, op: Option<&str>, policy: &Policy) {
     match policy.dependencies.get(dep) {
-        None => {
-            c.push(join(p, "dependency"), format!("{dep:?}"), "must name a dependency declared in the policy")
-        }
+        None => c.push(
+            join(p, "dependency"),
+            format!("{dep:?}"),
+            unknown("dependency", names(policy.dependencies.keys().map(String::as_str))),
+        ),
         Some(d) => {
             if let Some(op) = op
                 && !d.operations.contains_key(op)
@@ -551,7 +618,10 @@ fn validate_target(c: &mut Check, p: &str, dep: &str, op: Option<&str>, policy: 
                 c.push(
                     join(p, "operation"),
                     format!("{op:?}"),
-                    "must name an operation declared for that dependency, or be omitted",
+                    format!(
+                        "must name an operation declared for that dependency, or be omitted; declared: {}",
+                        names(d.operations.keys().map(String::as_str))
+                    ),
                 );
             }
         }

@@ -19,7 +19,7 @@ mod run;
 pub use crate::failure::ErrorKind;
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
-pub use classify::{Classify, IDEMPOTENCY_KEY_HEADER, Idempotency, classify_error};
+pub use classify::{Classify, HttpStatusError, IDEMPOTENCY_KEY_HEADER, Idempotency, classify_error};
 pub use one_layer::{RETRIED_HEADER, inbound_is_marked, mark_outgoing, one_layer_allows};
 pub use plan::{Decision, RetryPolicy, StopReason};
 pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};

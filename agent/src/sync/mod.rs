@@ -165,13 +165,7 @@ impl SyncClient {
     async fn connect(&mut self) -> Result<Channel, String> {
         tokio::select! {
             r = self.endpoint.connect() => r.map_err(|e| {
-                let mut msg = format!("cannot connect to {}: {e}", self.endpoint.uri());
-                let mut src = std::error::Error::source(&e);
-                while let Some(s) = src {
-                    msg.push_str(&format!(": {s}"));
-                    src = s.source();
-                }
-                msg
+                format!("cannot connect to {}: {}", self.endpoint.uri(), crate::report::ErrorChain(&e))
             }),
             _ = self.shutdown.changed() => Err(String::new()),
         }

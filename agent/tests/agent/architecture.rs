@@ -5,7 +5,8 @@
 //! The graph comes from the source: every `crate::<module>` path (also inside
 //! `crate::{…}` groups, and through the crate root's `pub use` re-exports, so
 //! `crate::Agent` counts as `agent`) in `src/**/*.rs`. Left out: comments (doc links are
-//! navigation, not dependencies) and test code — `tests.rs`, `*_tests.rs` and an inline
+//! navigation, not dependencies) and test code — `tests.rs`, `*_tests.rs`, files under a
+//! `tests/` folder of a module, and an inline
 //! `#[cfg(test)] mod … {` to the end of its file — which may reach into the composition
 //! root (`state`) to build fixtures.
 
@@ -153,7 +154,7 @@ fn module_graph() -> Graph {
     for file in files {
         let rel = file.strip_prefix(src()).unwrap().to_string_lossy().replace('\\', "/");
         let name = file.file_name().unwrap().to_string_lossy();
-        if rel == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
+        if rel == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") || rel.contains("/tests/") {
             continue;
         }
         let from = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();

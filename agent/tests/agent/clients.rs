@@ -227,3 +227,126 @@ async fn reqwest_client_through_the_layer_retries_5xx() {
     assert_eq!(seen.hits.load(Ordering::SeqCst), 3);
     assert_eq!(seen.with_deadline.load(Ordering::SeqCst), 3);
 }
+
+/// A plain `reqwest` call inside `Dependency::call`, its error boxed (feature `reqwest`):
+/// `error_for_status()` turns the 503s into `reqwest::Error`s, which are classified as
+/// HTTP 503 — retryable — out of the box, so the third attempt gets the 200.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn boxed_reqwest_503_is_classified_and_retried() {
+    let seen = Arc::new(Seen::default());
+    let addr = http_server(2, seen.clone()).await;
+    let agent = agent(RETRYING);
+    let dep = agent.dependency("dep");
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/price");
+    let body = dep
+        .call("GET /price", || async {
+            let res = http.get(&url).send().await?.error_for_status()?;
+            Ok::<_, levee_agent::BoxError>(res.text().await?)
+        })
+        .await
+        .expect("retried until the 200");
+    assert_eq!(body, "42");
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 3);
+}
+
+/// `reqwest::Error` as the attempt's own error type (feature `reqwest`): classified by
+/// kind — status, connection refused, reqwest's timeout — against real loopback sockets.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn reqwest_errors_are_classified_by_kind() {
+    use levee_agent::retry::{Classify, ErrorKind};
+
+    let seen = Arc::new(Seen::default());
+    let addr = http_server(1, seen.clone()).await;
+    let agent = agent(RETRYING);
+    let dep = agent.dependency("dep");
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/price");
+    let status = dep
+        .call("GET /price", || async { http.get(&url).send().await?.error_for_status().map(|r| r.status()) })
+        .await
+        .expect("the 503 is retried");
+    assert_eq!(status, reqwest::StatusCode::OK);
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 2);
+
+    let err =
+        http.get(format!("http://{addr}/nothing")).send().await.unwrap().error_for_status().unwrap_err();
+    assert_eq!(err.error_kind(), ErrorKind::HttpStatus(404));
+    assert!(!err.error_kind().is_retryable() && !err.error_kind().is_dependency_failure());
+
+    // Connection refused: a port that was just freed.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let err = http.get(format!("http://{closed}/")).send().await.unwrap_err();
+    assert_eq!(err.error_kind(), ErrorKind::Connect, "{err:?}");
+
+    // reqwest's own timeout, against a server that accepts and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let _hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let err = http
+        .get(format!("http://{silent_addr}/"))
+        .timeout(Duration::from_millis(50))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(err.error_kind(), ErrorKind::AttemptTimeout, "{err:?}");
+    let boxed: levee_agent::BoxError = err.into();
+    assert_eq!(boxed.error_kind(), ErrorKind::AttemptTimeout);
+}
+
+/// `HttpStatusError::check` keeps the server's `Retry-After`, which a `reqwest::Error`
+/// cannot: asked to wait 5 s with 500 ms left, the call stops after one attempt instead of
+/// retrying (RT-3), also through a boxed error.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn http_status_error_keeps_retry_after_from_the_response() {
+    use levee_agent::retry::{Classify, ErrorKind, HttpStatusError};
+
+    let hits = Arc::new(AtomicU32::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().route(
+        "/busy",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { (http::StatusCode::SERVICE_UNAVAILABLE, [(http::header::RETRY_AFTER, "5")], "busy") }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let agent = agent(RETRYING);
+    let dep = agent.dependency("dep");
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/busy");
+
+    let err = with_deadline(Deadline::after(Duration::from_millis(500)), async {
+        dep.call("GET /busy", || async {
+            let res = http.get(&url).send().await.map_err(levee_agent::BoxError::from)?;
+            Ok::<_, levee_agent::BoxError>(HttpStatusError::check(res)?.status())
+        })
+        .await
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "no retry before the server's Retry-After");
+    assert!(matches!(err, CallError::DeadlineExceeded(..)), "{err:?}");
+    assert!(err.to_string().contains("retry after 5s"), "{err}");
+
+    let res = http.get(&url).send().await.unwrap();
+    let e = HttpStatusError::check(res).unwrap_err();
+    assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!((e.error_kind(), e.retry_after()), (ErrorKind::HttpStatus(503), Some(Duration::from_secs(5))));
+    let ok = http.get(format!("http://{addr}/missing")).send().await.unwrap();
+    assert_eq!(
+        HttpStatusError::check(ok).unwrap().status(),
+        http::StatusCode::NOT_FOUND,
+        "a 404 is an answer"
+    );
+}

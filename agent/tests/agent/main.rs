@@ -351,8 +351,12 @@ async fn cp_9_deleted_flag_falls_back_to_compiled_default() {
     server.ack().await;
     assert_eq!((enabled.get(), max.get()), (false, 20));
 
+    // The kill switch still names the deleted flag, so the policy must declare it as living
+    // in the service's compiled-in defaults (OPS-1), as the server requires.
     let without_flags =
         RULES.split("\"flags\"").next().unwrap().trim_end().trim_end_matches(',').to_string() + "}";
+    let without_flags = without_flags
+        .replace(r#""policy": {"#, r#""policy": {"compiled_in_flags": ["recommendations.enabled"], "#);
     levee_agent::policy::decode_config(without_flags.as_bytes()).expect("still a valid config");
     conn.snapshot(2, &without_flags).await;
     assert_eq!(server.ack().await.0, 2);

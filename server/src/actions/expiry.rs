@@ -38,13 +38,25 @@ impl Actions {
 /// Removes what expired at `now` from `p`; the audit's `before` lists what was removed.
 fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
     let mut removed = Vec::new();
+    let switches: std::collections::BTreeSet<String> =
+        p.policy.flag_references().into_iter().map(|r| r.key.to_string()).collect();
+    let mut reverted = Vec::new();
     p.flags.retain(|k, f| {
         let keep = f.expires_at.is_none_or(|e| e > now);
         if !keep {
             removed.push(format!("flag {k}"));
+            if switches.contains(k) {
+                reverted.push(k.clone());
+            }
         }
         keep
     });
+    // An expired kill switch reverts to the service's compiled-in default: the policy says
+    // so, or its reference would dangle (OPS-1).
+    for k in reverted {
+        removed.push(format!("kill switch {k} now declared in policy.compiled_in_flags"));
+        p.policy.compiled_in_flags.insert(k);
+    }
     p.faults.retain(|id, f| {
         let keep = f.expires_at > now;
         if !keep {

@@ -246,11 +246,17 @@ pub struct Problem {
     pub current_revision: Option<u64>,
 }
 
+/// An internal error's cause for the log: its whole chain, each cause once (anyhow's
+/// `{:#}` repeats a cause whose error already prints it, as sqlx's I/O errors do).
+pub fn internal_cause(cause: &anyhow::Error) -> levee_agent::report::ErrorChain<'_> {
+    levee_agent::report::ErrorChain(cause.as_ref())
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if let ApiError::Internal(cause) = &self {
-            tracing::error!(error = %format!("{cause:#}"), "internal error answering a request");
+            tracing::error!(error = %internal_cause(cause), "internal error answering a request");
         }
         let (errors, current_revision) = match &self {
             ApiError::BadRequest { errors, .. } | ApiError::Invalid { errors, .. } => (errors.clone(), None),
@@ -282,3 +288,19 @@ impl IntoResponse for ApiError {
 
 /// Result alias for handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// sqlx's I/O error prints its source in its own message; the logged chain says it once.
+    #[test]
+    fn internal_cause_prints_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let cause = anyhow::Error::new(sqlx::Error::Io(io)).context("loading the latest snapshot");
+        assert_eq!(
+            internal_cause(&cause).to_string(),
+            "loading the latest snapshot: error communicating with database: connection refused"
+        );
+    }
+}

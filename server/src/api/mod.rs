@@ -8,6 +8,8 @@
 
 mod audit;
 mod auth_routes;
+#[cfg(test)]
+mod doc_snippets;
 mod envs;
 mod error;
 mod extract;

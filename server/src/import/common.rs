@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, OutlierDetection};
+use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::doc::{Node, Seg, path_text};
 use super::plan::{Plan, Sid, dep_mut, dep_path};
@@ -17,7 +17,7 @@ pub fn set<V: Clone + 'static>(
     shown: impl Into<String>,
     sources: &[Sid],
     value: V,
-    apply: fn(&mut Dependency, V),
+    apply: fn(&mut DependencyPolicy, V),
 ) {
     let d = dep.to_string();
     p.assign(dep_path(dep, field), shown, sources, move |c| apply(dep_mut(c, &d), value.clone()));
@@ -37,7 +37,7 @@ pub fn imply<V: Clone + 'static>(
     why: impl Into<String>,
     because: &[Sid],
     value: V,
-    apply: fn(&mut Dependency, V),
+    apply: fn(&mut DependencyPolicy, V),
 ) {
     let d = dep.to_string();
     p.implied(dep_path(dep, field), shown, why, because, move |c| apply(dep_mut(c, &d), value.clone()));
@@ -50,7 +50,7 @@ pub fn set_duration(
     field: &str,
     sources: &[Sid],
     d: Duration,
-    apply: fn(&mut Dependency, Duration),
+    apply: fn(&mut DependencyPolicy, Duration),
 ) {
     set(p, dep, field, fmt_duration(d), sources, d, apply);
 }
@@ -257,7 +257,7 @@ pub fn set_retries(p: &mut Plan, dep: &str, n: &Node, sid: Sid, base: &[Sid]) {
     );
     let mut src = base.to_vec();
     src.push(sid);
-    set(p, dep, "retry.max_attempts", attempts.to_string(), &src, attempts, |x: &mut Dependency, n| {
+    set(p, dep, "retry.max_attempts", attempts.to_string(), &src, attempts, |x: &mut DependencyPolicy, n| {
         x.retry.max_attempts = n
     });
 }

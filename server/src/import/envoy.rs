@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, OutlierDetection};
+use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::common::{
     At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ONE_COUNT, PANIC, QUEUE, UNSPLIT, fault_reason, imply,
@@ -239,7 +239,7 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
             "Envoy's default route timeout",
             base,
             Duration::from_secs(15),
-            |x: &mut Dependency, d| x.attempt_timeout = d,
+            |x: &mut DependencyPolicy, d| x.attempt_timeout = d,
         );
     }
     let Some((ra_retry, r)) = retry else {
@@ -251,7 +251,7 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
             "Envoy retries only with a retry_policy",
             base,
             1u32,
-            |x: &mut Dependency, n| x.retry.max_attempts = n,
+            |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
         );
         return;
     };
@@ -269,7 +269,7 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
             "Envoy's default num_retries (1) when a retry_policy is set",
             base,
             2u32,
-            |x: &mut Dependency, n| x.retry.max_attempts = n,
+            |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
         ),
     }
     if let Some(s) = ra_retry.key("retry_on").sid(p) {
@@ -301,7 +301,7 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
                 "Envoy's default retry back-off base_interval",
                 base,
                 d,
-                |x: &mut Dependency, d| x.retry.base = d,
+                |x: &mut DependencyPolicy, d| x.retry.base = d,
             );
             d
         }
@@ -318,7 +318,7 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
                 "Envoy's default max_interval (10 × base_interval)",
                 base,
                 cap,
-                |x: &mut Dependency, d| x.retry.cap = d,
+                |x: &mut DependencyPolicy, d| x.retry.cap = d,
             );
         }
     }
@@ -391,7 +391,7 @@ fn cluster(p: &mut Plan, at: &At, c: &Node) {
                         v.to_string(),
                         &with(s),
                         v,
-                        |x: &mut Dependency, v| x.bulkhead.max_concurrent = v,
+                        |x: &mut DependencyPolicy, v| x.bulkhead.max_concurrent = v,
                     );
                     max_requests_set = true;
                 }
@@ -432,7 +432,7 @@ fn cluster(p: &mut Plan, at: &At, c: &Node) {
                     fmt_num(ratio),
                     &with(s),
                     ratio,
-                    |x: &mut Dependency, r| x.retry.budget.ratio = r,
+                    |x: &mut DependencyPolicy, r| x.retry.budget.ratio = r,
                 );
             }
             not_mapped_below(
@@ -452,7 +452,7 @@ fn cluster(p: &mut Plan, at: &At, c: &Node) {
             "Envoy's default circuit_breakers max_requests",
             &name_sid,
             1024u32,
-            |x: &mut Dependency, v| x.bulkhead.max_concurrent = v,
+            |x: &mut DependencyPolicy, v| x.bulkhead.max_concurrent = v,
         );
     }
     if let Some(od) = c.get("outlier_detection") {
@@ -478,7 +478,7 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
         "outlier_detection is present: Envoy's defaults for the fields it does not set",
         &trigger,
         Some(envoy),
-        |x: &mut Dependency, o| x.outlier_detection = o,
+        |x: &mut DependencyPolicy, o| x.outlier_detection = o,
     );
     let src = |s: Sid| {
         let mut v = name_sid.to_vec();
@@ -494,7 +494,7 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
                 v.to_string(),
                 &src(s),
                 v,
-                |x: &mut Dependency, v| {
+                |x: &mut DependencyPolicy, v| {
                     x.outlier_detection.get_or_insert_with(OutlierDetection::default).consecutive_errors = v
                 },
             ),
@@ -506,7 +506,7 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
         ("base_ejection_time", "outlier_detection.base_ejection_time"),
     ] {
         if let Some((d, s)) = od.get(key).and_then(|n| duration_at(p, &at.key(key), n)) {
-            let apply: fn(&mut Dependency, Duration) = if key == "interval" {
+            let apply: fn(&mut DependencyPolicy, Duration) = if key == "interval" {
                 |x, d| x.outlier_detection.get_or_insert_with(OutlierDetection::default).interval = d
             } else {
                 |x, d| {
@@ -525,7 +525,7 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
                 v.to_string(),
                 &src(s),
                 v,
-                |x: &mut Dependency, v| {
+                |x: &mut DependencyPolicy, v| {
                     x.outlier_detection.get_or_insert_with(OutlierDetection::default).max_ejection_percent = v
                 },
             ),

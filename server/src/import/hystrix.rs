@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, Window};
+use levee_agent::policy::{DependencyPolicy, Window};
 
 use super::common::{CONNECT, EXCEPTIONS, imply, set, set_duration};
 use super::plan::{Plan, Sid};
@@ -295,7 +295,7 @@ fn timeouts(
                     "Hystrix's default timeoutInMilliseconds (1000)",
                     via,
                     Duration::from_secs(1),
-                    |x: &mut Dependency, d| x.attempt_timeout = d,
+                    |x: &mut DependencyPolicy, d| x.attempt_timeout = d,
                 );
             }
         }
@@ -312,9 +312,15 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
     if let Some(v) = take("circuitbreaker.enabled")
         && let Some(b) = v.value.as_deref().map(|t| t.trim().eq_ignore_ascii_case("true"))
     {
-        set(p, dep, "circuit_breaker.enabled", b.to_string(), &src(v, via), b, |x: &mut Dependency, b| {
-            x.circuit_breaker.enabled = b
-        });
+        set(
+            p,
+            dep,
+            "circuit_breaker.enabled",
+            b.to_string(),
+            &src(v, via),
+            b,
+            |x: &mut DependencyPolicy, b| x.circuit_breaker.enabled = b,
+        );
     }
     match take("circuitbreaker.requestvolumethreshold") {
         Some(v) => {
@@ -326,7 +332,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                     n.to_string(),
                     &src(v, via),
                     n,
-                    |x: &mut Dependency, n| x.circuit_breaker.minimum_calls = n,
+                    |x: &mut DependencyPolicy, n| x.circuit_breaker.minimum_calls = n,
                 );
             }
         }
@@ -338,7 +344,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
             "Hystrix's default requestVolumeThreshold",
             via,
             20u32,
-            |x: &mut Dependency, n| x.circuit_breaker.minimum_calls = n,
+            |x: &mut DependencyPolicy, n| x.circuit_breaker.minimum_calls = n,
         ),
     }
     if let Some(v) = take("circuitbreaker.errorthresholdpercentage")
@@ -355,7 +361,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
             fmt_num(r),
             &src(v, via),
             r,
-            |x: &mut Dependency, r| x.circuit_breaker.failure_rate_threshold = r,
+            |x: &mut DependencyPolicy, r| x.circuit_breaker.failure_rate_threshold = r,
         );
     }
     let sleep = match take("circuitbreaker.sleepwindowinmilliseconds") {
@@ -370,7 +376,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                 "Hystrix's default sleepWindowInMilliseconds",
                 via,
                 d,
-                |x: &mut Dependency, d| x.circuit_breaker.wait_in_open = d,
+                |x: &mut DependencyPolicy, d| x.circuit_breaker.wait_in_open = d,
             );
             imply(
                 p,
@@ -380,7 +386,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                 "Hystrix keeps the sleep window constant",
                 via,
                 d,
-                |x: &mut Dependency, d| x.circuit_breaker.max_wait_in_open = d,
+                |x: &mut DependencyPolicy, d| x.circuit_breaker.max_wait_in_open = d,
             );
             None
         }
@@ -405,7 +411,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                         format!("{{type: time, seconds: {secs}}}"),
                         &src(v, via),
                         Window::Time { seconds: secs },
-                        |x: &mut Dependency, w| x.circuit_breaker.window = w,
+                        |x: &mut DependencyPolicy, w| x.circuit_breaker.window = w,
                     );
                 } else {
                     reason(p, Some(v), "Levee's time window counts whole seconds");
@@ -420,7 +426,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
             "Hystrix's default rolling window (metrics.rollingStats.timeInMilliseconds 10000)",
             via,
             Window::Time { seconds: 10 },
-            |x: &mut Dependency, w| x.circuit_breaker.window = w,
+            |x: &mut DependencyPolicy, w| x.circuit_breaker.window = w,
         ),
     }
     imply(
@@ -431,7 +437,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
         "Hystrix lets one trial request through after the sleep window",
         via,
         1u32,
-        |x: &mut Dependency, n| x.circuit_breaker.half_open_probes = n,
+        |x: &mut DependencyPolicy, n| x.circuit_breaker.half_open_probes = n,
     );
     for k in ["circuitbreaker.forceopen", "circuitbreaker.forceclosed"] {
         let v = take(k);
@@ -455,9 +461,15 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                 if let Some(n) = whole(p, v) {
                     let mut s = src(v, via);
                     s.extend(&strategy.own);
-                    set(p, dep, "bulkhead.max_concurrent", n.to_string(), &s, n, |x: &mut Dependency, n| {
-                        x.bulkhead.max_concurrent = n
-                    });
+                    set(
+                        p,
+                        dep,
+                        "bulkhead.max_concurrent",
+                        n.to_string(),
+                        &s,
+                        n,
+                        |x: &mut DependencyPolicy, n| x.bulkhead.max_concurrent = n,
+                    );
                 }
             }
             None => imply(
@@ -468,7 +480,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                 "Hystrix's default semaphore maxConcurrentRequests",
                 &strategy.own,
                 10u32,
-                |x: &mut Dependency, n| x.bulkhead.max_concurrent = n,
+                |x: &mut DependencyPolicy, n| x.bulkhead.max_concurrent = n,
             ),
         }
         for v in pool.values() {
@@ -492,7 +504,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                         n.to_string(),
                         &src(v, via),
                         n,
-                        |x: &mut Dependency, n| x.bulkhead.max_concurrent = n,
+                        |x: &mut DependencyPolicy, n| x.bulkhead.max_concurrent = n,
                     );
                 }
             }
@@ -504,7 +516,7 @@ fn command(p: &mut Plan, dep: &str, c: &BTreeMap<String, Val>, pool: &BTreeMap<S
                 "Hystrix's default thread pool coreSize (pools are per command group, shared by its commands)",
                 via,
                 10u32,
-                |x: &mut Dependency, n| x.bulkhead.max_concurrent = n,
+                |x: &mut DependencyPolicy, n| x.bulkhead.max_concurrent = n,
             ),
         }
         for k in ["maxqueuesize", "queuesizerejectionthreshold"] {
@@ -585,9 +597,15 @@ fn ribbon_retries(p: &mut Plan, dep: &str, r: &BTreeMap<String, Val>, via: &[Sid
                 ),
             );
         }
-        set(p, dep, "retry.max_attempts", attempts.to_string(), &s, attempts, |x: &mut Dependency, n| {
-            x.retry.max_attempts = n
-        });
+        set(
+            p,
+            dep,
+            "retry.max_attempts",
+            attempts.to_string(),
+            &s,
+            attempts,
+            |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
+        );
         if attempts > 1 {
             imply(
                 p,
@@ -597,7 +615,7 @@ fn ribbon_retries(p: &mut Plan, dep: &str, r: &BTreeMap<String, Val>, via: &[Sid
                 "Ribbon retries at once; Levee's smallest back-off (1ms) is used",
                 &s,
                 Duration::from_millis(1),
-                |x: &mut Dependency, d| x.retry.base = d,
+                |x: &mut DependencyPolicy, d| x.retry.base = d,
             );
             imply(
                 p,
@@ -607,7 +625,7 @@ fn ribbon_retries(p: &mut Plan, dep: &str, r: &BTreeMap<String, Val>, via: &[Sid
                 "Ribbon retries at once",
                 &s,
                 Duration::from_millis(1),
-                |x: &mut Dependency, d| x.retry.cap = d,
+                |x: &mut DependencyPolicy, d| x.retry.cap = d,
             );
         }
     }

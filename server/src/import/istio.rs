@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, OutlierDetection};
+use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::common::{
     At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ONE_COUNT, PANIC, QUEUE, UNSPLIT, fault_reason, imply,
@@ -148,7 +148,7 @@ fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
                     "Istio's default retry policy: 2 retries",
                     host_sid,
                     3u32,
-                    |x: &mut Dependency, n| x.retry.max_attempts = n,
+                    |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
                 ),
             }
             imply(
@@ -159,7 +159,7 @@ fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
                 "Istio's (Envoy's) default retry back-off",
                 host_sid,
                 Duration::from_millis(25),
-                |x: &mut Dependency, d| x.retry.base = d,
+                |x: &mut DependencyPolicy, d| x.retry.base = d,
             );
             imply(
                 p,
@@ -169,7 +169,7 @@ fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
                 "Istio's (Envoy's) default retry back-off cap",
                 host_sid,
                 Duration::from_millis(250),
-                |x: &mut Dependency, d| x.retry.cap = d,
+                |x: &mut DependencyPolicy, d| x.retry.cap = d,
             );
         }
         if let Some(fault) = route.get("fault") {
@@ -303,11 +303,15 @@ fn traffic_policy(p: &mut Plan, dep: &str, places: &[(At, &Node)], host_sid: &[S
     if let Some(n) = get(&["connectionPool", "http", "http2MaxRequests"]) {
         let src = sids(p, &["connectionPool", "http", "http2MaxRequests"]);
         match whole(n).and_then(|v| u32::try_from(v).ok()) {
-            Some(v) => {
-                set(p, dep, "bulkhead.max_concurrent", v.to_string(), &src, v, |x: &mut Dependency, v| {
-                    x.bulkhead.max_concurrent = v
-                })
-            }
+            Some(v) => set(
+                p,
+                dep,
+                "bulkhead.max_concurrent",
+                v.to_string(),
+                &src,
+                v,
+                |x: &mut DependencyPolicy, v| x.bulkhead.max_concurrent = v,
+            ),
             None => {
                 below(p, &["connectionPool", "http", "http2MaxRequests"], "not a whole number of requests")
             }
@@ -362,7 +366,7 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
         "outlierDetection is present: Istio's defaults for the fields it does not set",
         host_sid,
         Some(istio),
-        |x: &mut Dependency, o| x.outlier_detection = o,
+        |x: &mut DependencyPolicy, o| x.outlier_detection = o,
     );
     let errors = ["consecutive5xxErrors", "consecutiveGatewayErrors", "consecutiveErrors"]
         .into_iter()
@@ -399,7 +403,7 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
             v.to_string(),
             &src,
             v,
-            |x: &mut Dependency, v| {
+            |x: &mut DependencyPolicy, v| {
                 x.outlier_detection.get_or_insert_with(OutlierDetection::default).consecutive_errors = v
             },
         );
@@ -411,7 +415,7 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
         let Some(n) = od.get(k) else { continue };
         match go_duration(&n.text()) {
             Ok(d) => {
-                let apply: fn(&mut Dependency, Duration) = if k == "interval" {
+                let apply: fn(&mut DependencyPolicy, Duration) = if k == "interval" {
                     |x, d| x.outlier_detection.get_or_insert_with(OutlierDetection::default).interval = d
                 } else {
                     |x, d| {
@@ -433,7 +437,7 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
                 v.to_string(),
                 &sids(p, "maxEjectionPercent"),
                 v,
-                |x: &mut Dependency, v| {
+                |x: &mut DependencyPolicy, v| {
                     x.outlier_detection.get_or_insert_with(OutlierDetection::default).max_ejection_percent = v
                 },
             ),

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use levee_agent::policy::{Dependency, ServiceConfig};
+use levee_agent::policy::{DependencyPolicy, ServiceConfig};
 
 use super::report::{Outcome, Report, Setting};
 use super::units::levee_name;
@@ -67,7 +67,7 @@ pub fn dep_path(dep: &str, field: &str) -> String {
 }
 
 /// The dependency named `dep`, created with the agent's defaults if absent.
-pub fn dep_mut<'a>(c: &'a mut ServiceConfig, dep: &str) -> &'a mut Dependency {
+pub fn dep_mut<'a>(c: &'a mut ServiceConfig, dep: &str) -> &'a mut DependencyPolicy {
     c.policy.dependencies.entry(dep.to_string()).or_default()
 }
 

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, Window};
+use levee_agent::policy::{DependencyPolicy, Window};
 
 use super::common::{EXCEPTIONS, LEVEE_RETRY_ON, imply, set, set_duration};
 use super::plan::{Plan, Sid};
@@ -426,7 +426,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             format!("{{type: count, size: {size}}}")
         };
         let src = with(&size_v.map(|x| x.1.sources.clone()).unwrap_or_default(), type_v);
-        set(p, dep, "circuit_breaker.window", shown, &src, window, |d: &mut Dependency, w| {
+        set(p, dep, "circuit_breaker.window", shown, &src, window, |d: &mut DependencyPolicy, w| {
             d.circuit_breaker.window = w
         });
     }
@@ -456,7 +456,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                     effective.to_string(),
                     &src,
                     effective,
-                    |d: &mut Dependency, v| d.circuit_breaker.minimum_calls = v,
+                    |d: &mut DependencyPolicy, v| d.circuit_breaker.minimum_calls = v,
                 );
             }
             None => imply(
@@ -473,7 +473,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                 },
                 &[],
                 effective,
-                |d: &mut Dependency, v| d.circuit_breaker.minimum_calls = v,
+                |d: &mut DependencyPolicy, v| d.circuit_breaker.minimum_calls = v,
             ),
         }
     }
@@ -487,7 +487,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             fmt_num(r),
             &v.sources,
             r,
-            |d: &mut Dependency, r| d.circuit_breaker.failure_rate_threshold = r,
+            |d: &mut DependencyPolicy, r| d.circuit_breaker.failure_rate_threshold = r,
         );
     }
     let slow_rate = take(eff, &mut h, &["slowcallratethreshold"]).map(|x| x.1);
@@ -501,7 +501,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             fmt_num(r),
             &v.sources,
             r,
-            |d: &mut Dependency, r| d.circuit_breaker.slow_call_rate_threshold = r,
+            |d: &mut DependencyPolicy, r| d.circuit_breaker.slow_call_rate_threshold = r,
         );
     }
     match take(eff, &mut h, &["slowcalldurationthreshold"]) {
@@ -514,7 +514,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                     fmt_duration(d),
                     &v.sources,
                     Some(d),
-                    |x: &mut Dependency, d| x.circuit_breaker.slow_call_duration = d,
+                    |x: &mut DependencyPolicy, d| x.circuit_breaker.slow_call_duration = d,
                 );
             }
         }
@@ -526,7 +526,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             "resilience4j's default slowCallDurationThreshold (60s), needed by slowCallRateThreshold",
             &[],
             Some(Duration::from_secs(60)),
-            |x: &mut Dependency, d| x.circuit_breaker.slow_call_duration = d,
+            |x: &mut DependencyPolicy, d| x.circuit_breaker.slow_call_duration = d,
         ),
         None => {}
     }
@@ -543,7 +543,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                 "resilience4j's default waitDurationInOpenState",
                 &[],
                 w,
-                |d: &mut Dependency, w| d.circuit_breaker.wait_in_open = w,
+                |d: &mut DependencyPolicy, w| d.circuit_breaker.wait_in_open = w,
             );
             Some(w)
         }
@@ -626,7 +626,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                     why,
                     &[],
                     w,
-                    |x: &mut Dependency, d| x.circuit_breaker.max_wait_in_open = d,
+                    |x: &mut DependencyPolicy, d| x.circuit_breaker.max_wait_in_open = d,
                 ),
             }
         }
@@ -653,7 +653,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                     n.to_string(),
                     &v.sources,
                     n,
-                    |d: &mut Dependency, n| d.circuit_breaker.half_open_probes = n,
+                    |d: &mut DependencyPolicy, n| d.circuit_breaker.half_open_probes = n,
                 );
             }
         }
@@ -665,7 +665,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
             "resilience4j's default permittedNumberOfCallsInHalfOpenState",
             &[],
             10u32,
-            |d: &mut Dependency, n| d.circuit_breaker.half_open_probes = n,
+            |d: &mut DependencyPolicy, n| d.circuit_breaker.half_open_probes = n,
         ),
     }
     if let Some((_, v)) = take(eff, &mut h, &["maxwaitdurationinhalfopenstate"])
@@ -686,7 +686,7 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
                 fmt_duration(d),
                 &v.sources,
                 Some(d),
-                |x: &mut Dependency, d| x.circuit_breaker.max_wait_in_half_open = d,
+                |x: &mut DependencyPolicy, d| x.circuit_breaker.max_wait_in_half_open = d,
             );
         }
     }
@@ -729,9 +729,15 @@ fn retry(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> {
         Some((_, v)) => {
             let n = int(p, v);
             if let Some(n) = n {
-                set(p, dep, "retry.max_attempts", n.to_string(), &v.sources, n, |d: &mut Dependency, n| {
-                    d.retry.max_attempts = n
-                });
+                set(
+                    p,
+                    dep,
+                    "retry.max_attempts",
+                    n.to_string(),
+                    &v.sources,
+                    n,
+                    |d: &mut DependencyPolicy, n| d.retry.max_attempts = n,
+                );
             }
             n
         }
@@ -758,7 +764,7 @@ fn retry(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> {
             "resilience4j's default waitDuration",
             &[],
             w,
-            |d: &mut Dependency, w| d.retry.base = w,
+            |d: &mut DependencyPolicy, w| d.retry.base = w,
         ),
         _ => {}
     }
@@ -802,9 +808,11 @@ fn retry(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> {
                 Some(v) => {
                     set_duration(p, dep, "retry.cap", &with(&v.sources, exp_v), w, |d, c| d.retry.cap = c)
                 }
-                None => imply(p, dep, "retry.cap", fmt_duration(w), why, &[], w, |d: &mut Dependency, c| {
-                    d.retry.cap = c
-                }),
+                None => {
+                    imply(p, dep, "retry.cap", fmt_duration(w), why, &[], w, |d: &mut DependencyPolicy, c| {
+                        d.retry.cap = c
+                    })
+                }
             }
         }
     }
@@ -846,9 +854,15 @@ fn bulkhead(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String>
     if let Some((_, v)) = take(eff, &mut h, &["maxconcurrentcalls"])
         && let Some(n) = int(p, v)
     {
-        set(p, dep, "bulkhead.max_concurrent", n.to_string(), &v.sources, n, |d: &mut Dependency, n| {
-            d.bulkhead.max_concurrent = n
-        });
+        set(
+            p,
+            dep,
+            "bulkhead.max_concurrent",
+            n.to_string(),
+            &v.sources,
+            n,
+            |d: &mut DependencyPolicy, n| d.bulkhead.max_concurrent = n,
+        );
     }
     if let Some((_, v)) = take(eff, &mut h, &["maxwaitduration"])
         && let Some(d) = dur(p, v)
@@ -881,9 +895,15 @@ fn thread_pool(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>, has_semapho
                 "the pool's threads bound concurrent calls: Levee's bulkhead bounds them without threads",
             );
         }
-        set(p, dep, "bulkhead.max_concurrent", n.to_string(), &v.sources, n, |d: &mut Dependency, n| {
-            d.bulkhead.max_concurrent = n
-        });
+        set(
+            p,
+            dep,
+            "bulkhead.max_concurrent",
+            n.to_string(),
+            &v.sources,
+            n,
+            |d: &mut DependencyPolicy, n| d.bulkhead.max_concurrent = n,
+        );
     }
     reason_for(
         p,

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, Flag, FlagType, LimitAlgorithm, StalePolicy, Window};
+use levee_agent::policy::{DependencyPolicy, Flag, FlagType, LimitAlgorithm, StalePolicy, Window};
 
 use super::common::{At, imply, not_mapped_below, set, set_duration};
 use super::doc::{self, Node};
@@ -173,7 +173,7 @@ fn flow_rule(p: &mut Plan, at: &At, rule: &Node) {
             p.note(s, "a thread-count (grade 0) flow rule bounds concurrent calls, as Levee's bulkhead does");
             let mut src = sel;
             src.push(s);
-            set(p, &dep, "bulkhead.max_concurrent", n.to_string(), &src, n, |x: &mut Dependency, n| {
+            set(p, &dep, "bulkhead.max_concurrent", n.to_string(), &src, n, |x: &mut DependencyPolicy, n| {
                 x.bulkhead.max_concurrent = n
             });
         }
@@ -247,7 +247,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
             fmt_duration(slow),
             &with(count_sid),
             Some(slow),
-            |x: &mut Dependency, d| x.circuit_breaker.slow_call_duration = d,
+            |x: &mut DependencyPolicy, d| x.circuit_breaker.slow_call_duration = d,
         );
         let ratio_sid = at.key("slowRatioThreshold").sid(p);
         match num(rule, "slowRatioThreshold") {
@@ -262,7 +262,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
                     fmt_num(r),
                     &with(ratio_sid),
                     r,
-                    |x: &mut Dependency, r| x.circuit_breaker.slow_call_rate_threshold = r,
+                    |x: &mut DependencyPolicy, r| x.circuit_breaker.slow_call_rate_threshold = r,
                 );
             }
             None => imply(
@@ -273,7 +273,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
                 "Sentinel's default slowRatioThreshold (1.0)",
                 &with(count_sid),
                 1.0f64,
-                |x: &mut Dependency, r| x.circuit_breaker.slow_call_rate_threshold = r,
+                |x: &mut DependencyPolicy, r| x.circuit_breaker.slow_call_rate_threshold = r,
             ),
         }
         imply(
@@ -284,7 +284,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
             "a Sentinel slow-call rule does not trip on errors; Levee always does, so only at 100% failures",
             &sel,
             1.0f64,
-            |x: &mut Dependency, r| x.circuit_breaker.failure_rate_threshold = r,
+            |x: &mut DependencyPolicy, r| x.circuit_breaker.failure_rate_threshold = r,
         );
     } else if grade == 1.0 {
         if let (Some(r), Some(s)) = (count, count_sid) {
@@ -296,7 +296,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
                 fmt_num(r),
                 &with(count_sid),
                 r,
-                |x: &mut Dependency, r| x.circuit_breaker.failure_rate_threshold = r,
+                |x: &mut DependencyPolicy, r| x.circuit_breaker.failure_rate_threshold = r,
             );
         }
     } else {
@@ -333,7 +333,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
                 m.to_string(),
                 &with(min_sid),
                 m,
-                |x: &mut Dependency, m| x.circuit_breaker.minimum_calls = m,
+                |x: &mut DependencyPolicy, m| x.circuit_breaker.minimum_calls = m,
             );
         }
         Some(_) => {
@@ -349,7 +349,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
             "Sentinel's default minRequestAmount",
             &sel,
             5u32,
-            |x: &mut Dependency, m| x.circuit_breaker.minimum_calls = m,
+            |x: &mut DependencyPolicy, m| x.circuit_breaker.minimum_calls = m,
         ),
     }
     let stat_sid = at.key("statIntervalMs").sid(p);
@@ -363,7 +363,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
                 format!("{{type: time, seconds: {secs}}}"),
                 &with(stat_sid),
                 Window::Time { seconds: secs },
-                |x: &mut Dependency, w| x.circuit_breaker.window = w,
+                |x: &mut DependencyPolicy, w| x.circuit_breaker.window = w,
             );
         }
         Some(ms) => {
@@ -379,7 +379,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
             "Sentinel's default statIntervalMs (1000)",
             &sel,
             Window::Time { seconds: 1 },
-            |x: &mut Dependency, w| x.circuit_breaker.window = w,
+            |x: &mut DependencyPolicy, w| x.circuit_breaker.window = w,
         ),
     }
     imply(
@@ -390,7 +390,7 @@ fn degrade_rule(p: &mut Plan, at: &At, rule: &Node) {
         "Sentinel lets one probe call through when half-open",
         &sel,
         1u32,
-        |x: &mut Dependency, n| x.circuit_breaker.half_open_probes = n,
+        |x: &mut DependencyPolicy, n| x.circuit_breaker.half_open_probes = n,
     );
     not_mapped_below(
         p,

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use levee_agent::policy::{Dependency, FlagType, StalePolicy, Window};
+use levee_agent::policy::{DependencyPolicy, FlagType, StalePolicy, Window};
 
 use super::*;
 
@@ -193,6 +193,6 @@ fn a_long_description_is_refused() {
     let e = m.validate().unwrap_err();
     assert_eq!(e.0[0].path, "description");
     m.description = "ok".into();
-    m.policy.dependencies.insert("db".into(), Dependency::default());
+    m.policy.dependencies.insert("db".into(), DependencyPolicy::default());
     m.validate().unwrap();
 }

@@ -120,7 +120,7 @@ impl IntoResponse for UiError {
             return Redirect::to(&target).into_response();
         }
         if let UiError::Internal(cause) = &self {
-            tracing::error!(error = %format!("{cause:#}"), "internal error answering a UI request");
+            tracing::error!(error = %levee_agent::report::ErrorChain(cause.as_ref()), "internal error answering a UI request");
         }
         let status = self.status();
         let title = match &self {

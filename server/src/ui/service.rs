@@ -53,23 +53,33 @@ pub async fn load(s: &AppState, env: &str, svc: &str) -> Result<Loaded, UiError>
 pub struct SwitchView {
     /// Key of the bool flag.
     pub flag: String,
-    /// `on`, `off`, or why neither (missing flag, not a bool).
+    /// `on`, `off`, or why neither (compiled into the service, missing flag, not a bool).
     pub state: String,
-    /// Whether the switch currently turns the thing off.
-    pub off: bool,
+    /// CSS class of the state: `ok` only for a switch that is on, `bad` for one that is
+    /// off or that cannot work (OPS-1), `warn` for one the server cannot switch.
+    pub class: &'static str,
 }
 
-/// The state of the bool flag `key` in words.
+/// The state of the kill switch `key` in words. A reference to a flag the service does not
+/// define, or to a flag that is not a bool, is shown as a problem, never as fine (OPS-1):
+/// validation refuses both, but a snapshot stored before that rule may still hold one.
 pub fn switch_view(cfg: &ServiceConfig, key: &str) -> SwitchView {
-    let (state, off) = match cfg.flags.get(key) {
+    let (state, class) = match cfg.flags.get(key) {
         Some(f) if f.kind == FlagType::Bool => match f.value.as_bool() {
-            Some(true) => ("on".to_string(), false),
-            _ => ("off".to_string(), true),
+            Some(true) => ("on".to_string(), "ok"),
+            _ => ("off".to_string(), "bad"),
         },
-        Some(f) => (format!("not a bool flag ({})", f.kind.as_str()), false),
-        None => ("flag not defined (agents use their default)".to_string(), false),
+        Some(f) => {
+            (format!("broken: not a bool flag ({}), this switch does nothing", f.kind.as_str()), "bad")
+        }
+        None if cfg.policy.compiled_in_flags.contains(key) => (
+            "compiled into the service: agents use its default; define the flag here to switch it"
+                .to_string(),
+            "warn",
+        ),
+        None => ("broken: no such flag, this switch does nothing".to_string(), "bad"),
     };
-    SwitchView { flag: key.to_string(), state, off }
+    SwitchView { flag: key.to_string(), state, class }
 }
 
 struct DepView {
@@ -202,19 +212,7 @@ fn flag_view(key: &str, f: &Flag, cfg: &ServiceConfig) -> FlagView {
 
 /// What the bool flag `key` switches: dependencies and matrix features that name it.
 pub fn switched_by(cfg: &ServiceConfig, key: &str) -> Vec<String> {
-    let deps = cfg
-        .policy
-        .dependencies
-        .iter()
-        .filter(|(_, d)| d.enabled_flag.as_deref() == Some(key))
-        .map(|(n, _)| format!("dependency {n}"));
-    let features = cfg
-        .policy
-        .degradation_matrix
-        .iter()
-        .filter(|r| r.enabled_flag.as_deref() == Some(key))
-        .map(|r| format!("feature {}", r.feature));
-    deps.chain(features).collect()
+    cfg.policy.flag_references().into_iter().filter(|r| r.key == key).map(|r| r.switches).collect()
 }
 
 struct MatrixView {
@@ -313,6 +311,9 @@ struct ServicePage {
     current: Propagation,
     fleet: FleetSummary,
     lints: Vec<(String, String)>,
+    /// What makes the stored snapshot invalid under today's validation (e.g. a kill switch
+    /// naming no flag, stored before OPS-1 was checked): shown as problems.
+    problems: Vec<(String, String)>,
     dependencies: Vec<DepView>,
     dependency_names: Vec<String>,
     matrix: Vec<MatrixView>,
@@ -345,6 +346,14 @@ pub async fn page(
         current: propagation(row.revision, &agents, &nacks),
         fleet: FleetSummary::new(row.revision, &agents, &nacks),
         lints: lint(&cfg.policy).into_iter().map(|l| (l.path, l.message)).collect(),
+        problems: cfg
+            .validate()
+            .err()
+            .map(|v| v.0)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.path, e.message))
+            .collect(),
         dependencies: cfg.policy.dependencies.iter().map(|(n, d)| dep_view(n, d, &cfg)).collect(),
         dependency_names: cfg.policy.dependencies.keys().cloned().collect(),
         matrix: cfg

@@ -4,5 +4,6 @@ mod auth;
 mod errors;
 mod helpers;
 mod history;
+mod kill_switch_refs;
 mod policy;
 mod router;

@@ -225,19 +225,20 @@ async fn cp_3_null_or_garbage_payload_never_clears_rules_but_explicit_empty_conf
         assert_eq!(agent.config().flags.len(), 1);
     }
 
-    // Explicitly empty, valid and versioned: applied.
-    api.send(
-        Method::DELETE,
-        "/environments/prod/services/checkout/flags/recommendations.enabled?reason=empty",
-        None,
+    // Explicitly empty, valid and versioned: applied. (The policy goes first: a flag that
+    // is still a kill switch of the policy cannot be deleted, OPS-1.)
+    api.send_with(
+        Method::PUT,
+        "/environments/prod/services/checkout/policy",
+        Some(serde_json::json!({"policy": {}, "reason": "empty on purpose"})),
+        &[("if-match", "*")],
     )
     .await;
     let v = api
-        .send_with(
-            Method::PUT,
-            "/environments/prod/services/checkout/policy",
-            Some(serde_json::json!({"policy": {}, "reason": "empty on purpose"})),
-            &[("if-match", "*")],
+        .send(
+            Method::DELETE,
+            "/environments/prod/services/checkout/flags/recommendations.enabled?reason=empty",
+            None,
         )
         .await;
     let empty_rev = v["revision"].as_u64().unwrap();

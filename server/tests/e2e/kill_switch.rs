@@ -158,6 +158,27 @@ async fn cp_9_deleted_flag_falls_back_to_the_compiled_in_default() {
         None,
     )
     .await;
+    // A flag the policy names as a kill switch cannot be deleted (OPS-1) until the policy
+    // says the switch lives in the service's compiled-in defaults.
+    let delete = format!(
+        "{}/api/v1/environments/prod/services/checkout/flags/recommendations.enabled?reason=cleanup",
+        api.base
+    );
+    let refused = api.client.delete(&delete).bearer_auth(&api.token).send().await.unwrap();
+    let status = refused.status();
+    let problem: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(status, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(problem["errors"][0]["path"], "policy.dependencies.recommendations.enabled_flag", "{problem}");
+    let mut policy =
+        api.send(Method::GET, "/environments/prod/services/checkout/policy", None).await["policy"].clone();
+    policy["compiled_in_flags"] = serde_json::json!(["recommendations.enabled"]);
+    api.send_with(
+        Method::PUT,
+        "/environments/prod/services/checkout/policy",
+        Some(serde_json::json!({"policy": policy, "reason": "the switch falls back to the code's default"})),
+        &[("if-match", "*")],
+    )
+    .await;
     api.send(
         Method::DELETE,
         "/environments/prod/services/checkout/flags/recommendations.enabled?reason=cleanup",

@@ -10,4 +10,5 @@ mod support;
 
 mod control_plane;
 mod kill_switch;
+mod logs;
 mod resilience;

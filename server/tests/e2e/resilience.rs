@@ -19,11 +19,20 @@ use crate::checkout_app::TOP_SELLERS;
 use crate::helpers::TestApp;
 use crate::support::{Api, agent, page, start_example};
 
-/// Recommendations slows from 20 ms to 5 s: checkout keeps answering within its budget,
-/// degraded; the breaker opens and stops the calls; when recommendations heals, everything
-/// returns to normal without manual action (within 2 × the open duration).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
+/// A checkout example whose recommendations breaker has just opened: recommendations
+/// took 5 s per call (attempt timeout 80 ms, so the half-open wait is 160 ms) while
+/// checkout kept answering within its 800 ms budget, degraded.
+struct Tripped {
+    _app: TestApp,
+    _cache: tempfile::TempDir,
+    agent: Agent,
+    url: String,
+    recs: Arc<crate::checkout_app::RecsControl>,
+}
+
+const RECS_OP: &str = "GET /recommendations/{user}";
+
+async fn trip_recommendations() -> Tripped {
     let app = TestApp::spawn().await;
     let api = Api::login(&app.base).await;
     api.seed().await;
@@ -45,8 +54,6 @@ async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
     let agent = agent(&app.grpc, &token, cache.path());
     agent.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
     let (url, recs) = start_example(&agent).await;
-    let dep = agent.dependency("recommendations");
-    let op = "GET /recommendations/{user}";
 
     recs.delay_ms.store(20, Ordering::Relaxed);
     assert_eq!(page(&url).await.recommendations_level, "FRESH");
@@ -63,7 +70,21 @@ async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
         assert!(took < Duration::from_millis(800), "request {i} took {took:?}, beyond the 800 ms budget");
     }
     println!("slow dependency: slowest checkout answer {slowest:?}");
-    assert_eq!(dep.breaker(op).state, BreakerState::Open, "the breaker opened");
+    assert_eq!(
+        agent.dependency("recommendations").breaker(RECS_OP).state,
+        BreakerState::Open,
+        "the breaker opened"
+    );
+    Tripped { _app: app, _cache: cache, agent, url, recs }
+}
+
+/// Recommendations slows from 20 ms to 5 s: checkout keeps answering within its budget,
+/// degraded; the breaker opens and stops the calls; when recommendations heals, everything
+/// returns to normal without manual action (within 2 × the open duration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
+    let Tripped { agent, url, recs, .. } = trip_recommendations().await;
+    let dep = agent.dependency("recommendations");
     let hits_while_open = recs.hits.load(Ordering::Relaxed);
     for _ in 0..5 {
         let p = page(&url).await;
@@ -83,7 +104,7 @@ async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
     let mut recovered = None;
     while healed.elapsed() < Duration::from_secs(2) {
         let fresh = page(&url).await.recommendations_level == "FRESH";
-        if fresh && dep.breaker(op).state == BreakerState::Closed {
+        if fresh && dep.breaker(RECS_OP).state == BreakerState::Closed {
             recovered = Some(healed.elapsed());
             break;
         }
@@ -92,6 +113,34 @@ async fn slow_recommendations_degrade_checkout_then_recover_by_themselves() {
     let recovered = recovered.expect("no recovery within 2 × the open duration");
     println!("recovery after healing: {recovered:?}");
     assert_eq!(page(&url).await.recommendations_level, "FRESH");
+    agent.shutdown().await;
+}
+
+/// CB-8 in the example: recommendations heals while checkout is asked for a page only once
+/// a second — far longer than the breaker's half-open wait (2 × 80 ms). Each page sends one
+/// probe that answers in 20 ms; the breaker closes after its two probes, instead of
+/// reopening on every second probe for lack of traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cb_8_rarely_called_recommendations_close_their_breaker_after_healing() {
+    let Tripped { agent, url, recs, .. } = trip_recommendations().await;
+    let dep = agent.dependency("recommendations");
+    recs.delay_ms.store(20, Ordering::Relaxed);
+    let mut levels = Vec::new();
+    // The open period (1 s) ends within the first two pages; two probes then close it.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await; // the traffic pattern under test
+        levels.push(page(&url).await.recommendations_level);
+        if dep.breaker(RECS_OP).state == BreakerState::Closed {
+            break;
+        }
+    }
+    let breaker = dep.breaker(RECS_OP);
+    assert_eq!(breaker.state, BreakerState::Closed, "pages answered {levels:?}; breaker {breaker:?}");
+    assert!(
+        breaker.reasons.iter().all(|(r, _)| *r != levee_agent::breaker::TransitionReason::HalfOpenTimeout),
+        "{breaker:?}"
+    );
+    assert_eq!(levels.last().map(String::as_str), Some("FRESH"), "{levels:?}");
     agent.shutdown().await;
 }
 

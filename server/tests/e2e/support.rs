@@ -48,21 +48,28 @@ pub struct BinServer {
     pub grpc: SocketAddr,
 }
 
+/// `levee serve` on the given addresses (port 0 picks free ones) with its data in
+/// `data_dir` (SQLite), logging at `log` to a pipe.
+pub fn levee_serve(data_dir: &Path, http: &str, grpc: &str, log: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_levee"));
+    cmd.arg("serve")
+        .env("LEVEE_DATA_DIR", data_dir)
+        .env("LEVEE_HTTP_ADDR", http)
+        .env("LEVEE_GRPC_ADDR", grpc)
+        .env("LEVEE_ADMIN_PASSWORD", crate::helpers::ADMIN_PASSWORD)
+        .env("LEVEE_LOG", log)
+        .env_remove("LEVEE_DATABASE_URL")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
 impl BinServer {
     /// Starts `levee serve` on the given addresses (port 0 picks free ones).
     pub async fn start(data_dir: &Path, http: &str, grpc: &str) -> BinServer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_levee"))
-            .arg("serve")
-            .env("LEVEE_DATA_DIR", data_dir)
-            .env("LEVEE_HTTP_ADDR", http)
-            .env("LEVEE_GRPC_ADDR", grpc)
-            .env("LEVEE_ADMIN_PASSWORD", crate::helpers::ADMIN_PASSWORD)
+        let mut child = levee_serve(data_dir, http, grpc, "warn")
             .env("LEVEE_HEARTBEAT_INTERVAL", "1s")
-            .env("LEVEE_LOG", "warn")
-            .env_remove("LEVEE_DATABASE_URL")
-            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .kill_on_drop(true)
             .spawn()
             .expect("levee binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();

@@ -62,3 +62,63 @@ async fn audit_page_filters_by_service_and_actor_newest_first() {
     let bad = b.get("/ui/audit?before_id=abc").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
+
+/// OPS-1: the service page shows a kill switch that cannot work as a problem, never in
+/// green; one declared as compiled into the service is not shown as fine either.
+#[tokio::test]
+async fn ops_1_service_page_never_shows_a_dangling_kill_switch_in_green() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let mut b = app.logged_in("admin").await;
+    let page = b.get(SERVICE).await;
+    assert!(
+        page.body.contains(r#"<code>recommendations.enabled</code>: <span class="ok">on</span>"#),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains(r#"id="problems""#));
+
+    // Declared as compiled into the service, then deleted on the server: not switchable here.
+    let (_, _, doc) = app.api(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let mut policy = doc["policy"].clone();
+    policy["compiled_in_flags"] = json!(["recommendations.enabled"]);
+    let (s, _, r) = app
+        .api_with(
+            Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"policy": policy, "reason": "code default"})),
+            &[("if-match", "*")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    let (s, _, r) = app
+        .api(
+            Method::DELETE,
+            "/environments/prod/services/checkout/flags/recommendations.enabled?reason=gone",
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    let page = b.get(SERVICE).await;
+    let compiled_in = r#"<code>recommendations.enabled</code>: <span class="warn">compiled into the service"#;
+    assert_eq!(page.body.matches(compiled_in).count(), 2, "dependency and matrix row: {}", page.body);
+
+    // A snapshot stored before references were checked, naming a flag that does not exist
+    // (written into the database as an older server stored it).
+    sqlx::query("UPDATE revisions SET body = replace(body, $1, $2)")
+        .bind(r#""enabled_flag":"recommendations.enabled""#)
+        .bind(r#""enabled_flag":"recommendation.enabled""#)
+        .execute(app._server.store.pool())
+        .await
+        .unwrap();
+    let page = b.get(SERVICE).await;
+    let broken = r#"<code>recommendation.enabled</code>: <span class="bad">broken: no such flag, this switch does nothing</span>"#;
+    assert_eq!(page.body.matches(broken).count(), 2, "{}", page.body);
+    assert!(page.body.contains(r#"id="problems""#), "{}", page.body);
+    assert!(
+        page.body.contains("<code>policy.dependencies.recommendations.enabled_flag</code>"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains(r#"<span class="ok">"#), "nothing in green: {}", page.body);
+}

@@ -41,28 +41,3 @@ pub(super) async fn settle() {
         tokio::task::yield_now().await;
     }
 }
-
-/// The example in docs/agent-guide.md is the module's doctest (which the compiler checks):
-/// every line of the guide's snippet is a line of the doctest.
-#[test]
-fn the_guides_admission_example_is_the_compiled_doctest() {
-    let guide = include_str!("../../../../docs/agent-guide.md");
-    let module = include_str!("../mod.rs");
-    let start =
-        guide.find("```rust\n// admission example").expect("the guide shows the example") + "```rust\n".len();
-    let snippet = &guide[start..start + guide[start..].find("\n```").expect("closed code block")];
-    let doc: Vec<&str> = module
-        .lines()
-        .filter_map(|l| l.strip_prefix("//!"))
-        .map(|l| l.strip_prefix(' ').unwrap_or(l))
-        .collect();
-    let at =
-        doc.iter().position(|l| l.starts_with("// admission example")).expect("the doctest has the example");
-    for (i, line) in snippet.lines().enumerate() {
-        assert_eq!(
-            doc.get(at + i).copied(),
-            Some(line),
-            "line {i} of the guide's example differs from the doctest"
-        );
-    }
-}
