@@ -332,7 +332,9 @@ fn status_json(r: &levee_agent::proto::StatusReport) -> String {
             "failure_rate": b.failure_rate, "slow_call_rate": b.slow_call_rate,
         })).collect::<Vec<_>>(),
         "features": r.features.iter().map(|f| serde_json::json!({
-            "feature": f.feature, "level": f.level, "degraded_since_ms": f.degraded_since_ms,
+            "feature": f.feature, "level": f.level,
+            "degraded_since": (f.degraded_since_ms > 0)
+                .then(|| levee_agent::policy::Timestamp::from_unix_ms(f.degraded_since_ms)),
         })).collect::<Vec<_>>(),
         "bulkheads": r.bulkheads.iter().map(|b| serde_json::json!({
             "dependency": b.dependency, "operation": b.operation, "max_concurrent": b.max_concurrent,
@@ -456,4 +458,30 @@ fn finish(inner: &Inner, session: &Session) {
     inner.streams.fetch_sub(1, Ordering::Relaxed);
     metrics::gauge!("levee_server_streams").decrement(1.0);
     tracing::debug!(instance = %session.instance, "agent stream closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use levee_agent::proto::{FeatureStatus, StatusReport};
+
+    /// The fleet API shows an agent's status report as JSON: the time a feature went onto
+    /// its fallback is RFC 3339 like every other time of the API, `null` while it is fresh.
+    #[test]
+    fn status_json_writes_degraded_since_as_rfc3339() {
+        let report = StatusReport {
+            features: vec![
+                FeatureStatus {
+                    feature: "recs".into(),
+                    level: "GENERIC".into(),
+                    degraded_since_ms: 1_764_590_400_000,
+                },
+                FeatureStatus { feature: "cart".into(), level: "FRESH".into(), degraded_since_ms: 0 },
+            ],
+            ..StatusReport::default()
+        };
+        let json: serde_json::Value = serde_json::from_str(&super::status_json(&report)).unwrap();
+        assert_eq!(json["features"][0]["degraded_since"], "2025-12-01T12:00:00Z");
+        assert_eq!(json["features"][1]["degraded_since"], serde_json::Value::Null);
+        assert!(json["features"][0].get("degraded_since_ms").is_none());
+    }
 }

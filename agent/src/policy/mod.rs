@@ -7,6 +7,7 @@
 //! `validate()`, which reports every out-of-range field at once.
 
 pub mod defaults;
+pub mod duration;
 mod lint;
 mod model;
 mod timestamp;
@@ -14,7 +15,7 @@ mod validate;
 
 pub use lint::{Lint, lint};
 pub use model::*;
-pub use timestamp::Timestamp;
+pub use timestamp::{Timestamp, rfc3339};
 pub use validate::{FieldError, ValidationErrors, check_name, check_operation};
 
 use serde::de::DeserializeOwned;

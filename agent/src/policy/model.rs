@@ -75,19 +75,19 @@ pub struct ServiceConfig {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Policy {
     /// Inbound budget when the caller sends none (e.g. `"1s"`).
-    #[serde(with = "humantime_serde", default = "default_deadline")]
+    #[serde(with = "super::duration", default = "default_deadline")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "800ms"))]
     pub default_deadline: Duration,
     /// Cap on any inbound budget, whatever the caller sends.
-    #[serde(with = "humantime_serde", default = "max_deadline")]
+    #[serde(with = "super::duration", default = "max_deadline")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5s"))]
     pub max_deadline: Duration,
     /// Time kept back from outgoing calls to build a degraded answer.
-    #[serde(with = "humantime_serde", default = "reserve")]
+    #[serde(with = "super::duration", default = "reserve")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
     pub reserve: Duration,
     /// Most any non-critical dependency may take per attempt.
-    #[serde(with = "humantime_serde", default = "non_critical_cap")]
+    #[serde(with = "super::duration", default = "non_critical_cap")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "80ms"))]
     pub non_critical_cap: Duration,
     /// Outgoing dependencies by name.
@@ -186,7 +186,7 @@ pub struct DependencyPolicy {
     /// (calls are not made and go straight to the fallback). `None` = no kill switch.
     pub enabled_flag: Option<String>,
     /// Time limit of one attempt; finite.
-    #[serde(with = "humantime_serde", default = "attempt_timeout")]
+    #[serde(with = "super::duration", default = "attempt_timeout")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "300ms"))]
     pub attempt_timeout: Duration,
     /// Retries of an attempt that failed; operations may override.
@@ -199,11 +199,11 @@ pub struct DependencyPolicy {
     /// What callers get when the dependency fails or is switched off.
     pub fallback: FallbackLevel,
     /// Oldest value the STALE level may serve.
-    #[serde(with = "humantime_serde", default = "stale_max_age")]
+    #[serde(with = "super::duration", default = "stale_max_age")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10m"))]
     pub stale_max_age: Duration,
     /// Time limit of the fallback itself.
-    #[serde(with = "humantime_serde", default = "fallback_timeout")]
+    #[serde(with = "super::duration", default = "fallback_timeout")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
     pub fallback_timeout: Duration,
     /// Per-endpoint outlier detection (Envoy semantics); off when absent.
@@ -239,7 +239,7 @@ pub struct Operation {
     /// OPTIONS, PUT, DELETE are idempotent; POST only with an idempotency key).
     pub idempotent: Option<bool>,
     /// Time limit of one attempt; `None` = the dependency's.
-    #[serde(with = "humantime_serde::option", default)]
+    #[serde(with = "super::duration::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "200ms"))]
     pub attempt_timeout: Option<Duration>,
     /// Retries of this operation; `None` = the dependency's.
@@ -258,11 +258,11 @@ pub struct Retry {
     /// Attempts in total including the first; 1 = no retry.
     pub max_attempts: u32,
     /// Base delay: attempt n waits uniform(0, min(cap, base × 2^n)).
-    #[serde(with = "humantime_serde", default = "retry_base")]
+    #[serde(with = "super::duration", default = "retry_base")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
     pub base: Duration,
     /// Ceiling of every backoff delay (`cap` in `base`'s formula).
-    #[serde(with = "humantime_serde", default = "retry_cap")]
+    #[serde(with = "super::duration", default = "retry_cap")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2s"))]
     pub cap: Duration,
     /// Token bucket bounding retries to a share of successful traffic.
@@ -345,18 +345,18 @@ pub struct CircuitBreakerPolicy {
     /// Failure rate (a ratio) at or above which the breaker opens.
     pub failure_rate_threshold: f64,
     /// A call lasting at least this long is slow; `None` = slow-call detection off.
-    #[serde(with = "humantime_serde::option", default)]
+    #[serde(with = "super::duration::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "250ms"))]
     pub slow_call_duration: Option<Duration>,
     /// Slow-call rate (a ratio) at or above which the breaker opens; 1 = only when every
     /// call is slow.
     pub slow_call_rate_threshold: f64,
     /// First open period; doubles on each consecutive open.
-    #[serde(with = "humantime_serde", default = "wait_in_open")]
+    #[serde(with = "super::duration", default = "wait_in_open")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "15s"))]
     pub wait_in_open: Duration,
     /// Longest open period, however many consecutive opens.
-    #[serde(with = "humantime_serde", default = "max_wait_in_open")]
+    #[serde(with = "super::duration", default = "max_wait_in_open")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5m"))]
     pub max_wait_in_open: Duration,
     /// Probe calls let through in HALF_OPEN, one attempt each.
@@ -364,7 +364,7 @@ pub struct CircuitBreakerPolicy {
     /// How long a HALF_OPEN probe may stay out without reporting before it counts as failed
     /// and the breaker reopens; `None` = twice the attempt timeout. Time with no probe out
     /// never counts: a rarely called dependency still closes its breaker.
-    #[serde(with = "humantime_serde::option", default)]
+    #[serde(with = "super::duration::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2s"))]
     pub max_wait_in_half_open: Option<Duration>,
 }
@@ -396,7 +396,7 @@ pub struct BulkheadPolicy {
     /// Concurrent calls admitted.
     pub max_concurrent: u32,
     /// Longest wait for a slot (`0ms` = fail fast); also bounded by the deadline.
-    #[serde(with = "humantime_serde", default = "bulkhead_max_wait")]
+    #[serde(with = "super::duration", default = "bulkhead_max_wait")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10ms"))]
     pub max_wait: Duration,
 }
@@ -415,11 +415,11 @@ pub struct OutlierDetection {
     /// Consecutive errors that eject an endpoint.
     pub consecutive_errors: u32,
     /// How often ejections are re-evaluated (ejected endpoints whose time is up return).
-    #[serde(with = "humantime_serde", default = "outlier_interval")]
+    #[serde(with = "super::duration", default = "outlier_interval")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10s"))]
     pub interval: Duration,
     /// Ejection time = base × number of times the endpoint was ejected.
-    #[serde(with = "humantime_serde", default = "outlier_base_ejection")]
+    #[serde(with = "super::duration", default = "outlier_base_ejection")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "30s"))]
     pub base_ejection_time: Duration,
     /// Most of the pool ever ejected at once, in percent (never the whole pool).
@@ -516,7 +516,7 @@ pub struct Limit {
     /// AIMD decrease factor on a drop (`backoffRatio`, a ratio).
     pub backoff_ratio: f64,
     /// AIMD: a round trip longer than this counts as a drop.
-    #[serde(with = "humantime_serde", default = "limit_timeout")]
+    #[serde(with = "super::duration", default = "limit_timeout")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5s"))]
     pub timeout: Duration,
     /// Gradient2/Vegas smoothing: how much of the new estimate replaces the limit at each
@@ -557,12 +557,12 @@ pub struct Queue {
     /// Most requests waiting; 0 = no queue.
     pub max_len: u32,
     /// CoDel target delay: the short queue timeout while overloaded.
-    #[serde(with = "humantime_serde", default = "codel_target")]
+    #[serde(with = "super::duration", default = "codel_target")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5ms"))]
     pub codel_target: Duration,
     /// CoDel interval: the normal queue timeout, and how long the queue must stay
     /// non-empty to count as overloaded.
-    #[serde(with = "humantime_serde", default = "codel_interval")]
+    #[serde(with = "super::duration", default = "codel_interval")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "100ms"))]
     pub codel_interval: Duration,
     /// Serve the newest waiter first while overloaded.
@@ -594,7 +594,7 @@ pub struct Route {
     /// Criticality when the request carries none.
     pub criticality: Criticality,
     /// Inbound budget of this route when the caller sends none.
-    #[serde(with = "humantime_serde::option", default)]
+    #[serde(with = "super::duration::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "500ms"))]
     pub deadline: Option<Duration>,
     /// The route changes data: while the read-only flag is on, it answers 503.
@@ -670,7 +670,7 @@ pub struct ClientThrottle {
     /// rejection (2 = the book's default; lower is more aggressive). Allowed 1..=10.
     pub k: f64,
     /// Length of the sliding window of request and accept counts.
-    #[serde(with = "humantime_serde", default = "throttle_window")]
+    #[serde(with = "super::duration", default = "throttle_window")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2m"))]
     pub window: Duration,
 }
@@ -699,7 +699,7 @@ pub struct MatrixRow {
     #[serde(default)]
     pub decision: String,
     /// Alert when the feature has lived on a fallback longer than this.
-    #[serde(with = "humantime_serde", default = "alert_after")]
+    #[serde(with = "super::duration", default = "alert_after")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, example = "30m"))]
     pub alert_after: Duration,
     /// Key of a bool flag; while `false` the feature is forced onto its fallback.
@@ -756,7 +756,7 @@ pub enum StalePolicy {
     #[default]
     Hold,
     /// Revert to the compiled-in default once the configuration is older than this.
-    RevertAfter(#[serde(with = "humantime_serde")] Duration),
+    RevertAfter(#[serde(with = "super::duration")] Duration),
 }
 
 /// Percentage rollout of a flag's value, keyed by a caller-supplied key.
@@ -806,7 +806,7 @@ pub enum FaultAction {
     /// Delays the attempt (inside the attempt timeout).
     Delay {
         /// Added latency.
-        #[serde(with = "humantime_serde")]
+        #[serde(with = "super::duration")]
         #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2s"))]
         delay: Duration,
     },

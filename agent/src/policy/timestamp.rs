@@ -75,6 +75,45 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
+/// Serde `with` module for an `i64` of milliseconds since the Unix epoch, written and read
+/// as an RFC 3339 string, as [`Timestamp`] is: `#[serde(with = "levee_agent::policy::rfc3339")]`.
+///
+/// This is how every time in the server's API is spelled, whatever its storage keeps
+/// (`"2026-12-01T12:00:00Z"`, UTC, millisecond precision; any offset accepted on input).
+/// With the `openapi` feature, pair it with `#[schema(value_type = String, format = DateTime)]`.
+pub mod rfc3339 {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Timestamp;
+
+    /// Writes `ms` as RFC 3339.
+    pub fn serialize<S: Serializer>(ms: &i64, s: S) -> Result<S::Ok, S::Error> {
+        Timestamp::from_unix_ms(*ms).serialize(s)
+    }
+
+    /// Reads RFC 3339 into milliseconds; the error echoes the value and shows the format.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        Timestamp::deserialize(d).map(Timestamp::unix_ms)
+    }
+
+    /// The same for `Option<i64>` (`null` when absent).
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        use super::Timestamp;
+
+        /// Writes `Some(ms)` as RFC 3339, `None` as `null`.
+        pub fn serialize<S: Serializer>(ms: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+            ms.map(Timestamp::from_unix_ms).serialize(s)
+        }
+
+        /// Reads RFC 3339 or `null`.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+            Ok(Option::<Timestamp>::deserialize(d)?.map(Timestamp::unix_ms))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +124,23 @@ mod tests {
         assert_eq!(t.to_rfc3339(), "2026-12-01T12:00:00Z");
         assert_eq!(Timestamp::parse(&t.to_rfc3339()), Some(t));
         assert_eq!(Timestamp::parse("tomorrow"), None);
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Row {
+        #[serde(with = "rfc3339")]
+        at: i64,
+        #[serde(with = "rfc3339::option")]
+        until: Option<i64>,
+    }
+
+    #[test]
+    fn milliseconds_are_written_and_read_as_rfc3339() {
+        let row = Row { at: 1_764_590_400_123, until: None };
+        let json = serde_json::to_string(&row).unwrap();
+        assert_eq!(json, r#"{"at":"2025-12-01T12:00:00.123Z","until":null}"#);
+        assert_eq!(serde_json::from_str::<Row>(&json).unwrap(), row);
+        let e = serde_json::from_str::<Row>(r#"{"at":"yesterday","until":null}"#).unwrap_err();
+        assert!(e.to_string().contains(r#"invalid timestamp "yesterday": expected RFC 3339"#), "{e}");
     }
 }

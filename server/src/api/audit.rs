@@ -1,12 +1,12 @@
 //! The audit log.
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use levee_agent::policy::Timestamp;
 use serde::Deserialize;
 
 use super::services::page_limit;
-use super::{ApiError, ApiResult, Auth};
+use super::{ApiQuery, ApiResult, Auth};
 use crate::db::{AuditFilter, AuditRow};
 use crate::web::AppState;
 
@@ -20,27 +20,16 @@ pub struct AuditQuery {
     pub service: Option<String>,
     /// Only entries by this actor (a username or `token:<name>`).
     pub actor: Option<String>,
-    /// Only entries at or after this time (RFC 3339).
-    pub since: Option<String>,
+    /// Only entries at or after this time (RFC 3339, e.g. `2026-12-01T12:00:00Z`).
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub since: Option<Timestamp>,
     /// Only entries at or before this time (RFC 3339).
-    pub until: Option<String>,
+    #[param(value_type = Option<String>, format = DateTime)]
+    pub until: Option<Timestamp>,
     /// The next page: entries older than this id (the last id of the previous page).
     pub before_id: Option<i64>,
     /// Most entries (default 100; the allowed range is in the 400 answer).
     pub limit: Option<i64>,
-}
-
-fn time(field: &str, v: &Option<String>) -> ApiResult<Option<i64>> {
-    match v {
-        None => Ok(None),
-        Some(s) => Timestamp::parse(s).map(|t| Some(t.unix_ms())).ok_or_else(|| {
-            ApiError::bad_field(
-                field,
-                format!("{s:?}"),
-                "must be an RFC 3339 time, e.g. 2026-12-01T12:00:00Z",
-            )
-        }),
-    }
 }
 
 /// Audit entries, newest first: who, when, from where, what, before/after, why and outcome.
@@ -49,12 +38,12 @@ fn time(field: &str, v: &Option<String>) -> ApiResult<Option<i64>> {
 pub async fn list(
     State(s): State<AppState>,
     _a: Auth,
-    Query(q): Query<AuditQuery>,
+    ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> ApiResult<Json<Vec<AuditRow>>> {
     let limit = page_limit(q.limit)?;
     let f = AuditFilter {
-        since: time("since", &q.since)?,
-        until: time("until", &q.until)?,
+        since: q.since.map(Timestamp::unix_ms),
+        until: q.until.map(Timestamp::unix_ms),
         environment: q.environment,
         service: q.service,
         actor: q.actor,

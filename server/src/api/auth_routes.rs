@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use levee_agent::policy::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
@@ -27,8 +28,8 @@ pub struct LoginResponse {
     pub token: String,
     /// Always `Bearer`.
     pub token_type: &'static str,
-    /// Expiry, seconds since the epoch.
-    pub expires_at: u64,
+    /// When the token stops working (RFC 3339).
+    pub expires_at: Timestamp,
     /// What the user may do.
     pub role: Role,
 }
@@ -47,7 +48,7 @@ pub async fn login(
     Ok(Json(LoginResponse {
         token: session.token,
         token_type: "Bearer",
-        expires_at: session.expires_at,
+        expires_at: Timestamp::from_unix_ms((session.expires_at as i64).saturating_mul(1000)),
         role: session.role,
     }))
 }

@@ -116,3 +116,32 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
         levee_agent::policy::decode_json::<T>(&bytes).map(ApiJson).map_err(ApiError::from_policy)
     }
 }
+
+/// Query parameters decoded with errors that name the parameter: 400 with the
+/// parameter as the field (`since`), the value's own complaint (an RFC 3339 time, a
+/// duration, a number) and nothing else of the request. Unknown parameters are refused
+/// where the type says `deny_unknown_fields`.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(de).map(ApiQuery).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            if path.is_empty() || path == "." {
+                ApiError::bad_request(format!("bad query string: {message}"))
+            } else {
+                let value = form_urlencoded::parse(query.as_bytes())
+                    .find(|(k, _)| *k == path)
+                    .map(|(_, v)| format!("{v:?}"))
+                    .unwrap_or_default();
+                ApiError::bad_field(&path, value, message)
+            }
+        })
+    }
+}

@@ -3,14 +3,14 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use levee_agent::policy::{Flag, FlagType, Rollout, ServiceConfig, StalePolicy, Timestamp};
 use serde::Deserialize;
 
 use super::services::{if_match, write_response};
-use super::{ApiError, ApiJson, ApiResult, Auth};
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, ChangeError, Missing, Name, Reason, ServiceAt};
 use crate::web::{AppState, RequestId};
 
@@ -174,7 +174,7 @@ pub async fn delete(
     rid: RequestId,
     headers: HeaderMap,
     Path((env, svc, key)): Path<(String, String, String)>,
-    Query(q): Query<ReasonQuery>,
+    ApiQuery(q): ApiQuery<ReasonQuery>,
 ) -> ApiResult<Response> {
     let by = auth.actor(Action::FlagDelete, &rid)?;
     let at = ServiceAt::new(env, svc, if_match(&headers, false)?);

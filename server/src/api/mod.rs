@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use error::{ApiError, ApiResult, PROBLEM_JSON, Problem};
-pub use extract::{ApiJson, Auth};
+pub use extract::{ApiJson, ApiQuery, Auth};
 pub use openapi::ApiDoc;
 
 use crate::web::AppState;

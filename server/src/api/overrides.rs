@@ -1,7 +1,7 @@
 //! Breaker overrides and fault-injection rules.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use levee_agent::policy::{
@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::flags::ReasonQuery;
 use super::services::{if_match, write_response};
-use super::{ApiError, ApiJson, ApiResult, Auth};
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, Name, NewFaultRule, NewOverride, Reason, ServiceAt};
 use crate::web::{AppState, RequestId};
 
@@ -117,7 +117,7 @@ pub async fn delete_override(
     rid: RequestId,
     headers: HeaderMap,
     Path((env, svc, dep)): Path<(String, String, String)>,
-    Query(q): Query<DeleteOverrideQuery>,
+    ApiQuery(q): ApiQuery<DeleteOverrideQuery>,
 ) -> ApiResult<Response> {
     let by = auth.actor(Action::BreakerOverrideDelete, &rid)?;
     let at = ServiceAt::new(env, svc, if_match(&headers, false)?);
@@ -175,7 +175,7 @@ pub async fn delete_fault(
     rid: RequestId,
     headers: HeaderMap,
     Path((env, svc, id)): Path<(String, String, String)>,
-    Query(q): Query<ReasonQuery>,
+    ApiQuery(q): ApiQuery<ReasonQuery>,
 ) -> ApiResult<Response> {
     let by = auth.actor(Action::FaultDelete, &rid)?;
     let at = ServiceAt::new(env, svc, if_match(&headers, false)?);

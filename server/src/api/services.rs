@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig, lint};
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, ApiJson, ApiResult, Auth};
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewService, Reason, ServiceAt, Written};
 use crate::db::{RevisionMeta, SnapshotRow};
 use crate::diff::{DiffEntry, json_diff};
@@ -26,7 +26,9 @@ pub struct ServiceSummary {
     pub description: String,
     /// Current revision; the first is 1 and every change that alters the service makes the next.
     pub revision: u64,
-    /// Last change, ms since the epoch.
+    /// Last change (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: i64,
 }
 
@@ -98,7 +100,9 @@ pub struct SnapshotDocument {
     pub revision: u64,
     /// SHA-256 hex of the canonical body.
     pub hash: String,
-    /// When it was written, ms since the epoch.
+    /// When it was written (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
     /// The body: what agents receive.
     pub config: ServiceConfig,
@@ -316,7 +320,7 @@ pub async fn list_revisions(
     State(s): State<AppState>,
     _a: Auth,
     Path((env, svc)): Path<(String, String)>,
-    Query(q): Query<RevisionsQuery>,
+    ApiQuery(q): ApiQuery<RevisionsQuery>,
 ) -> ApiResult<Json<Vec<RevisionMeta>>> {
     let limit = page_limit(q.limit)?;
     service_or_404(&s, &env, &svc).await?;
@@ -350,7 +354,7 @@ pub async fn diff_revision(
     State(s): State<AppState>,
     _a: Auth,
     Path((env, svc, rev)): Path<(String, String, u64)>,
-    Query(q): Query<DiffQuery>,
+    ApiQuery(q): ApiQuery<DiffQuery>,
 ) -> ApiResult<Json<RevisionDiff>> {
     let against = q.against.unwrap_or(rev.saturating_sub(1));
     let new = revision_or_404(&s, &env, &svc, rev).await?;

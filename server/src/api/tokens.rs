@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use super::{ApiJson, ApiResult, Auth};
+use super::{ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewToken, NewUser, Reason};
 use crate::db::{Role, TokenKind, TokenRow, now_ms};
 use crate::web::{AppState, RequestId};
@@ -31,7 +31,7 @@ pub struct CreateToken {
     #[serde(default)]
     pub services: Vec<String>,
     /// Lifetime, e.g. `90d`; default 365 days (the allowed range is in the 400 answer).
-    #[serde(default, with = "humantime_serde::option")]
+    #[serde(default, with = "levee_agent::policy::duration::option")]
     #[schema(value_type = Option<String>, example = "90d")]
     pub expires_in: Option<Duration>,
     /// Why, recorded in the audit log; required.
@@ -95,7 +95,7 @@ pub async fn revoke(
     auth: Auth,
     rid: RequestId,
     Path(id): Path<String>,
-    Query(q): Query<RevokeQuery>,
+    ApiQuery(q): ApiQuery<RevokeQuery>,
 ) -> ApiResult<StatusCode> {
     let by = auth.actor(Action::TokenRevoke, &rid)?;
     let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
@@ -112,7 +112,9 @@ pub struct UserInfo {
     pub role: Role,
     /// A disabled user cannot log in and its sessions stop working.
     pub disabled: bool,
-    /// Creation time, ms since the epoch.
+    /// Creation time (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
 }
 

@@ -106,11 +106,17 @@ pub struct TokenRow {
     pub services: Vec<String>,
     /// Who minted it.
     pub created_by: String,
-    /// Minted at, ms since the epoch.
+    /// Minted at (RFC 3339; stored as ms since the epoch).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
-    /// Expires at, ms since the epoch.
+    /// Expires at.
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub expires_at: i64,
-    /// Revoked at, ms since the epoch.
+    /// Revoked at; `null` while valid.
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub revoked_at: Option<i64>,
 }
 
@@ -147,7 +153,9 @@ pub struct EnvironmentRow {
     pub description: String,
     /// Whether fault injection is permitted here.
     pub allow_faults: bool,
-    /// Creation time, ms since the epoch.
+    /// Creation time (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
 }
 
@@ -228,7 +236,9 @@ pub struct RevisionMeta {
     pub revision: u64,
     /// SHA-256 hex of the snapshot body.
     pub hash: String,
-    /// Created at, ms since the epoch.
+    /// Created at (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
     /// Who made the change.
     pub actor: String,
@@ -254,7 +264,9 @@ impl RevisionMeta {
 pub struct AuditRow {
     /// Sequence number (0 before insertion).
     pub id: i64,
-    /// When, ms since the epoch.
+    /// When (RFC 3339; stored as ms since the epoch).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub at: i64,
     /// Who (username, `token:<name>`, or `levee` for the server itself).
     pub actor: String,
@@ -275,9 +287,14 @@ pub struct AuditRow {
     pub outcome: String,
     /// Mandatory reason given by the actor.
     pub reason: String,
-    /// JSON before the change.
+    /// What the target was before the change, as JSON (stored as JSON text; the API
+    /// answers the JSON value itself).
+    #[serde(serialize_with = "json_text")]
+    #[schema(value_type = Option<Object>)]
     pub before: Option<String>,
-    /// JSON after the change.
+    /// What it is after the change, as JSON (like `before`).
+    #[serde(serialize_with = "json_text")]
+    #[schema(value_type = Option<Object>)]
     pub after: Option<String>,
     /// Revision created by the change.
     pub revision: Option<i64>,
@@ -301,6 +318,16 @@ impl AuditRow {
             after: r.try_get("after")?,
             revision: r.try_get("revision")?,
         })
+    }
+}
+
+/// Writes audit JSON text as the JSON value it holds (text that is not JSON, which no
+/// writer stores, stays a string rather than failing the whole answer).
+fn json_text<S: serde::Serializer>(text: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match text.as_deref().map(serde_json::from_str::<serde_json::Value>) {
+        None => s.serialize_none(),
+        Some(Ok(v)) => v.serialize(s),
+        Some(Err(_)) => text.serialize(s),
     }
 }
 
@@ -334,9 +361,13 @@ pub struct AgentRow {
     pub agent_version: String,
     /// Whether a stream is open now.
     pub connected: bool,
-    /// When the stream opened, ms since the epoch.
+    /// When the stream opened (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub connected_at: i64,
-    /// Last message on the stream, ms since the epoch.
+    /// Last message on the stream (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub last_seen: i64,
     /// Revision the agent acknowledged.
     pub applied_revision: u64,
@@ -377,7 +408,9 @@ pub struct NackRow {
     pub revision: u64,
     /// Why the agent rejected it.
     pub error_detail: String,
-    /// When the NACK arrived, ms since the epoch.
+    /// When the NACK arrived (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
     pub at: i64,
 }
 

@@ -91,8 +91,8 @@ impl AgentReport {
         }
         for f in status["features"].as_array().into_iter().flatten() {
             let level = f["level"].as_str().unwrap_or("");
-            let since = f["degraded_since_ms"].as_i64().unwrap_or(0);
-            if since > 0 && !level.is_empty() && level != "FRESH" {
+            let degraded = f["degraded_since"].as_str().is_some_and(|s| !s.is_empty());
+            if degraded && !level.is_empty() && level != "FRESH" {
                 r.degraded.push((f["feature"].as_str().unwrap_or("?").to_string(), level.to_string()));
             }
         }
@@ -129,8 +129,8 @@ mod tests {
                 serde_json::json!({"source": "live",
                 "breakers": [{"dependency": "pay", "operation": "", "state": "OPEN"},
                              {"dependency": "recs", "operation": "", "state": "CLOSED"}],
-                "features": [{"feature": "recommendations", "level": "GENERIC", "degraded_since_ms": 5},
-                             {"feature": "cart", "level": "FRESH", "degraded_since_ms": 0}]}),
+                "features": [{"feature": "recommendations", "level": "GENERIC", "degraded_since": "2026-12-01T12:00:00Z"},
+                             {"feature": "cart", "level": "FRESH", "degraded_since": null}]}),
             ),
             agent("b", true, 2, serde_json::json!({})),
             agent("c", false, 3, serde_json::json!({"breakers": [{"dependency": "x", "state": "OPEN"}]})),

@@ -7,3 +7,4 @@ mod history;
 mod kill_switch_refs;
 mod policy;
 mod router;
+mod times;

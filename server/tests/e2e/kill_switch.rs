@@ -46,6 +46,10 @@ async fn flag_flip_reaches_the_agent_and_changes_the_example_within_a_second() {
     for _ in 0..200 {
         let agents = api.send(Method::GET, "/environments/prod/services/checkout/agents", None).await;
         if agents[0]["applied_revision"].as_u64() == Some(rev) && agents[0]["connected"] == true {
+            for time in ["connected_at", "last_seen"] {
+                let t = agents[0][time].as_str().and_then(levee_agent::policy::Timestamp::parse);
+                assert!(t.is_some(), "{time} is not RFC 3339: {agents}");
+            }
             acked = true;
             break;
         }
