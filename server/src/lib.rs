@@ -3,9 +3,11 @@
 //! over gRPC.
 
 pub mod actions;
+pub mod advice;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod db;
 pub mod diff;

@@ -21,6 +21,9 @@ enum Command {
     /// Turns resilience4j, Envoy, Istio, Sentinel or Hystrix settings into a Levee
     /// manifest (stdout) and a report of every setting, mapped or not (stderr).
     Import(levee_server::import::ImportArgs),
+    /// Commands that talk to a Levee server over its API (login, get, export, apply, flip).
+    #[command(flatten)]
+    Client(levee_server::cli::ClientCommand),
     /// Manages users.
     Users {
         #[command(subcommand)]
@@ -56,9 +59,10 @@ fn init_tracing(filter: &str) {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Serve(ServeArgs::default_from_env())) {
+    let done = match cli.command.unwrap_or(Command::Serve(ServeArgs::default_from_env())) {
+        Command::Client(c) => return Ok(levee_server::cli::run(c).await),
         Command::Serve(args) => serve(Settings::load(args)?).await,
         Command::Import(args) => levee_server::import::run_cli(&args),
         Command::Migrate(args) => {
@@ -93,7 +97,8 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-    }
+    };
+    done.map(|()| std::process::ExitCode::SUCCESS)
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {

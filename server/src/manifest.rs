@@ -33,7 +33,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 /// Version of the manifest shape, written as `api_version: levee/v1`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum ApiVersion {
     /// The first shape: environment, service, description, policy, flags.
     #[default]
@@ -45,7 +45,7 @@ pub enum ApiVersion {
 pub const MAX_DESCRIPTION_BYTES: usize = 1000;
 
 /// One service as kept in git: its identity, its policy and its flags.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceManifest {
     /// Shape version; must be `levee/v1`.

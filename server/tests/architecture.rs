@@ -18,18 +18,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("diff", &[]),
     ("manifest", &[]),
     ("import", &["manifest"]),
+    ("cli", &["manifest"]),
     ("shutdown", &[]),
     ("hub", &["db"]),
+    ("advice", &["db"]),
     ("auth", &["db"]),
     ("fleet", &["db"]),
-    ("actions", &["auth", "db", "hub"]),
+    ("actions", &["advice", "auth", "db", "hub"]),
     ("sweeper", &["actions", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("sync", &["auth", "db", "fleet", "hub", "shutdown"]),
     ("config", &["sync"]),
     ("web", &["actions", "auth", "db", "hub"]),
-    ("api", &["actions", "auth", "db", "diff", "web"]),
-    ("ui", &["actions", "auth", "db", "web"]),
+    ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
+    ("ui", &["actions", "advice", "auth", "db", "web"]),
     (
         "app",
         &[
@@ -40,8 +42,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
 ];
 
 /// Modules that know nothing about HTTP: the domain, storage and what runs beside them.
-const HTTP_FREE: &[&str] =
-    &["actions", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown", "sweeper"];
+const HTTP_FREE: &[&str] = &[
+    "actions", "advice", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown", "sweeper",
+];
 
 /// Names that only HTTP code uses.
 const HTTP_NAMES: &[&str] = &[

@@ -104,6 +104,10 @@ pub enum Action {
     TokenRevoke,
     /// Creates a user.
     UserCreate,
+    /// Replaces what a service declares (policy, flags, description) as a manifest does.
+    ServiceApply,
+    /// Deletes a service (its history stays).
+    ServiceDelete,
 }
 
 impl Action {
@@ -124,6 +128,8 @@ impl Action {
             Action::TokenCreate => "token.create",
             Action::TokenRevoke => "token.revoke",
             Action::UserCreate => "user.create",
+            Action::ServiceApply => "service.apply",
+            Action::ServiceDelete => "service.delete",
         }
     }
 
@@ -139,7 +145,9 @@ impl Action {
             | Action::BreakerOverride
             | Action::BreakerOverrideDelete
             | Action::FaultSet
-            | Action::FaultDelete => Role::Operator,
+            | Action::FaultDelete
+            | Action::ServiceApply
+            | Action::ServiceDelete => Role::Operator,
             Action::EnvironmentCreate
             | Action::Expiry
             | Action::TokenCreate

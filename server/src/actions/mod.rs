@@ -42,9 +42,11 @@ pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use faults::NewFaultRule;
 pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
 pub use overrides::NewOverride;
-pub use service::NewService;
+pub use service::{Declared, NewService};
 
 use levee_agent::policy::{Lint, ServiceConfig, lint};
+
+use crate::advice;
 
 use crate::auth::Keys;
 use crate::db::{AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Store, now_ms};
@@ -113,17 +115,26 @@ impl Actions {
         let change =
             Change { env: &at.env, service: &at.service, action: action.name(), target, expected: at.base };
         let committed = self.store.mutate(change, &by.audit_ctx(reason), edit).await?;
-        Ok(self.publish(committed))
+        Ok(self.publish(committed).await)
     }
 
-    /// Publishes a new revision to this replica's agent streams (once, after commit).
-    fn publish(&self, c: Committed) -> Written {
+    /// Publishes a new revision to this replica's agent streams (once, after commit), and
+    /// says what the server advises about the policy now current ([`advice`]).
+    async fn publish(&self, c: Committed) -> Written {
         if c.changed {
             self.hub.publish(c.snapshot.clone());
         }
-        let lints = serde_json::from_str::<ServiceConfig>(&c.snapshot.body)
-            .map(|c| lint(&c.policy))
-            .unwrap_or_default();
+        let lints = match serde_json::from_str::<ServiceConfig>(&c.snapshot.body) {
+            Ok(cfg) => {
+                let (env, svc) = (&c.snapshot.environment, &c.snapshot.service);
+                advice::for_service(&self.store, env, svc, &cfg.policy).await.unwrap_or_else(|e| {
+                    // Advice needs more reads; the write is done, so answer the policy's own lints.
+                    tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "reading what advice needs");
+                    lint(&cfg.policy)
+                })
+            }
+            Err(_) => Vec::new(),
+        };
         Written { snapshot: c.snapshot, changed: c.changed, lints }
     }
 }

@@ -38,6 +38,34 @@ impl NewService {
     }
 }
 
+/// What a service declares, as a manifest holds it (`levee apply`): everything agents
+/// receive except the operational state (fault rules, breaker overrides), plus its
+/// description.
+#[derive(Clone, Debug)]
+pub struct Declared {
+    /// Free text shown in lists (not sent to agents).
+    pub description: String,
+    /// The whole policy.
+    pub policy: Policy,
+    /// Every flag, by key: a flag of the service that is not here is deleted.
+    pub flags: BTreeMap<String, Flag>,
+}
+
+impl Declared {
+    /// Checks the form of a declared service (the description's length and characters).
+    ///
+    /// # Errors
+    /// [`BadInput`] on the field `description`.
+    pub fn new(
+        description: String,
+        policy: Policy,
+        flags: BTreeMap<String, Flag>,
+    ) -> Result<Declared, BadInput> {
+        super::check_text("description", &description)?;
+        Ok(Declared { description, policy, flags })
+    }
+}
+
 /// Puts the paths of `errors` under `prefix` (`retry.max_attempts` → `policy.retry.max_attempts`).
 fn under(prefix: &str, mut errors: ValidationErrors) -> ValidationErrors {
     for e in &mut errors.0 {
@@ -84,7 +112,7 @@ impl Actions {
         let change =
             Change { env, service: name, action: Action::ServiceCreate.name(), target: name, expected: None };
         match self.store.create_service(change, &new.description, parts, diff, &by.audit_ctx(reason)).await {
-            Ok(Some(c)) => Ok(self.publish(c)),
+            Ok(Some(c)) => Ok(self.publish(c).await),
             Ok(None) => Err(CreateError::AlreadyExists(Existing::Service {
                 env: env.to_string(),
                 name: name.to_string(),
@@ -119,6 +147,89 @@ impl Actions {
             Ok(diff)
         })
         .await
+    }
+
+    /// Replaces what `at`'s service declares with `declared`, in one revision (audited as
+    /// `service.apply`, before and after the policy and flags); fault rules and breaker
+    /// overrides stay. A new description is stored beside it (no revision: agents do not
+    /// receive it), audited as `service.apply` on target `description`.
+    ///
+    /// # Errors
+    /// [`ChangeError`]; the paths of an invalid configuration start with `policy.` or
+    /// `flags.`.
+    pub async fn apply_service(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        at: &ServiceAt,
+        declared: Declared,
+    ) -> Result<Written, ChangeError> {
+        by.may(Action::ServiceApply)?;
+        let Declared { description, policy, flags } = declared;
+        let current = self.store.service(&at.env, &at.service).await?.ok_or_else(|| {
+            ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
+        })?;
+        let mut written = self
+            .write(by, reason, Action::ServiceApply, at, "policy and flags", move |p| {
+                #[derive(serde::Serialize)]
+                struct Declares<'a> {
+                    policy: &'a Policy,
+                    flags: &'a BTreeMap<String, Flag>,
+                }
+                let before = serde_json::to_string(&Declares { policy: &p.policy, flags: &p.flags }).ok();
+                let after = serde_json::to_string(&Declares { policy: &policy, flags: &flags }).ok();
+                p.policy = policy;
+                p.flags = flags;
+                Ok(AuditDiff { before, after })
+            })
+            .await?;
+        if current.description != description {
+            let mut audit = super::audit_row(by, reason, Action::ServiceApply, "description".to_string());
+            audit.environment = Some(at.env.clone());
+            audit.service = Some(at.service.clone());
+            audit.before = serde_json::to_string(&current.description).ok();
+            audit.after = serde_json::to_string(&description).ok();
+            audit.revision = Some(written.snapshot.revision as i64);
+            if !self.store.set_description(&at.env, &at.service, &description, &audit).await? {
+                return Err(ChangeError::NotFound(Missing::Service {
+                    env: at.env.clone(),
+                    service: at.service.clone(),
+                }));
+            }
+            written.changed = true;
+        }
+        Ok(written)
+    }
+
+    /// Deletes `at`'s service if it is still at `at.base` (audited as `service.delete`,
+    /// with the last configuration as `before`). Its revision history stays readable by
+    /// number, and a service created again under the name continues its revisions; agents
+    /// keep the configuration they have.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: no such service, or a conflict with `at.base`.
+    pub async fn delete_service(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        at: &ServiceAt,
+    ) -> Result<(), ChangeError> {
+        by.may(Action::ServiceDelete)?;
+        let last = self.store.latest_snapshot(&at.env, &at.service).await?;
+        let mut audit = super::audit_row(by, reason, Action::ServiceDelete, at.service.clone());
+        audit.environment = Some(at.env.clone());
+        audit.service = Some(at.service.clone());
+        audit.before = last.map(|s| s.body);
+        self.store.delete_service(&at.env, &at.service, at.base, &audit).await.map_err(|e| match e {
+            MutateError::NoService { env, service } => {
+                ChangeError::NotFound(Missing::Service { env, service })
+            }
+            MutateError::Conflict { expected, current } => ChangeError::Conflict { expected, current },
+            MutateError::Db(e) => ChangeError::Storage(e),
+            e @ (MutateError::NoEnvironment(_) | MutateError::Invalid(_) | MutateError::Refused(_)) => {
+                ChangeError::Storage(anyhow::anyhow!("deleting a service: {e}"))
+            }
+        })
     }
 
     /// Makes the content of revision `to` of `at`'s service current again, as a new

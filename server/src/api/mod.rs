@@ -17,6 +17,7 @@ mod flags;
 mod fleet;
 mod openapi;
 mod overrides;
+mod plan;
 mod services;
 mod tokens;
 
@@ -42,7 +43,11 @@ pub fn router(state: AppState) -> Router {
         .route("/environments", get(envs::list).post(envs::create))
         .route("/environments/{env}", get(envs::get_one))
         .route("/environments/{env}/services", get(services::list).post(services::create))
-        .route("/environments/{env}/services/{svc}", get(services::get_one))
+        .route(
+            "/environments/{env}/services/{svc}",
+            get(services::get_one).put(services::put_service).delete(services::delete_service),
+        )
+        .route("/plan", post(plan::plan))
         .route(
             "/environments/{env}/services/{svc}/policy",
             get(services::get_policy).put(services::put_policy),

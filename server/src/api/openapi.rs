@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, auth_routes, envs, flags, fleet, overrides, services, tokens};
+use super::{audit, auth_routes, envs, flags, fleet, overrides, plan, services, tokens};
 
 struct BearerAuth;
 
@@ -37,6 +37,7 @@ impl Modify for BearerAuth {
         fleet::agents, fleet::nacks,
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
+        services::put_service, services::delete_service, plan::plan,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),

@@ -6,11 +6,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig, lint};
+use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, NewService, Reason, ServiceAt, Written};
+use crate::actions::{Action, Declared, NewService, Reason, ServiceAt, Written};
+use crate::advice::{self, BulkheadSizing};
 use crate::db::{RevisionMeta, SnapshotRow};
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
@@ -30,6 +31,46 @@ pub struct ServiceSummary {
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: i64,
+}
+
+/// One service as the API shows it: the summary, what the server advises about its
+/// policy, and the size Little's law suggests for each bulkhead.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ServiceView {
+    #[serde(flatten)]
+    pub summary: ServiceSummary,
+    /// Warnings about the current policy: its own lints and those that need the
+    /// environment and the agents' reports (chains of retries, bulkhead sizes, readiness,
+    /// features on a fallback past their alert).
+    pub lints: Vec<Lint>,
+    /// Every bulkhead of the policy with the Little's-law size its connected agents
+    /// measured (`suggested_size`), next to the configured `max_concurrent`.
+    pub bulkheads: Vec<BulkheadSizing>,
+}
+
+/// Body of `PUT /environments/{env}/services/{svc}`: what the service declares, as a
+/// manifest holds it.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutService {
+    /// Free text shown in lists; default empty.
+    #[serde(default)]
+    pub description: String,
+    /// The whole policy (fields left out take their defaults).
+    pub policy: Policy,
+    /// Every flag by key; a flag of the service that is not here is deleted. Default none.
+    #[serde(default)]
+    pub flags: BTreeMap<String, Flag>,
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// Query of `DELETE /environments/{env}/services/{svc}`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteServiceQuery {
+    /// Why, recorded in the audit log; required.
+    pub reason: Option<String>,
 }
 
 /// Body of `POST /environments/{env}/services`.
@@ -234,23 +275,82 @@ pub async fn list(
     ))
 }
 
-/// One service with its current revision.
+/// One service with its current revision (also as `ETag`), the server's advice on its
+/// policy and the Little's-law size of each bulkhead.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path)),
-    responses((status = 200, body = ServiceSummary), (status = 404, body = super::Problem)))]
+    responses((status = 200, body = ServiceView), (status = 404, body = super::Problem)))]
 pub async fn get_one(
     State(s): State<AppState>,
     _a: Auth,
     Path((env, svc)): Path<(String, String)>,
-) -> ApiResult<Json<ServiceSummary>> {
+) -> ApiResult<Response> {
     let r = service_or_404(&s, &env, &svc).await?;
-    Ok(Json(ServiceSummary {
+    let policy = stored_policy(&r)?;
+    let lints = advice::for_service(&s.store, &env, &svc, &policy).await?;
+    let bulkheads = advice::bulkheads(&policy, &s.store.agents(&env, &svc).await?);
+    let rev = r.revision;
+    let summary = ServiceSummary {
         environment: r.environment,
         name: r.name,
         description: r.description,
         revision: r.revision,
         updated_at: r.updated_at,
-    }))
+    };
+    Ok(([(header::ETAG, etag(rev))], Json(ServiceView { summary, lints, bulkheads })).into_response())
+}
+
+fn stored_policy(r: &crate::db::ServiceRow) -> ApiResult<Policy> {
+    serde_json::from_str(&r.policy).map_err(|e| ApiError::Internal(e.into()))
+}
+
+/// Replaces what the service declares — description, policy and every flag — in one
+/// revision, as `levee apply` does (operator); fault rules and breaker overrides stay.
+/// Requires `If-Match` (409 with the current revision on mismatch).
+#[utoipa::path(put, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
+    request_body = PutService, params(("env" = String, Path), ("svc" = String, Path),
+        ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to overwrite")),
+    responses((status = 200, body = WriteResult), (status = 404, body = super::Problem),
+              (status = 409, body = super::Problem), (status = 422, body = super::Problem),
+              (status = 428, body = super::Problem)))]
+pub async fn put_service(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    headers: HeaderMap,
+    Path((env, svc)): Path<(String, String)>,
+    ApiJson(req): ApiJson<PutService>,
+) -> ApiResult<Response> {
+    let by = auth.actor(Action::ServiceApply, &rid)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
+    let reason = Reason::parse(&req.reason)?;
+    let declared = Declared::new(req.description, req.policy, req.flags)?;
+    let written = s.actions.apply_service(&by, &reason, &at, declared).await?;
+    Ok(write_response(written, StatusCode::OK))
+}
+
+/// Deletes a service (operator): it leaves lists and reads, its flags, fault rules and
+/// overrides go. Its history stays readable by revision number, a service created again
+/// under its name continues its revisions, and its agents keep the configuration they
+/// have. Requires `If-Match`.
+#[utoipa::path(delete, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
+    params(("env" = String, Path), ("svc" = String, Path), DeleteServiceQuery,
+        ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to delete whatever it is")),
+    responses((status = 204, description = "deleted"), (status = 404, body = super::Problem),
+              (status = 409, body = super::Problem), (status = 428, body = super::Problem)))]
+pub async fn delete_service(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    headers: HeaderMap,
+    Path((env, svc)): Path<(String, String)>,
+    ApiQuery(q): ApiQuery<DeleteServiceQuery>,
+) -> ApiResult<StatusCode> {
+    let by = auth.actor(Action::ServiceDelete, &rid)?;
+    let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
+    let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
+    s.actions.delete_service(&by, &reason, &at).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The policy with its revision (also as `ETag`).
@@ -263,13 +363,14 @@ pub async fn get_policy(
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let r = service_or_404(&s, &env, &svc).await?;
-    let policy: Policy = serde_json::from_str(&r.policy).map_err(|e| ApiError::Internal(e.into()))?;
-    let lints = lint(&policy);
+    let policy = stored_policy(&r)?;
+    let lints = advice::for_service(&s.store, &env, &svc, &policy).await?;
     let doc = PolicyDocument { environment: env, service: svc, revision: r.revision, policy, lints };
     Ok(([(header::ETAG, etag(r.revision))], Json(doc)).into_response())
 }
 
-/// Lints of the current policy.
+/// Warnings about the current policy: its own lints and the server's advice (see the
+/// service view).
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/lint", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path)), responses((status = 200, body = [Lint])))]
 pub async fn get_lint(
@@ -278,8 +379,8 @@ pub async fn get_lint(
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Json<Vec<Lint>>> {
     let r = service_or_404(&s, &env, &svc).await?;
-    let policy: Policy = serde_json::from_str(&r.policy).map_err(|e| ApiError::Internal(e.into()))?;
-    Ok(Json(lint(&policy)))
+    let policy = stored_policy(&r)?;
+    Ok(Json(advice::for_service(&s.store, &env, &svc, &policy).await?))
 }
 
 fn snapshot_doc(snap: SnapshotRow) -> ApiResult<SnapshotDocument> {
@@ -303,6 +404,7 @@ pub async fn get_snapshot(
     _a: Auth,
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Response> {
+    service_or_404(&s, &env, &svc).await?;
     let snap = s
         .store
         .latest_snapshot(&env, &svc)

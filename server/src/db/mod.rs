@@ -387,7 +387,7 @@ impl Store {
     pub async fn services(&self, env: &str) -> anyhow::Result<Vec<ServiceRow>> {
         let rows = sqlx::query(
             "SELECT environment, name, description, revision, policy, created_at, updated_at FROM services \
-             WHERE environment = $1 ORDER BY name",
+             WHERE environment = $1 AND deleted_at IS NULL ORDER BY name",
         )
         .bind(env)
         .fetch_all(&self.pool)
@@ -399,7 +399,7 @@ impl Store {
     pub async fn service(&self, env: &str, name: &str) -> anyhow::Result<Option<ServiceRow>> {
         let row = sqlx::query(
             "SELECT environment, name, description, revision, policy, created_at, updated_at FROM services \
-             WHERE environment = $1 AND name = $2",
+             WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
         )
         .bind(env)
         .bind(name)

@@ -384,7 +384,8 @@ impl Store {
             Some(exp) => {
                 sqlx::query(
                     "UPDATE services SET revision = revision + 1, updated_at = $1 \
-                 WHERE environment = $2 AND name = $3 AND revision = $4 RETURNING revision, policy",
+                 WHERE environment = $2 AND name = $3 AND revision = $4 AND deleted_at IS NULL \
+                 RETURNING revision, policy",
                 )
                 .bind(now)
                 .bind(env)
@@ -396,7 +397,7 @@ impl Store {
             None => {
                 sqlx::query(
                     "UPDATE services SET revision = revision + 1, updated_at = $1 \
-                 WHERE environment = $2 AND name = $3 RETURNING revision, policy",
+                 WHERE environment = $2 AND name = $3 AND deleted_at IS NULL RETURNING revision, policy",
                 )
                 .bind(now)
                 .bind(env)
@@ -407,11 +408,13 @@ impl Store {
         };
         let no_service = || MutateError::NoService { env: env.to_string(), service: service.to_string() };
         let Some(bumped) = bumped else {
-            let current = sqlx::query("SELECT revision FROM services WHERE environment = $1 AND name = $2")
-                .bind(env)
-                .bind(service)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let current = sqlx::query(
+                "SELECT revision FROM services WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
+            )
+            .bind(env)
+            .bind(service)
+            .fetch_optional(&mut *tx)
+            .await?;
             drop(tx);
             return match (current, change.expected) {
                 (Some(row), Some(expected)) => {
@@ -443,6 +446,10 @@ impl Store {
 
     /// Creates a service with its first revision (1) holding `parts`, audited with `diff`.
     /// Returns `None` when a service of that name exists (nothing is written).
+    ///
+    /// A service of that name that was deleted comes back with the next revision of its
+    /// old counter instead of 1: its agents, which never apply a lower revision than the
+    /// one they hold, take the new configuration.
     pub async fn create_service(
         &self,
         change: Change<'_>,
@@ -475,15 +482,31 @@ impl Store {
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        if inserted.rows_affected() == 0 {
-            return Ok(None);
-        }
+        let revision = if inserted.rows_affected() == 1 {
+            1
+        } else {
+            let revived = sqlx::query(
+                "UPDATE services SET deleted_at = NULL, description = $1, policy = $2, revision = revision + 1, \
+                 updated_at = $3 WHERE environment = $4 AND name = $5 AND deleted_at IS NOT NULL RETURNING revision",
+            )
+            .bind(description)
+            .bind(serde_json::to_string(&parts.policy).map_err(|e| MutateError::Db(e.into()))?)
+            .bind(now)
+            .bind(env)
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match revived {
+                Some(row) => row.try_get::<i64, _>("revision")? as u64,
+                None => return Ok(None),
+            }
+        };
         // The row holds the policy already; the first revision adds everything else.
         let old = Parts {
             policy: parts.policy.clone(),
             ..Parts::from_config(ServiceConfig::default(), parts.faults_allowed)
         };
-        let start = Start { tx, revision: 1, old, now };
+        let start = Start { tx, revision, old, now };
         let written = self
             .write_revision(start, &change, ctx, false, |p| {
                 *p = parts;
@@ -491,6 +514,87 @@ impl Store {
             })
             .await?;
         Ok(written.map(|snapshot| Committed { snapshot, changed: true }))
+    }
+
+    /// Deletes service `name` of `env` if it is at revision `expected` (`None`: whatever
+    /// it is at), with `audit` in the same transaction. The service leaves every list and
+    /// read, its flags, fault rules and breaker overrides are removed; its row keeps the
+    /// revision counter and its history stays (see [`Store::create_service`]). Agents of
+    /// the service keep the last configuration they applied.
+    pub async fn delete_service(
+        &self,
+        env: &str,
+        name: &str,
+        expected: Option<u64>,
+        audit: &AuditRow,
+    ) -> Result<(), MutateError> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        let now = now_ms();
+        let current = sqlx::query(
+            "SELECT revision FROM services WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
+        )
+        .bind(env)
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(current) = current else {
+            return Err(MutateError::NoService { env: env.to_string(), service: name.to_string() });
+        };
+        let current = current.try_get::<i64, _>("revision")? as u64;
+        if let Some(expected) = expected
+            && expected != current
+        {
+            return Err(MutateError::Conflict { expected, current });
+        }
+        sqlx::query(
+            "UPDATE services SET deleted_at = $1, updated_at = $1 WHERE environment = $2 AND name = $3",
+        )
+        .bind(now)
+        .bind(env)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+        for table in ["flags", "faults", "breaker_overrides"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE environment = $1 AND service = $2"
+            )))
+            .bind(env)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        }
+        insert_audit(&mut tx, &AuditRow { at: now, revision: Some(current as i64), ..audit.clone() }).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Sets the description of service `name` of `env` (text for people, not part of what
+    /// agents receive, so no revision), with `audit` in the same transaction. Returns
+    /// whether the service exists.
+    pub async fn set_description(
+        &self,
+        env: &str,
+        name: &str,
+        description: &str,
+        audit: &AuditRow,
+    ) -> anyhow::Result<bool> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query(
+            "UPDATE services SET description = $1 WHERE environment = $2 AND name = $3 AND deleted_at IS NULL",
+        )
+        .bind(description)
+        .bind(env)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Ok(false);
+        }
+        insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// The one path that writes a revision, from `start`: applies `edit` to the parts,

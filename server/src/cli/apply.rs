@@ -1,0 +1,330 @@
+//! `levee apply -f FILE|DIR`: read manifests, ask the server for the plan, show it, and
+//! (unless `--dry-run`) write each service based on the revision the plan saw.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::session::{Api, CliError, seg};
+use super::{Connection, EXIT_CHANGES, service_path};
+use crate::manifest::{self, ServiceManifest};
+
+/// `levee apply`.
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// A manifest file, or a directory: every *.yaml, *.yml and *.json file under it
+    /// (hidden ones skipped). Repeat -f for several.
+    #[arg(short = 'f', long = "file", value_name = "FILE|DIR", required = true)]
+    pub files: Vec<PathBuf>,
+    /// Why, recorded in the audit log with every write; required (in CI, e.g. the commit).
+    #[arg(long)]
+    pub reason: String,
+    /// Shows the plan and writes nothing; exits 2 when the plan has changes, 0 when not.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also deletes the services of the manifests' environments that no manifest names.
+    #[arg(long)]
+    pub prune: bool,
+}
+
+/// Where a manifest came from, for error messages.
+#[derive(Clone, Debug)]
+struct Origin {
+    file: String,
+    /// From 1, as the manifest module counts documents.
+    document: usize,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: document {}", self.file, self.document)
+    }
+}
+
+fn manifest_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CliError> {
+    let err = |e: std::io::Error| CliError::Usage(format!("cannot read {}: {e}", path.display()));
+    if !path.is_dir() {
+        out.push(path.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(err)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    entries.sort();
+    for p in entries {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.starts_with('.') {
+            continue;
+        }
+        if p.is_dir() {
+            manifest_files(&p, out)?;
+        } else if [".yaml", ".yml", ".json"].iter().any(|ext| name.ends_with(ext)) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks every manifest of `paths`; every problem of every file is printed.
+fn read_manifests(paths: &[PathBuf]) -> Result<Vec<(ServiceManifest, Origin)>, CliError> {
+    let mut files = Vec::new();
+    for p in paths {
+        let before = files.len();
+        manifest_files(p, &mut files)?;
+        if files.len() == before {
+            return Err(CliError::Usage(format!(
+                "{}: no manifest files (*.yaml, *.yml, *.json) in it",
+                p.display()
+            )));
+        }
+    }
+    let mut out: Vec<(ServiceManifest, Origin)> = Vec::new();
+    let mut problems = Vec::new();
+    for f in &files {
+        let name = f.display().to_string();
+        let text =
+            std::fs::read_to_string(f).map_err(|e| CliError::Usage(format!("cannot read {name}: {e}")))?;
+        match manifest::parse(&name, &text) {
+            Ok(ms) => {
+                for (i, m) in ms.into_iter().enumerate() {
+                    let origin = Origin { file: name.clone(), document: i + 1 };
+                    if let Some((_, first)) = out.iter().find(|(o, _)| o.key() == m.key()) {
+                        problems.push(format!("{origin} ({}): the same service as {first}", m.key()));
+                    }
+                    out.push((m, origin));
+                }
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    if problems.is_empty() { Ok(out) } else { Err(CliError::Usage(problems.join("\n"))) }
+}
+
+/// One service of the server's plan (`POST /api/v1/plan`).
+#[derive(Debug, Deserialize)]
+struct Entry {
+    environment: String,
+    service: String,
+    action: String,
+    revision: Option<u64>,
+    #[serde(default)]
+    changes: Vec<Change>,
+    #[serde(default)]
+    lints: Vec<Lint>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Change {
+    path: String,
+    op: String,
+    before: Option<Value>,
+    after: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Lint {
+    path: String,
+    code: String,
+    message: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Plan {
+    services: Vec<Entry>,
+}
+
+/// Puts the file and document in front of the paths of a refused plan
+/// (`manifests[3].policy.x` → `FILE: document 2 (prod/checkout): policy.x`).
+fn locate(e: CliError, manifests: &[(ServiceManifest, Origin)]) -> CliError {
+    let CliError::Api { what, status, detail, errors, current_revision } = e else { return e };
+    let errors = errors
+        .into_iter()
+        .map(|mut f| {
+            let located = f.path.strip_prefix("manifests[").and_then(|rest| {
+                let (i, rest) = rest.split_once(']')?;
+                let (m, origin) = manifests.get(i.parse::<usize>().ok()?)?;
+                Some(format!("{origin} ({}): {}", m.key(), rest.trim_start_matches('.')))
+            });
+            if let Some(p) = located {
+                f.path = p;
+            }
+            f
+        })
+        .collect();
+    CliError::Api { what, status, detail, errors, current_revision }
+}
+
+fn short(v: &Option<Value>) -> String {
+    match v {
+        None => "(none)".into(),
+        Some(v) => {
+            let s = v.to_string();
+            if s.chars().count() > 120 {
+                format!("{}…", s.chars().take(119).collect::<String>())
+            } else {
+                s
+            }
+        }
+    }
+}
+
+/// The plan as people read it.
+fn render(plan: &Plan, prune: bool) -> String {
+    let mut out = String::new();
+    let width = plan.services.iter().map(|e| e.environment.len() + e.service.len() + 1).max().unwrap_or(0);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &plan.services {
+        *counts.entry(e.action.as_str()).or_default() += 1;
+        let name = format!("{}/{}", e.environment, e.service);
+        let rev = e.revision.map(|r| format!(" (revision {r})")).unwrap_or_default();
+        let (mark, what) = match e.action.as_str() {
+            "create" => ("+", "created".to_string()),
+            "change" => ("~", format!("changed{rev}")),
+            "unchanged" => ("=", "unchanged".to_string()),
+            "prune" => ("-", format!("would be pruned{rev}")),
+            "unmanaged" => ("?", "not in the manifests (apply --prune would delete it)".to_string()),
+            other => ("!", other.to_string()),
+        };
+        let _ = writeln!(out, "{mark} {name:<width$}  {what}");
+        for c in &e.changes {
+            let _ = match c.op.as_str() {
+                "added" => writeln!(out, "    + {}: {}", c.path, short(&c.after)),
+                "removed" => writeln!(out, "    - {}: {}", c.path, short(&c.before)),
+                _ => writeln!(out, "    ~ {}: {} → {}", c.path, short(&c.before), short(&c.after)),
+            };
+        }
+        for l in &e.lints {
+            let _ = writeln!(out, "    warning: policy.{} [{}]: {}", l.path, l.code, l.message);
+        }
+    }
+    let n = |a: &str| counts.get(a).copied().unwrap_or(0);
+    let _ = write!(
+        out,
+        "Plan: {} to create, {} to change, {} unchanged",
+        n("create"),
+        n("change"),
+        n("unchanged")
+    );
+    if prune {
+        let _ = write!(out, ", {} to prune", n("prune"));
+    } else if n("unmanaged") > 0 {
+        let _ = write!(out, ", {} not in the manifests (kept; --prune deletes them)", n("unmanaged"));
+    }
+    out.push_str(".\n");
+    out
+}
+
+/// `levee apply`.
+pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
+    if a.reason.trim().is_empty() {
+        return Err(CliError::Usage("--reason must say why (it is recorded in the audit log)".into()));
+    }
+    let manifests = read_manifests(&a.files)?;
+    let api = a.connection.api()?;
+    let body = json!({
+        "manifests": manifests.iter().map(|(m, _)| m).collect::<Vec<_>>(),
+        "prune": a.prune,
+    });
+    let plan: Plan =
+        api.send(Method::POST, "/plan", Some(&body), None).await.map_err(|e| locate(e, &manifests))?;
+    print!("{}", render(&plan, a.prune));
+    let pending: Vec<&Entry> =
+        plan.services.iter().filter(|e| matches!(e.action.as_str(), "create" | "change" | "prune")).collect();
+    if pending.is_empty() {
+        println!("Nothing to do.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.dry_run {
+        println!("Dry run: nothing written.");
+        return Ok(ExitCode::from(EXIT_CHANGES));
+    }
+    let by_key: BTreeMap<String, &ServiceManifest> = manifests.iter().map(|(m, _)| (m.key(), m)).collect();
+    let mut failed = 0;
+    for e in pending {
+        let key = format!("{}/{}", e.environment, e.service);
+        match write(&api, e, by_key.get(&key).copied(), &a.reason).await {
+            Ok(done) => println!("{key}: {done}"),
+            Err(err) => {
+                failed += 1;
+                super::report(&err);
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!("{failed} service{} not applied; the others were", if failed == 1 { "" } else { "s" });
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Deserialize)]
+struct Written {
+    revision: u64,
+}
+
+/// Writes one entry of the plan, based on the revision the plan saw.
+async fn write(api: &Api, e: &Entry, m: Option<&ServiceManifest>, reason: &str) -> Result<String, CliError> {
+    let path = service_path(&e.environment, &e.service);
+    let missing = || {
+        CliError::Usage(format!("the plan names {}/{}, which no manifest holds", e.environment, e.service))
+    };
+    match e.action.as_str() {
+        "create" => {
+            let m = m.ok_or_else(missing)?;
+            let body = json!({"name": m.service, "description": m.description, "policy": m.policy,
+                              "flags": m.flags, "reason": reason});
+            let w: Written = api
+                .send(
+                    Method::POST,
+                    &format!("/environments/{}/services", seg(&e.environment)),
+                    Some(&body),
+                    None,
+                )
+                .await?;
+            Ok(format!("created (revision {})", w.revision))
+        }
+        "change" => {
+            let m = m.ok_or_else(missing)?;
+            let body =
+                json!({"description": m.description, "policy": m.policy, "flags": m.flags, "reason": reason});
+            let w: Written =
+                api.send(Method::PUT, &path, Some(&body), e.revision).await.map_err(conflict_hint)?;
+            Ok(format!("changed (revision {})", w.revision))
+        }
+        _ => {
+            let reason: String = form_urlencoded::byte_serialize(reason.as_bytes()).collect();
+            let _: Value = api
+                .send(Method::DELETE, &format!("{path}?reason={reason}"), None, e.revision)
+                .await
+                .map_err(conflict_hint)?;
+            Ok("pruned".to_string())
+        }
+    }
+}
+
+/// A 409 means the service changed after the plan was made: say what to do.
+fn conflict_hint(e: CliError) -> CliError {
+    match e {
+        CliError::Api { what, status: StatusCode::CONFLICT, detail, errors, current_revision } => {
+            CliError::Api {
+                what,
+                status: StatusCode::CONFLICT,
+                detail: format!(
+                    "{detail}; someone changed the service after the plan: run levee apply again to see the new plan"
+                ),
+                errors,
+                current_revision,
+            }
+        }
+        other => other,
+    }
+}

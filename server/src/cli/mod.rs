@@ -1,0 +1,334 @@
+//! The `levee` command line as a client of the HTTP API: `login`, `get`, `export`,
+//! `apply` and `flip`. It never opens the database; everything goes through `/api/v1`
+//! with a bearer token, and every write sends `If-Match` with the revision it was based
+//! on and a reason.
+//!
+//! Exit codes, for scripts and CI jobs: 0 done (or nothing to do), 2 `apply --dry-run`
+//! found changes, 1 anything went wrong (the message on stderr names the file, the path
+//! inside it and what is allowed).
+
+mod apply;
+mod session;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use levee_agent::policy::{Flag, FlagType, Timestamp};
+use reqwest::Method;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub use apply::ApplyArgs;
+pub use session::{Api, CliError, Credentials, DEFAULT_SERVER, credentials_path};
+
+use crate::manifest::{self, ServiceManifest};
+
+/// Exit code of a dry run whose plan has changes.
+pub const EXIT_CHANGES: u8 = 2;
+
+/// Where the server and the token are.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct Connection {
+    /// URL of the Levee server (default: LEVEE_SERVER, else the one `levee login` saved,
+    /// else http://127.0.0.1:8080). The token comes from LEVEE_TOKEN, else from the
+    /// credentials file.
+    #[arg(long, env = "LEVEE_SERVER")]
+    pub server: Option<String>,
+    /// The credentials file `levee login` writes (mode 0600).
+    #[arg(long, env = "LEVEE_CREDENTIALS", value_name = "FILE")]
+    pub credentials: Option<PathBuf>,
+}
+
+impl Connection {
+    /// The API client: server and token from flags, environment and the credentials file.
+    fn api(&self) -> Result<Api, CliError> {
+        let path = credentials_path(self.credentials.as_deref())?;
+        let token_env = std::env::var("LEVEE_TOKEN").ok().filter(|t| !t.trim().is_empty());
+        let saved = Credentials::load(&path)?;
+        let server = self.server.clone().or(saved.server).unwrap_or_else(|| DEFAULT_SERVER.to_string());
+        Api::new(&server, token_env.map(|t| t.trim().to_string()).or(saved.token))
+    }
+}
+
+/// The commands that talk to a server.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClientCommand {
+    /// Logs in and keeps the session token (12 h) in the credentials file, mode 0600. The
+    /// password is read from LEVEE_PASSWORD, else asked for (or read from stdin when it is
+    /// not a terminal). Automation can skip this and set LEVEE_TOKEN to an API token.
+    Login(LoginArgs),
+    /// Prints a service (ENV/SERVICE) or every service of an environment (ENV) as the
+    /// manifest `levee apply` takes.
+    Get(GetArgs),
+    /// Like `get`; with --dir, writes one manifest file per service (DIR/SERVICE.yaml).
+    Export(ExportArgs),
+    /// Applies manifests from a file or a directory: shows the plan (created / changed
+    /// with the diff / unchanged / would be pruned, and the server's lint warnings), then
+    /// writes each service with If-Match. Exit 0: applied or nothing to do; 2: --dry-run
+    /// and the plan has changes; 1: error.
+    Apply(ApplyArgs),
+    /// Sets the value of one flag (a kill switch: `levee flip prod/checkout
+    /// recommendations.enabled false --reason "…"`), based on the revision it read.
+    Flip(FlipArgs),
+}
+
+/// `levee login`.
+#[derive(Debug, clap::Args)]
+pub struct LoginArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// The user to log in as.
+    #[arg(long, short, default_value = "admin")]
+    pub username: String,
+}
+
+/// `levee get`.
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// ENV for every service of an environment, or ENV/SERVICE for one.
+    pub target: String,
+    /// yaml (one document per service) or json.
+    #[arg(long, short, default_value = "yaml", value_parser = ["yaml", "json"])]
+    pub output: String,
+}
+
+/// `levee export`.
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub get: GetArgs,
+    /// Writes DIR/SERVICE.yaml for each service instead of printing.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// `levee flip`.
+#[derive(Debug, clap::Args)]
+pub struct FlipArgs {
+    #[command(flatten)]
+    pub connection: Connection,
+    /// ENV/SERVICE.
+    pub target: String,
+    /// The flag's key.
+    pub flag: String,
+    /// The new value, read as the flag's type: true/false, an integer, a number, text,
+    /// or JSON for a json flag.
+    pub value: String,
+    /// Why, recorded in the audit log; required.
+    #[arg(long)]
+    pub reason: String,
+    /// The value reverts to the service's default after this long (e.g. 30m, 1.5h).
+    #[arg(long = "for", value_name = "DURATION", value_parser = levee_agent::policy::duration::parse)]
+    pub for_: Option<std::time::Duration>,
+}
+
+/// Runs a client command; returns the process's exit code. Errors are printed on stderr.
+pub async fn run(cmd: ClientCommand) -> ExitCode {
+    let result = match cmd {
+        ClientCommand::Login(a) => login(a).await,
+        ClientCommand::Get(a) => get(&a, None).await,
+        ClientCommand::Export(a) => get(&a.get, a.dir.as_deref()).await,
+        ClientCommand::Apply(a) => apply::run(a).await,
+        ClientCommand::Flip(a) => flip(a).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints an error and the fields it names, one per line.
+fn report(e: &CliError) {
+    eprintln!("error: {e}");
+    if let CliError::Api { errors, current_revision, .. } = e {
+        for f in errors {
+            let value = if f.value.is_empty() { String::new() } else { format!(" (got {})", f.value) };
+            eprintln!("  {}: {}{value}", f.path, f.message);
+        }
+        if let Some(rev) = current_revision {
+            eprintln!("  the service is at revision {rev} now: read it again (levee get) and retry");
+        }
+    }
+}
+
+fn split_target(target: &str) -> Result<(&str, Option<&str>), CliError> {
+    let bad = || CliError::Usage(format!("{target:?}: expected ENV or ENV/SERVICE, e.g. prod/checkout"));
+    match target.split_once('/') {
+        None if !target.is_empty() => Ok((target, None)),
+        Some((env, svc)) if !env.is_empty() && !svc.is_empty() && !svc.contains('/') => Ok((env, Some(svc))),
+        _ => Err(bad()),
+    }
+}
+
+fn service_path(env: &str, svc: &str) -> String {
+    format!("/environments/{}/services/{}", session::seg(env), session::seg(svc))
+}
+
+async fn login(a: LoginArgs) -> Result<ExitCode, CliError> {
+    let path = credentials_path(a.connection.credentials.as_deref())?;
+    let mut saved = Credentials::load(&path)?;
+    let server =
+        a.connection.server.clone().or(saved.server.clone()).unwrap_or_else(|| DEFAULT_SERVER.into());
+    let password = match std::env::var("LEVEE_PASSWORD") {
+        Ok(p) => p,
+        Err(_) => read_password(&a.username)?,
+    };
+    let api = Api::new(&server, None)?;
+    #[derive(Deserialize)]
+    struct Session {
+        token: String,
+        expires_at: Timestamp,
+        role: String,
+    }
+    let body = json!({"username": a.username, "password": password});
+    let s: Session = api.send(Method::POST, "/auth/login", Some(&body), None).await?;
+    saved.server = Some(api.server.clone());
+    saved.token = Some(s.token);
+    saved.save(&path)?;
+    println!(
+        "logged in to {} as {} ({}) until {}; token saved in {}",
+        api.server,
+        a.username,
+        s.role,
+        s.expires_at,
+        path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_password(username: &str) -> Result<String, CliError> {
+    use std::io::IsTerminal;
+    let read = if std::io::stdin().is_terminal() {
+        rpassword::prompt_password(format!("password for {username}: "))
+    } else {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line.trim_end_matches(['\r', '\n']).to_string())
+    };
+    read.map_err(|e| CliError::Usage(format!("cannot read the password: {e} (or set LEVEE_PASSWORD)")))
+}
+
+/// The summary of a service that the manifest needs besides its snapshot.
+#[derive(Deserialize)]
+struct Summary {
+    name: String,
+    #[serde(default)]
+    description: String,
+}
+
+/// The current snapshot of a service, as `GET .../snapshot` answers it.
+#[derive(Deserialize)]
+struct Snapshot {
+    revision: u64,
+    config: levee_agent::policy::ServiceConfig,
+}
+
+/// The manifest of one service as stored now.
+async fn fetch_manifest(api: &Api, env: &str, svc: &str) -> Result<ServiceManifest, CliError> {
+    let summary: Summary = api.get(&service_path(env, svc)).await?;
+    let snap: Snapshot = api.get(&format!("{}/snapshot", service_path(env, svc))).await?;
+    Ok(ServiceManifest {
+        description: summary.description,
+        policy: snap.config.policy,
+        flags: snap.config.flags,
+        ..ServiceManifest::new(env, svc)
+    })
+}
+
+async fn get(a: &GetArgs, dir: Option<&std::path::Path>) -> Result<ExitCode, CliError> {
+    let api = a.connection.api()?;
+    let (env, svc) = split_target(&a.target)?;
+    let names: Vec<String> = match svc {
+        Some(s) => vec![s.to_string()],
+        None => {
+            let list: Vec<Summary> =
+                api.get(&format!("/environments/{}/services", session::seg(env))).await?;
+            list.into_iter().map(|s| s.name).collect()
+        }
+    };
+    let mut manifests = Vec::new();
+    for name in &names {
+        manifests.push(fetch_manifest(&api, env, name).await?);
+    }
+    let render = |ms: &[ServiceManifest]| {
+        if a.output == "json" { manifest::to_json(ms) } else { manifest::to_yaml(ms) }
+    };
+    match dir {
+        None => print!("{}", render(&manifests)),
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", dir.display())))?;
+            let ext = if a.output == "json" { "json" } else { "yaml" };
+            for m in &manifests {
+                let file = dir.join(format!("{}.{ext}", m.service));
+                std::fs::write(&file, render(std::slice::from_ref(m)))
+                    .map_err(|e| CliError::Usage(format!("cannot write {}: {e}", file.display())))?;
+                println!("wrote {}", file.display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads `text` as a value of `kind`.
+fn flag_value(kind: FlagType, text: &str) -> Result<Value, String> {
+    let v = match kind {
+        FlagType::Bool => match text {
+            "true" => json!(true),
+            "false" => json!(false),
+            _ => return Err("is a bool flag: the value must be true or false".into()),
+        },
+        FlagType::Int => {
+            json!(text.parse::<i64>().map_err(|_| "is an int flag: the value must be an integer")?)
+        }
+        FlagType::Float => {
+            let f = text.parse::<f64>().ok().filter(|f| f.is_finite());
+            json!(f.ok_or("is a float flag: the value must be a finite number")?)
+        }
+        FlagType::String => json!(text),
+        FlagType::Json => {
+            serde_json::from_str(text).map_err(|e| format!("is a json flag: the value must be JSON ({e})"))?
+        }
+    };
+    Ok(v)
+}
+
+async fn flip(a: FlipArgs) -> Result<ExitCode, CliError> {
+    let (env, Some(svc)) = split_target(&a.target)? else {
+        return Err(CliError::Usage(format!("{:?}: expected ENV/SERVICE, e.g. prod/checkout", a.target)));
+    };
+    let api = a.connection.api()?;
+    let path = service_path(env, svc);
+    let snap: Snapshot = api.get(&format!("{path}/snapshot")).await?;
+    let flag: &Flag = snap.config.flags.get(&a.flag).ok_or_else(|| {
+        let known: Vec<&str> = snap.config.flags.keys().map(String::as_str).collect();
+        CliError::Usage(format!("{env}/{svc} has no flag {:?}; its flags: {}", a.flag, known.join(", ")))
+    })?;
+    let value = flag_value(flag.kind, &a.value)
+        .map_err(|m| CliError::Usage(format!("{} {m} (got {:?})", a.flag, a.value)))?;
+    let mut body = json!({"value": value, "reason": a.reason});
+    if let Some(d) = a.for_ {
+        let until = Timestamp::from_unix_ms(Timestamp::now().unix_ms().saturating_add(d.as_millis() as i64));
+        body["expires_at"] = json!(until);
+    }
+    #[derive(Deserialize)]
+    struct Written {
+        revision: u64,
+        changed: bool,
+    }
+    let w: Written = api
+        .send(
+            Method::PATCH,
+            &format!("{path}/flags/{}", session::seg(&a.flag)),
+            Some(&body),
+            Some(snap.revision),
+        )
+        .await?;
+    let note = if w.changed { format!("revision {}", w.revision) } else { "it already was".into() };
+    println!("{env}/{svc}: {} = {value} ({note})", a.flag);
+    Ok(ExitCode::SUCCESS)
+}
