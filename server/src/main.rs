@@ -60,7 +60,19 @@ fn init_tracing(filter: &str) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
-    let cli = Cli::parse();
+    // A usage error exits 1, not clap's 2: `levee apply --dry-run` exits 2 for "the plan
+    // has changes", and a CI job must not read a typo as that.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return Ok(if e.use_stderr() {
+                std::process::ExitCode::FAILURE
+            } else {
+                std::process::ExitCode::SUCCESS
+            });
+        }
+    };
     let done = match cli.command.unwrap_or(Command::Serve(ServeArgs::default_from_env())) {
         Command::Client(c) => return Ok(levee_server::cli::run(c).await),
         Command::Serve(args) => serve(Settings::load(args)?).await,

@@ -1,5 +1,6 @@
 //! API integration tests: a real server on port 0, real HTTP, a fresh database per test.
 
+mod apply;
 mod auth;
 mod errors;
 mod helpers;

@@ -1,0 +1,335 @@
+//! The real `levee` binary against a real server (port 0, fresh database): login, get,
+//! export, apply with its plan and exit codes (the GitOps flow), flip.
+
+#[path = "../api/helpers.rs"]
+#[allow(dead_code)]
+mod helpers;
+
+use std::path::Path;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use helpers::{ADMIN_PASSWORD, TestApp};
+
+/// What one run of the binary did.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}\n--- stdout\n{}--- stderr\n{}", self.code, self.stdout, self.stderr)
+    }
+}
+
+/// Runs `levee ARGS` against `app` with the admin's token in LEVEE_TOKEN (unless `token`
+/// says otherwise) and credentials kept in `home`.
+async fn levee(app: &TestApp, home: &Path, token: Option<&str>, args: &[&str]) -> Run {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_levee"));
+    cmd.args(args)
+        .env("LEVEE_SERVER", &app.base)
+        .env("LEVEE_CREDENTIALS", home.join("credentials.toml"))
+        .env_remove("LEVEE_PASSWORD")
+        .env_remove("LEVEE_TOKEN")
+        .stdin(std::process::Stdio::null());
+    match token {
+        Some("") => {}
+        Some(t) => {
+            cmd.env("LEVEE_TOKEN", t);
+        }
+        None => {
+            cmd.env("LEVEE_TOKEN", &app.token);
+        }
+    }
+    let out = cmd.output().await.expect("the levee binary runs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn seed_env(app: &TestApp, name: &str) {
+    let (s, _, b) =
+        app.call(Method::POST, "/api/v1/environments", Some(json!({"name": name, "reason": "test"}))).await;
+    assert!(s.is_success(), "{b}");
+}
+
+const TWO_SERVICES: &str = r#"api_version: levee/v1
+environment: prod
+service: checkout
+description: Takes orders
+policy:
+  dependencies:
+    pricing:
+      attempt_timeout: 250ms
+      retry: { max_attempts: 3 }
+    recommendations:
+      criticality: non_critical
+      attempt_timeout: 80ms
+      fallback: generic
+      enabled_flag: recommendations.enabled
+flags:
+  recommendations.enabled: { type: bool, value: true, description: kill switch }
+---
+api_version: levee/v1
+environment: prod
+service: pricing
+policy:
+  dependencies:
+    db: { attempt_timeout: 100ms, retry: { max_attempts: 2 } }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitops_flow_export_edit_dry_run_apply_apply_again_and_prune() {
+    let app = TestApp::spawn().await;
+    seed_env(&app, "prod").await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = tempfile::tempdir().unwrap();
+    let first = repo.path().join("bootstrap.yaml");
+    std::fs::write(&first, TWO_SERVICES).unwrap();
+    let first = first.to_str().unwrap();
+
+    // Bootstrap: the plan creates both and warns about the chain of retries.
+    let r =
+        levee(&app, home.path(), None, &["apply", "-f", first, "--reason", "bootstrap", "--dry-run"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stdout.contains("+ prod/checkout") && r.stdout.contains("+ prod/pricing"), "{r:?}");
+    assert!(r.stdout.contains("[retries_on_several_layers]"), "lints appear in the plan: {r:?}");
+    assert!(r.stdout.contains("Plan: 2 to create, 0 to change, 0 unchanged."), "{r:?}");
+    let (_, _, list) = app.call(Method::GET, "/api/v1/environments/prod/services", None).await;
+    assert_eq!(list, json!([]), "a dry run writes nothing");
+    let r = levee(&app, home.path(), None, &["apply", "-f", first, "--reason", "bootstrap"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("prod/checkout: created (revision 1)"), "{r:?}");
+
+    // Export the environment into the repository, one file per service.
+    let dir = repo.path().join("prod");
+    let r = levee(&app, home.path(), None, &["export", "prod", "--dir", dir.to_str().unwrap()]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let exported = std::fs::read_to_string(dir.join("checkout.yaml")).unwrap();
+    let ms = levee_server::manifest::parse("checkout.yaml", &exported).unwrap();
+    assert_eq!((ms[0].key(), ms[0].description.as_str()), ("prod/checkout".into(), "Takes orders"));
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["apply", "-f", dir.to_str().unwrap(), "--reason", "noop", "--dry-run"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "an export applies as nothing to do: {r:?}");
+    assert!(r.stdout.contains("Nothing to do."), "{r:?}");
+
+    // Edit in the repository; the dry run (the PR check) shows the diff and exits 2.
+    let edited = exported
+        .replace("attempt_timeout: 250ms", "attempt_timeout: 200ms")
+        .replace("value: true", "value: false");
+    assert_ne!(edited, exported);
+    std::fs::write(dir.join("checkout.yaml"), &edited).unwrap();
+    let dir = dir.to_str().unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "PR #7", "--dry-run"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stdout.contains("~ prod/checkout  changed (revision 1)"), "{r:?}");
+    assert!(
+        r.stdout.contains(r#"~ policy.dependencies.pricing.attempt_timeout: "250ms" → "200ms""#),
+        "{r:?}"
+    );
+    assert!(r.stdout.contains("~ flags.recommendations.enabled.value: true → false"), "{r:?}");
+    assert!(r.stdout.contains("= prod/pricing"), "{r:?}");
+    assert!(r.stdout.contains("Plan: 0 to create, 1 to change, 1 unchanged."), "{r:?}");
+
+    // Merge: apply (exit 0), one revision with both changes, audited via the CLI.
+    let r = levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "PR #7 merged"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("prod/checkout: changed (revision 2)"), "{r:?}");
+    let (_, _, snap) =
+        app.call(Method::GET, "/api/v1/environments/prod/services/checkout/snapshot", None).await;
+    assert_eq!(snap["revision"], 2);
+    assert_eq!(snap["config"]["policy"]["dependencies"]["pricing"]["attempt_timeout"], "200ms");
+    assert_eq!(snap["config"]["flags"]["recommendations.enabled"]["value"], false);
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=1", None).await;
+    assert_eq!(
+        (&audit[0]["action"], &audit[0]["via"], &audit[0]["reason"]),
+        (&json!("service.apply"), &json!("cli"), &json!("PR #7 merged")),
+        "{audit}"
+    );
+
+    // Again: nothing to do, exit 0, no new revision.
+    let r = levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "PR #7 merged"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("Nothing to do."), "{r:?}");
+
+    // A service removed from the repository stays without --prune, goes with it.
+    std::fs::remove_file(Path::new(dir).join("pricing.yaml")).unwrap();
+    let r =
+        levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "drop pricing", "--dry-run"]).await;
+    assert_eq!(r.code, 0, "without --prune nothing changes: {r:?}");
+    assert!(r.stdout.contains("? prod/pricing") && r.stdout.contains("--prune deletes them"), "{r:?}");
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["apply", "-f", dir, "--reason", "drop pricing", "--prune", "--dry-run"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stdout.contains("- prod/pricing   would be pruned (revision 1)"), "{r:?}");
+    let r =
+        levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "drop pricing", "--prune"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("prod/pricing: pruned"), "{r:?}");
+    let (_, _, list) = app.call(Method::GET, "/api/v1/environments/prod/services", None).await;
+    let names: Vec<&str> = list.as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["checkout"]);
+    let r =
+        levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "drop pricing", "--prune"]).await;
+    assert_eq!((r.code, r.stdout.contains("Nothing to do.")), (0, true), "{r:?}");
+
+    // Bringing it back continues its revisions (its agents hold revision 1).
+    let r = levee(&app, home.path(), None, &["apply", "-f", first, "--reason", "pricing is back"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("prod/pricing: created (revision 2)"), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_file_the_yaml_path_and_the_allowed_range() {
+    let app = TestApp::spawn().await;
+    seed_env(&app, "prod").await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = tempfile::tempdir().unwrap();
+    let bad = repo.path().join("bad.yaml");
+    std::fs::write(&bad, TWO_SERVICES.replace("max_attempts: 3", "max_attempts: 30")).unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr
+            .contains("bad.yaml: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts")
+            && r.stderr.contains("between 1 and 10")
+            && r.stderr.contains("(got 30)"),
+        "{r:?}"
+    );
+    // A decoding error has its line; a duration that does not parse says what is accepted.
+    std::fs::write(&bad, TWO_SERVICES.replace("attempt_timeout: 80ms", "attempt_timeout: 80")).unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("bad.yaml:12:") && r.stderr.contains(r#""250ms", "1.5s""#), "{r:?}");
+    // What only the server knows (the environment) is located in the file too.
+    std::fs::write(
+        &bad,
+        TWO_SERVICES.replace("environment: prod\nservice: pricing", "environment: staging\nservice: pricing"),
+    )
+    .unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("bad.yaml: document 2 (staging/pricing): environment: no environment \"staging\""),
+        "{r:?}"
+    );
+    // The same service in two files.
+    std::fs::write(repo.path().join("again.yaml"), TWO_SERVICES).unwrap();
+    std::fs::write(&bad, TWO_SERVICES).unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", repo.path().to_str().unwrap(), "--reason", "x"])
+        .await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("bad.yaml: document 1 (prod/checkout): the same service as")
+            && r.stderr.contains("again.yaml"),
+        "{r:?}"
+    );
+    // No reason, no apply.
+    let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap()]).await;
+    assert_eq!(r.code, 1, "a usage error is an error, never 2 (changes): {r:?}");
+    assert!(r.stderr.contains("--reason"), "{r:?}");
+    let (_, _, list) = app.call(Method::GET, "/api/v1/environments/prod/services", None).await;
+    assert_eq!(list, json!([]), "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_keeps_the_token_in_a_0600_file_and_levee_token_wins() {
+    use std::os::unix::fs::PermissionsExt;
+    let app = TestApp::spawn().await;
+    seed_env(&app, "prod").await;
+    let home = tempfile::tempdir().unwrap();
+    let file = home.path().join("credentials.toml");
+
+    let r = levee(&app, home.path(), Some(""), &["get", "prod"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("401") && r.stderr.contains("levee login"), "{r:?}");
+
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_levee"));
+    let out = cmd
+        .args(["login", "--server", &app.base, "--credentials", file.to_str().unwrap()])
+        .env("LEVEE_PASSWORD", ADMIN_PASSWORD)
+        .env_remove("LEVEE_SERVER")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the token file is the user's alone");
+    let saved: toml::Value = toml::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["server"].as_str(), Some(app.base.as_str()));
+
+    // The saved token works without LEVEE_TOKEN; a bad LEVEE_TOKEN wins over it.
+    let r = levee(&app, home.path(), Some(""), &["get", "prod"]).await;
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""), "an empty environment prints nothing: {r:?}");
+    let r = levee(&app, home.path(), Some("not-a-token"), &["get", "prod"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("401"), "{r:?}");
+
+    // A file others can read is pointed out.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let r = levee(&app, home.path(), Some(""), &["get", "prod"]).await;
+    assert!(r.stderr.contains("other users can read it") && r.stderr.contains("chmod 600"), "{r:?}");
+
+    // A wrong password: exit 1, nothing saved over the old token.
+    let before = std::fs::read_to_string(&file).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_levee"))
+        .args(["login", "--server", &app.base, "--credentials", file.to_str().unwrap()])
+        .env("LEVEE_PASSWORD", "wrong-password-123")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flip_reads_the_flag_type_and_writes_with_if_match() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let home = tempfile::tempdir().unwrap();
+    let flip = |value: &'static str, extra: &'static [&'static str]| {
+        let app = &app;
+        let home = home.path().to_path_buf();
+        async move {
+            let mut args =
+                vec!["flip", "prod/checkout", "recommendations.enabled", value, "--reason", "incident 12"];
+            args.extend_from_slice(extra);
+            levee(app, &home, None, &args).await
+        }
+    };
+    let r = flip("false", &["--for", "30m"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(r.stdout.trim(), "prod/checkout: recommendations.enabled = false (revision 2)");
+    let (_, _, flag) = app
+        .call(Method::GET, "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled", None)
+        .await;
+    assert_eq!(flag["value"], false);
+    let expires = levee_agent::policy::Timestamp::parse(flag["expires_at"].as_str().unwrap()).unwrap();
+    let left = expires.unix_ms() - levee_agent::policy::Timestamp::now().unix_ms();
+    assert!((29 * 60_000..=30 * 60_000).contains(&left), "expires in {left} ms");
+    let r = flip("false", &[]).await;
+    assert_eq!(r.stdout.trim(), "prod/checkout: recommendations.enabled = false (it already was)", "{r:?}");
+    let r = flip("off", &[]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("bool flag: the value must be true or false (got \"off\")"), "{r:?}");
+    let r = levee(&app, home.path(), None, &["flip", "prod/checkout", "nope", "true", "--reason", "x"]).await;
+    assert!(r.code == 1 && r.stderr.contains("its flags: recommendations.enabled"), "{r:?}");
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=1", None).await;
+    assert_eq!((&audit[0]["via"], &audit[0]["reason"]), (&json!("cli"), &json!("incident 12")), "{audit}");
+    let _: Value = audit;
+}
