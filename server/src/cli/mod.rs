@@ -53,22 +53,31 @@ impl Connection {
 /// The commands that talk to a server.
 #[derive(Debug, clap::Subcommand)]
 pub enum ClientCommand {
-    /// Logs in and keeps the session token (12 h) in the credentials file, mode 0600. The
-    /// password is read from LEVEE_PASSWORD, else asked for (or read from stdin when it is
-    /// not a terminal). Automation can skip this and set LEVEE_TOKEN to an API token.
+    /// Logs in and keeps the session token in a file only you can read.
+    ///
+    /// The token (12 h) goes to the credentials file, mode 0600. The password is read from
+    /// LEVEE_PASSWORD, else asked for (or read from stdin when it is not a terminal).
+    /// Automation can skip this and set LEVEE_TOKEN to an API token.
     Login(LoginArgs),
-    /// Prints a service (ENV/SERVICE) or every service of an environment (ENV) as the
-    /// manifest `levee apply` takes.
+    /// Prints a service (ENV/SERVICE) or an environment (ENV) as manifests.
+    ///
+    /// The output is what `levee apply` takes: one YAML document per service (or JSON).
     Get(GetArgs),
-    /// Like `get`; with --dir, writes one manifest file per service (DIR/SERVICE.yaml).
+    /// Like `get`; with --dir, writes one manifest file per service.
+    ///
+    /// The files are DIR/SERVICE.yaml (or .json), ready for a git repository.
     Export(ExportArgs),
-    /// Applies manifests from a file or a directory: shows the plan (created / changed
-    /// with the diff / unchanged / would be pruned, and the server's lint warnings), then
-    /// writes each service with If-Match. Exit 0: applied or nothing to do; 2: --dry-run
-    /// and the plan has changes; 1: error.
+    /// Applies manifests from files or directories, showing the plan first.
+    ///
+    /// The plan says per service: created / changed with the diff / unchanged / would be
+    /// pruned, with the server's lint warnings. Then each service is written with If-Match
+    /// (the revision the plan saw). Exit 0: applied or nothing to do; 2: --dry-run and the
+    /// plan has changes; 1: error.
     Apply(ApplyArgs),
-    /// Sets the value of one flag (a kill switch: `levee flip prod/checkout
-    /// recommendations.enabled false --reason "…"`), based on the revision it read.
+    /// Sets the value of one flag, e.g. a kill switch.
+    ///
+    /// `levee flip prod/checkout recommendations.enabled false --reason "…"`: the value is
+    /// read as the flag's type and written with If-Match (the revision read).
     Flip(FlipArgs),
 }
 

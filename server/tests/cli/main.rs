@@ -5,6 +5,8 @@
 #[allow(dead_code)]
 mod helpers;
 
+mod docs;
+
 use std::path::Path;
 
 use reqwest::Method;
