@@ -294,6 +294,18 @@ async fn store_parts(
     Ok(())
 }
 
+/// The current revision of a service that exists (and is not deleted).
+async fn current_revision(conn: &mut Conn, env: &str, name: &str) -> anyhow::Result<Option<u64>> {
+    let row = sqlx::query(
+        "SELECT revision FROM services WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
+    )
+    .bind(env)
+    .bind(name)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|r| r.try_get::<i64, _>("revision")).transpose()?.map(|r| r as u64))
+}
+
 /// Description of one mutation for the audit log.
 #[derive(Clone, Debug)]
 pub struct Change<'a> {
@@ -408,19 +420,10 @@ impl Store {
         };
         let no_service = || MutateError::NoService { env: env.to_string(), service: service.to_string() };
         let Some(bumped) = bumped else {
-            let current = sqlx::query(
-                "SELECT revision FROM services WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
-            )
-            .bind(env)
-            .bind(service)
-            .fetch_optional(&mut *tx)
-            .await?;
+            let current = current_revision(&mut tx, env, service).await?;
             drop(tx);
             return match (current, change.expected) {
-                (Some(row), Some(expected)) => {
-                    let cur: i64 = row.try_get("revision")?;
-                    Err(MutateError::Conflict { expected, current: cur as u64 })
-                }
+                (Some(current), Some(expected)) => Err(MutateError::Conflict { expected, current }),
                 _ => Err(no_service()),
             };
         };
@@ -531,17 +534,9 @@ impl Store {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let now = now_ms();
-        let current = sqlx::query(
-            "SELECT revision FROM services WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
-        )
-        .bind(env)
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(current) = current else {
+        let Some(current) = current_revision(&mut tx, env, name).await? else {
             return Err(MutateError::NoService { env: env.to_string(), service: name.to_string() });
         };
-        let current = current.try_get::<i64, _>("revision")? as u64;
         if let Some(expected) = expected
             && expected != current
         {

@@ -7,36 +7,16 @@ use clap::Parser;
 use levee_server::cli::ClientCommand;
 use levee_server::manifest;
 
+#[path = "../shared/doc_blocks.rs"]
+mod doc_blocks;
+use doc_blocks::blocks;
+
 /// The client commands as `levee` parses them.
 #[derive(Debug, Parser)]
 #[command(name = "levee")]
 struct Levee {
     #[command(subcommand)]
     command: ClientCommand,
-}
-
-/// `(marker, body)` of every fenced block right after a `<!-- check: … -->` line.
-fn blocks(md: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut pending: Option<String> = None;
-    let mut lines = md.lines();
-    while let Some(line) = lines.next() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("<!-- check:").and_then(|r| r.strip_suffix("-->")) {
-            pending = Some(rest.trim().to_string());
-        } else if t.starts_with("```") && pending.is_some() {
-            let mut body = String::new();
-            for l in lines.by_ref() {
-                if l.trim_start().starts_with("```") {
-                    break;
-                }
-                body.push_str(l);
-                body.push('\n');
-            }
-            out.push((pending.take().unwrap_or_default(), body));
-        }
-    }
-    out
 }
 
 /// Splits a shell line into words: single and double quotes group, a backslash escapes

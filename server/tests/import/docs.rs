@@ -10,28 +10,9 @@
 use levee_server::import::{ImportOptions, Source, import};
 use levee_server::manifest;
 
-fn blocks(md: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut pending: Option<String> = None;
-    let mut lines = md.lines();
-    while let Some(line) = lines.next() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("<!-- check:").and_then(|r| r.strip_suffix("-->")) {
-            pending = Some(rest.trim().to_string());
-        } else if t.starts_with("```") && pending.is_some() {
-            let mut body = String::new();
-            for l in lines.by_ref() {
-                if l.trim_start().starts_with("```") {
-                    break;
-                }
-                body.push_str(l);
-                body.push('\n');
-            }
-            out.push((pending.take().unwrap_or_default(), body));
-        }
-    }
-    out
-}
+#[path = "../shared/doc_blocks.rs"]
+mod doc_blocks;
+use doc_blocks::blocks;
 
 fn contained(expected: &serde_json::Value, actual: &serde_json::Value, path: &str) -> Result<(), String> {
     use serde_json::Value;
