@@ -71,6 +71,10 @@ pub(crate) struct Shared {
     pub(crate) service: String,
     pub(crate) defaults: Arc<ServiceConfig>,
     pub(crate) current: ArcSwap<Applied>,
+    /// The snapshot the slots were last rewritten from. Status reads this, not `current`:
+    /// a status naming revision N promises that handles already enforce N (the sync task
+    /// swaps `current` a moment before the slots follow).
+    enforced: ArcSwap<Applied>,
     pub(crate) flags: FlagRegistry,
     pub(crate) deps: DepRegistry,
     pub(crate) features: FeatureRegistry,
@@ -110,13 +114,15 @@ impl Shared {
         cache: Option<DiskCache>,
     ) -> Self {
         let (live_tx, _) = watch::channel(false);
+        let initial = Arc::new(initial);
         let shared = Self {
             deps: DepRegistry::new(&environment, &service),
             features: FeatureRegistry::new(&environment, &service),
             environment,
             service,
             defaults,
-            current: ArcSwap::from_pointee(initial),
+            enforced: ArcSwap::new(Arc::clone(&initial)),
+            current: ArcSwap::new(initial),
             flags: FlagRegistry::default(),
             cache,
             started_at: Instant::now(),
@@ -142,6 +148,10 @@ impl Shared {
 
     /// Runs `f` with a resolution context over the current state.
     pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&ResolveCtx<'_>) -> R) -> R {
+        self.with_snapshot(|ctx, _| f(ctx))
+    }
+
+    fn with_snapshot<R>(&self, f: impl FnOnce(&ResolveCtx<'_>, &Arc<Applied>) -> R) -> R {
         let applied = self.current.load_full();
         let ctx = ResolveCtx {
             applied: &applied,
@@ -150,7 +160,7 @@ impl Shared {
             now: Instant::now(),
             confirmed_at: self.confirmed_at(),
         };
-        f(&ctx)
+        f(&ctx, &applied)
     }
 
     /// Rewrites every flag and dependency slot from the current state. Lock-free: when
@@ -162,10 +172,11 @@ impl Shared {
                 return;
             }
             while self.refresh_dirty.swap(false, Ordering::SeqCst) {
-                let next = self.with_ctx(|ctx| {
+                let next = self.with_snapshot(|ctx, applied| {
                     let a = self.flags.refresh(ctx);
                     let b = self.deps.refresh(ctx);
                     let c = self.features.views.refresh(ctx);
+                    self.enforced.store(Arc::clone(applied));
                     [a, b, c].into_iter().flatten().min()
                 });
                 self.next_wake.store(next.map(Arc::new));
@@ -203,13 +214,14 @@ impl Shared {
     }
 
     /// Installs a newly applied snapshot from the server: swaps it in, marks it confirmed
-    /// live, and rewrites the slots.
+    /// live, and rewrites the slots; only then wakes whoever waits for a live config, so a
+    /// waiter never sees the new revision before the handles enforce it.
     pub(crate) fn install_live(&self, applied: Applied) {
         let at = applied.applied_at;
         self.current.store(Arc::new(applied));
         self.confirmed_at.store(Some(Arc::new(at)));
-        self.live_tx.send_replace(true);
         self.refresh();
+        self.live_tx.send_replace(true);
         self.update_metrics();
     }
 
@@ -224,8 +236,8 @@ impl Shared {
             self.current.store(Arc::new(current.with_source(Source::Live)));
         }
         self.confirmed_at.store(Some(Arc::new(Instant::now())));
-        self.live_tx.send_replace(true);
         self.refresh();
+        self.live_tx.send_replace(true);
         self.update_metrics();
         true
     }
@@ -262,7 +274,7 @@ impl Shared {
 
     /// The periodic status report for the server.
     pub(crate) fn status_report(&self) -> StatusReport {
-        let current = self.current.load();
+        let current = self.enforced.load();
         let mut report = StatusReport {
             service: self.service.clone(),
             applied_revision: current.revision,
@@ -278,7 +290,7 @@ impl Shared {
     }
 
     pub(crate) fn status(&self) -> AgentStatus {
-        let current = self.current.load();
+        let current = self.enforced.load();
         AgentStatus {
             source: current.source,
             revision: current.revision,
