@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
-use crate::auth::{Keys, hash_password, verify_password};
+use crate::actions::{Actions, Actor, Reason, UserChange};
+use crate::auth::{Keys, hash_password};
 use crate::config::Settings;
 use crate::db::{Backend, Role, Store};
 use crate::fleet::FleetWriter;
@@ -87,8 +88,16 @@ fn random_secret(len: usize) -> String {
     rand::rng().sample_iter(&Alphanumeric).take(len).map(char::from).collect()
 }
 
-/// Creates or updates the bootstrap admin. Returns the generated password, if any.
-async fn bootstrap_admin(store: &Store, password: Option<&str>) -> anyhow::Result<Option<String>> {
+/// Creates the bootstrap admin on the first start: with `password`, or a generated one that
+/// is returned to be printed once. Once `admin` exists the password is left alone (so a
+/// restart with `LEVEE_ADMIN_PASSWORD` never undoes `levee users set admin`), unless `reset`
+/// asks for it: then it is set through the `user.update` action (audited, sessions ended).
+async fn bootstrap_admin(
+    store: &Store,
+    actions: &Actions,
+    password: Option<&str>,
+    reset: bool,
+) -> anyhow::Result<Option<String>> {
     match (store.user("admin").await?, password) {
         (None, Some(p)) => {
             store.create_user("admin", &hash_password(p.to_string()).await?, Role::Admin, None).await?;
@@ -99,13 +108,25 @@ async fn bootstrap_admin(store: &Store, password: Option<&str>) -> anyhow::Resul
             store.create_user("admin", &hash_password(p.clone()).await?, Role::Admin, None).await?;
             Ok(Some(p))
         }
-        (Some(u), Some(p)) => {
-            if !verify_password(p.to_string(), u.password_hash.clone()).await {
-                store.update_user("admin", Some(&hash_password(p.to_string()).await?), None).await?;
-                tracing::info!("bootstrap admin password updated from LEVEE_ADMIN_PASSWORD");
-            }
+        (Some(_), Some(p)) if reset => {
+            let change = UserChange::new("admin", Some(p.to_string()), None)
+                .map_err(|e| anyhow::anyhow!("LEVEE_ADMIN_PASSWORD: {e}"))?;
+            let reason = Reason::parse("LEVEE_RESET_ADMIN_PASSWORD at server start")
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            actions.update_user(&Actor::server(), &reason, change).await?;
+            tracing::warn!(
+                "admin password reset from LEVEE_ADMIN_PASSWORD; remove LEVEE_RESET_ADMIN_PASSWORD"
+            );
             Ok(None)
         }
+        (Some(_), Some(_)) => {
+            tracing::info!(
+                "user admin exists: LEVEE_ADMIN_PASSWORD is ignored (it only sets the first start's \
+                 password; use `levee users set admin` or LEVEE_RESET_ADMIN_PASSWORD=true to change it)"
+            );
+            Ok(None)
+        }
+        (Some(_), None) if reset => anyhow::bail!("LEVEE_RESET_ADMIN_PASSWORD needs LEVEE_ADMIN_PASSWORD"),
         (Some(_), None) => Ok(None),
     }
 }
@@ -129,14 +150,19 @@ impl Server {
             None => store.setting_or_init("jwt_secret", || random_secret(64)).await?,
         };
         let keys = Keys::new(secret.as_bytes())?;
-        let generated_admin_password =
-            bootstrap_admin(&store, settings.admin_password.as_ref().map(|s| s.expose())).await?;
+        let hub = Hub::default();
+        let generated_admin_password = bootstrap_admin(
+            &store,
+            &Actions::new(store.clone(), hub.clone(), keys.clone()),
+            settings.admin_password.as_ref().map(|s| s.expose()),
+            settings.reset_admin_password,
+        )
+        .await?;
         if store.backend() == Backend::Sqlite {
             store.mark_all_disconnected().await?;
         }
 
         let (shutdown, shutdown_rx) = crate::shutdown::channel();
-        let hub = Hub::default();
         let (fleet, fleet_task) = FleetWriter::spawn(store.clone());
         let mut tasks = vec![fleet_task];
 
@@ -196,6 +222,11 @@ impl Server {
         }));
 
         tasks.push(tokio::spawn(crate::sweeper::run(actions, shutdown_rx.clone())));
+        tasks.push(tokio::spawn(crate::listener::follow_revocations(
+            store.clone(),
+            hub.clone(),
+            shutdown_rx.clone(),
+        )));
         if store.backend() == Backend::Postgres {
             tasks.push(tokio::spawn(crate::listener::run(
                 settings.database_url.expose().to_string(),

@@ -7,7 +7,8 @@
 //! | HTTP address (API + UI) | `--http-addr` | `LEVEE_HTTP_ADDR` | `http_addr` | `127.0.0.1:8080` |
 //! | gRPC address (agent sync) | `--grpc-addr` | `LEVEE_GRPC_ADDR` | `grpc_addr` | `127.0.0.1:8081` |
 //! | database URL | `--database-url` | `LEVEE_DATABASE_URL` | `database_url` | `sqlite://<data_dir>/levee.db` |
-//! | bootstrap admin password | `--admin-password` | `LEVEE_ADMIN_PASSWORD` | `admin_password` | generated, printed once |
+//! | bootstrap admin password (first start only) | `--admin-password` | `LEVEE_ADMIN_PASSWORD` | `admin_password` | generated, printed once |
+//! | set the admin password again at this start | `--reset-admin-password` | `LEVEE_RESET_ADMIN_PASSWORD` | `reset_admin_password` | `false` |
 //! | JWT signing secret (≥ 32 bytes) | `--jwt-secret` | `LEVEE_JWT_SECRET` | `jwt_secret` | generated, stored in the database |
 //! | heartbeat interval | `--heartbeat-interval` | `LEVEE_HEARTBEAT_INTERVAL` | `heartbeat_interval` | `15s` |
 //! | maximum agent stream age | `--max-stream-age` | `LEVEE_MAX_STREAM_AGE` | `max_stream_age` | `30m` |
@@ -71,9 +72,14 @@ pub struct ServeArgs {
     /// Database URL (sqlite:… or postgres://…).
     #[arg(long, env = "LEVEE_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Password of the bootstrap admin user `admin`.
+    /// Password of the bootstrap admin user `admin`, used when the database has no admin
+    /// yet (the first start), or with --reset-admin-password.
     #[arg(long, env = "LEVEE_ADMIN_PASSWORD", hide_env_values = true)]
     pub admin_password: Option<String>,
+    /// Sets user `admin`'s password to --admin-password at this start even though it
+    /// exists (ending its sessions; audited). Remove it again after the start.
+    #[arg(long, env = "LEVEE_RESET_ADMIN_PASSWORD", num_args = 0..=1, default_missing_value = "true")]
+    pub reset_admin_password: Option<bool>,
     /// JWT signing secret (at least 32 bytes).
     #[arg(long, env = "LEVEE_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
@@ -103,6 +109,7 @@ struct FileLayer {
     grpc_addr: Option<SocketAddr>,
     database_url: Option<String>,
     admin_password: Option<String>,
+    reset_admin_password: Option<bool>,
     jwt_secret: Option<String>,
     #[serde(default, with = "humantime_serde::option")]
     heartbeat_interval: Option<Duration>,
@@ -125,8 +132,12 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// `sqlite:…` or `postgres://…`; a secret because it may hold a password.
     pub database_url: Secret,
-    /// Sets the password of user `admin` at every start; `None`: generated once and printed.
+    /// The password of user `admin` when the first start creates it; `None`: generated
+    /// and printed once. Ignored once the user exists, unless `reset_admin_password`.
     pub admin_password: Option<Secret>,
+    /// Sets `admin_password` on the existing user `admin` at this start (audited as
+    /// `user.update`, ending its sessions).
+    pub reset_admin_password: bool,
     /// Signs every token; `None`: generated once and stored in the database.
     pub jwt_secret: Option<Secret>,
     /// How often an agent stream gets a heartbeat.
@@ -150,6 +161,7 @@ impl Settings {
             grpc_addr: "127.0.0.1:0".parse().expect("valid"),
             database_url: Secret::new(sqlite_url(data_dir)),
             admin_password: None,
+            reset_admin_password: false,
             jwt_secret: None,
             heartbeat_interval: crate::sync::HEARTBEAT_INTERVAL,
             max_stream_age: crate::sync::MAX_STREAM_AGE,
@@ -212,6 +224,7 @@ impl Settings {
             grpc_addr,
             database_url: Secret::new(database_url),
             admin_password: args.admin_password.or(file.admin_password).map(Secret::new),
+            reset_admin_password: args.reset_admin_password.or(file.reset_admin_password).unwrap_or(false),
             jwt_secret: jwt_secret.map(Secret::new),
             heartbeat_interval,
             max_stream_age,

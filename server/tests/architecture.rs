@@ -27,7 +27,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("actions", &["advice", "auth", "db", "hub"]),
     ("sweeper", &["actions", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
-    ("sync", &["auth", "db", "fleet", "hub", "shutdown"]),
+    ("agent_text", &[]),
+    ("sync", &["agent_text", "auth", "db", "fleet", "hub", "shutdown"]),
     ("config", &["sync"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
@@ -43,7 +44,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// Modules that know nothing about HTTP: the domain, storage and what runs beside them.
 const HTTP_FREE: &[&str] = &[
-    "actions", "advice", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown", "sweeper",
+    "actions", "advice", "agent_text", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown",
+    "sweeper",
 ];
 
 /// Names that only HTTP code uses.

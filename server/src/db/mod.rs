@@ -176,38 +176,41 @@ impl Store {
         Ok(true)
     }
 
-    /// Replaces a user's password hash and role. Returns `false` when there is no such user.
+    /// Replaces a user's password hash and/or role and bumps its session epoch (ending
+    /// every session it had open), with its audit row in the same transaction when one is
+    /// given. Returns `false` when there is no such user (nothing is written).
     pub async fn update_user(
         &self,
         username: &str,
         password_hash: Option<&str>,
         role: Option<Role>,
+        audit: Option<&AuditRow>,
     ) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
-        let mut affected = 0;
-        if let Some(h) = password_hash {
-            affected += sqlx::query("UPDATE users SET password_hash = $1 WHERE username = $2")
-                .bind(h)
-                .bind(username)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+        let mut tx = self.pool.begin().await?;
+        let res = sqlx::query(
+            "UPDATE users SET password_hash = COALESCE($1, password_hash), role = COALESCE($2, role), \
+             session_epoch = session_epoch + 1 WHERE username = $3",
+        )
+        .bind(password_hash)
+        .bind(role.map(Role::as_str))
+        .bind(username)
+        .execute(&mut *tx)
+        .await?;
+        if res.rows_affected() != 1 {
+            return Ok(false);
         }
-        if let Some(r) = role {
-            affected += sqlx::query("UPDATE users SET role = $1 WHERE username = $2")
-                .bind(r.as_str())
-                .bind(username)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+        if let Some(audit) = audit {
+            mutate::insert_audit(&mut tx, audit).await?;
         }
-        Ok(affected > 0)
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Looks a user up by name.
     pub async fn user(&self, username: &str) -> anyhow::Result<Option<UserRow>> {
         let row = sqlx::query(
-            "SELECT id, username, password_hash, role, disabled, created_at FROM users WHERE username = $1",
+            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users WHERE username = $1",
         )
         .bind(username)
         .fetch_optional(&self.pool)
@@ -218,7 +221,7 @@ impl Store {
     /// Lists users by name.
     pub async fn users(&self) -> anyhow::Result<Vec<UserRow>> {
         let rows = sqlx::query(
-            "SELECT id, username, password_hash, role, disabled, created_at FROM users ORDER BY username",
+            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users ORDER BY username",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -299,6 +302,15 @@ impl Store {
         )
         .fetch_all(&self.pool).await?;
         rows.iter().map(TokenRow::from_row).collect()
+    }
+
+    /// Ids and revocation times (ms) of tokens revoked at or after `since` (ms).
+    pub async fn tokens_revoked_since(&self, since: i64) -> anyhow::Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT id, revoked_at FROM tokens WHERE revoked_at >= $1")
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get("id")?, r.try_get("revoked_at")?))).collect()
     }
 
     /// Revokes a token (a revoked one keeps its first revocation time) and appends its audit

@@ -73,6 +73,8 @@ pub struct UserRow {
     pub disabled: bool,
     /// Creation time, ms since the epoch.
     pub created_at: i64,
+    /// Bumped by every password or role change; sessions opened at another epoch are ended.
+    pub session_epoch: i64,
 }
 
 impl UserRow {
@@ -85,6 +87,7 @@ impl UserRow {
             role: Role::parse(&role).ok_or_else(|| anyhow!("unknown role {role:?} in users"))?,
             disabled: r.try_get::<i64, _>("disabled")? != 0,
             created_at: r.try_get("created_at")?,
+            session_epoch: r.try_get("session_epoch")?,
         })
     }
 }

@@ -13,3 +13,4 @@ mod control_plane;
 mod kill_switch;
 mod logs;
 mod resilience;
+mod security;
