@@ -38,6 +38,7 @@ impl Modify for BearerAuth {
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,
+        tokens::update_user,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),

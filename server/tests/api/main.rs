@@ -2,6 +2,7 @@
 
 mod apply;
 mod auth;
+mod auth_matrix;
 mod errors;
 mod helpers;
 mod history;

@@ -237,3 +237,102 @@ async fn poll_connected(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `levee serve` with `extra` environment; returns the child and the HTTP base URL.
+async fn serve_bin(data: &std::path::Path, extra: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    let mut cmd = levee_serve(data, "127.0.0.1:0", "127.0.0.1:0", "warn");
+    cmd.stderr(Stdio::null());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("levee binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let http = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if let Some(rest) = l.strip_prefix("levee listening: http://") {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("levee exited before listening");
+    })
+    .await
+    .expect("levee prints its addresses");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://{http}"))
+}
+
+async fn login_status(base: &str, password: &str) -> (reqwest::StatusCode, Option<String>) {
+    let res = reqwest::Client::new()
+        .post(format!("{base}/api/v1/auth/login"))
+        .json(&serde_json::json!({"username": "admin", "password": password}))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let token =
+        res.json::<serde_json::Value>().await.ok().and_then(|v| v["token"].as_str().map(String::from));
+    (status, token)
+}
+
+/// The bootstrap password applies at the first start only: `levee users set admin` changes
+/// it (audited, ending admin's open sessions) and a restart with the same
+/// `LEVEE_ADMIN_PASSWORD` (as compose and Kubernetes pass it) does not put the old one back;
+/// `LEVEE_RESET_ADMIN_PASSWORD=true` does, when asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_password_only_on_first_start_and_users_set_survives_restarts() {
+    use crate::helpers::ADMIN_PASSWORD;
+    const NEW: &str = "the-new-admin-password";
+    let data = tempfile::tempdir().unwrap();
+    let (mut first, base) = serve_bin(data.path(), &[]).await;
+    let (s, session) = login_status(&base, ADMIN_PASSWORD).await;
+    assert_eq!(s, 200);
+    let session = session.unwrap();
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_levee"))
+        .args(["users", "set", "admin", "--role", "admin", "--reason", "rotate the bootstrap password"])
+        .env("LEVEE_DATA_DIR", data.path())
+        .env("LEVEE_USER_PASSWORD", NEW)
+        .env("USER", "ops")
+        .env_remove("LEVEE_DATABASE_URL")
+        .env_remove("LEVEE_ADMIN_PASSWORD")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sessions have ended"));
+    // The session opened before the change is over.
+    let res = reqwest::Client::new()
+        .get(format!("{base}/api/v1/environments"))
+        .bearer_auth(&session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    first.kill().await.unwrap();
+
+    // Restarted with the same LEVEE_ADMIN_PASSWORD: the new password stays.
+    let (mut second, base) = serve_bin(data.path(), &[]).await;
+    assert_eq!(login_status(&base, ADMIN_PASSWORD).await.0, 401, "the old password came back");
+    let (s, token) = login_status(&base, NEW).await;
+    assert_eq!(s, 200);
+    let audit: serde_json::Value = reqwest::Client::new()
+        .get(format!("{base}/api/v1/audit"))
+        .bearer_auth(token.unwrap())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = audit.as_array().unwrap().iter().find(|r| r["action"] == "user.update").expect("audited");
+    assert_eq!((row["actor"].as_str(), row["via"].as_str()), (Some("local:ops"), Some("local")), "{row}");
+    assert_eq!(row["reason"], "rotate the bootstrap password");
+    assert_eq!(row["after"]["password_changed"], true);
+    second.kill().await.unwrap();
+
+    // Asked explicitly, the start sets it again (audited too).
+    let (mut third, base) = serve_bin(data.path(), &[("LEVEE_RESET_ADMIN_PASSWORD", "true")]).await;
+    assert_eq!(login_status(&base, ADMIN_PASSWORD).await.0, 200);
+    assert_eq!(login_status(&base, NEW).await.0, 401);
+    third.kill().await.unwrap();
+}
