@@ -293,11 +293,11 @@ pub struct AuditRow {
     /// What the target was before the change, as JSON (stored as JSON text; the API
     /// answers the JSON value itself).
     #[serde(serialize_with = "json_text")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub before: Option<String>,
     /// What it is after the change, as JSON (like `before`).
     #[serde(serialize_with = "json_text")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub after: Option<String>,
     /// Revision created by the change.
     pub revision: Option<i64>,
@@ -377,7 +377,7 @@ pub struct AgentRow {
     /// Hash of that revision.
     pub applied_hash: String,
     /// Last status report (JSON).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub status: Option<serde_json::Value>,
 }
 

@@ -7,6 +7,7 @@ mod errors;
 mod helpers;
 mod history;
 mod kill_switch_refs;
+mod openapi_routes;
 mod policy;
 mod router;
 mod times;
