@@ -183,20 +183,40 @@ impl Server {
             .await
             .with_context(|| format!("binding the gRPC address {}", settings.grpc_addr))?;
         let grpc_addr = grpc_listener.local_addr()?;
+        let tls = match &settings.tls {
+            Some(files) => {
+                let cert = crate::tls::ReloadingCert::new(files.clone())?;
+                tasks.push(tokio::spawn(crate::tls::watch(cert.clone(), shutdown_rx.clone())));
+                Some(cert)
+            }
+            None => None,
+        };
         let mut grpc_shutdown = shutdown_rx.clone();
+        let grpc_tls = tls.as_ref().map(|c| c.server_config(&[b"h2"]));
         tasks.push(tokio::spawn(async move {
-            let res = tonic::transport::Server::builder()
+            let server = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
                 .tcp_keepalive(Some(Duration::from_secs(60)))
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-                .add_service(sync.into_server())
-                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
-                    stopped(&mut grpc_shutdown).await;
-                    // Let sessions send GoAway before the transport closes.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                })
-                .await;
+                .add_service(sync.into_server());
+            let stop = async move {
+                stopped(&mut grpc_shutdown).await;
+                // Let sessions send GoAway before the transport closes.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let res = match grpc_tls {
+                Some(cfg) => match crate::tls::TlsListener::new(grpc_listener, cfg) {
+                    Ok(tls) => server.serve_with_incoming_shutdown(tls.into_stream(), stop).await,
+                    Err(e) => {
+                        tracing::error!(error = %e, "gRPC TLS listener");
+                        return;
+                    }
+                },
+                None => {
+                    server.serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stop).await
+                }
+            };
             if let Err(e) = res {
                 tracing::error!(error = ?e, "gRPC server stopped");
             }
@@ -210,16 +230,27 @@ impl Server {
             .with_context(|| format!("binding the HTTP address {}", settings.http_addr))?;
         let http_addr = http_listener.local_addr()?;
         let mut http_shutdown = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let res = axum::serve(http_listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(async move {
-                    stopped(&mut http_shutdown).await;
-                })
-                .await;
-            if let Err(e) = res {
-                tracing::error!(error = ?e, "HTTP server stopped");
+        let stop = async move { stopped(&mut http_shutdown).await };
+        match tls.as_ref().map(|c| c.server_config(&[b"h2", b"http/1.1"])) {
+            Some(cfg) => {
+                let listener = crate::tls::TlsListener::new(http_listener, cfg)?;
+                let service = crate::tls::with_socket_addr(app)
+                    .into_make_service_with_connect_info::<crate::tls::PeerAddr>();
+                tasks.push(tokio::spawn(async move {
+                    let res = axum::serve(listener, service).with_graceful_shutdown(stop).await;
+                    if let Err(e) = res {
+                        tracing::error!(error = ?e, "HTTPS server stopped");
+                    }
+                }));
             }
-        }));
+            None => tasks.push(tokio::spawn(async move {
+                let service = app.into_make_service_with_connect_info::<SocketAddr>();
+                let res = axum::serve(http_listener, service).with_graceful_shutdown(stop).await;
+                if let Err(e) = res {
+                    tracing::error!(error = ?e, "HTTP server stopped");
+                }
+            })),
+        }
 
         tasks.push(tokio::spawn(crate::sweeper::run(actions, shutdown_rx.clone())));
         tasks.push(tokio::spawn(crate::listener::follow_revocations(

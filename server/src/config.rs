@@ -15,6 +15,8 @@
 //! | new agent streams per second | `--new-streams-per-sec` | `LEVEE_NEW_STREAMS_PER_SEC` | `new_streams_per_sec` | `500` |
 //! | request body limit, bytes | `--max-body-bytes` | `LEVEE_MAX_BODY_BYTES` | `max_body_bytes` | `1048576` |
 //! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
+//! | TLS certificate chain (PEM; with the key, both listeners serve TLS) | `--tls-cert` | `LEVEE_TLS_CERT` | `tls_cert` | none: plain TCP |
+//! | TLS private key (PEM) | `--tls-key` | `LEVEE_TLS_KEY` | `tls_key` | none |
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -98,6 +100,12 @@ pub struct ServeArgs {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "LEVEE_LOG")]
     pub log: Option<String>,
+    /// TLS certificate chain (PEM); with --tls-key, the HTTP and gRPC listeners serve TLS.
+    #[arg(long, env = "LEVEE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of --tls-cert.
+    #[arg(long, env = "LEVEE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The TOML file layer.
@@ -118,6 +126,8 @@ struct FileLayer {
     new_streams_per_sec: Option<u32>,
     max_body_bytes: Option<usize>,
     log: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 /// Validated settings of a running server; the module documentation gives the flag,
@@ -150,6 +160,9 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// `tracing` filter directives, e.g. `info,levee_server=debug`.
     pub log: String,
+    /// Certificate and key both listeners serve TLS with (reloaded when they change);
+    /// `None`: plain TCP (for a TLS-terminating proxy in front, see docs/operations.md).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Settings {
@@ -168,6 +181,7 @@ impl Settings {
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log: "info".into(),
+            tls: None,
         }
     }
 
@@ -218,7 +232,15 @@ impl Settings {
             new_streams_per_sec >= 1,
             "new_streams_per_sec (LEVEE_NEW_STREAMS_PER_SEC) must be at least 1"
         );
+        let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => Some(crate::tls::TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => anyhow::bail!(
+                "tls_cert (LEVEE_TLS_CERT) and tls_key (LEVEE_TLS_KEY) go together: set both or neither"
+            ),
+        };
         Ok(Settings {
+            tls,
             data_dir,
             http_addr,
             grpc_addr,

@@ -20,6 +20,7 @@ pub mod manifest;
 pub mod shutdown;
 pub mod sweeper;
 pub mod sync;
+pub mod tls;
 pub mod ui;
 pub mod web;
 

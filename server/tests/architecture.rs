@@ -28,8 +28,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sweeper", &["actions", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("agent_text", &[]),
+    ("tls", &["shutdown"]),
     ("sync", &["agent_text", "auth", "db", "fleet", "hub", "shutdown"]),
-    ("config", &["sync"]),
+    ("config", &["sync", "tls"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
     ("ui", &["actions", "advice", "auth", "db", "web"]),
@@ -37,7 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "app",
         &[
             "actions", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown", "sweeper",
-            "sync", "ui", "web",
+            "sync", "tls", "ui", "web",
         ],
     ),
 ];

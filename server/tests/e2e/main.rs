@@ -14,3 +14,4 @@ mod kill_switch;
 mod logs;
 mod resilience;
 mod security;
+mod tls;
