@@ -41,8 +41,48 @@ pub fn app(state: AppState) -> Router {
     crate::ui::router(state.clone())
         .merge(crate::api::router(state))
         .merge(probes)
+        .layer(axum::middleware::from_fn(record_http))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+}
+
+/// Records each request's latency in `levee_server_http_request_duration_seconds` by route
+/// template (never the raw path: the label set stays bounded), method and status.
+async fn record_http(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method: &'static str = match req.method().as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
+    let start = std::time::Instant::now();
+    let res = next.run(req).await;
+    metrics::histogram!(
+        "levee_server_http_request_duration_seconds",
+        "route" => route, "method" => method, "status" => res.status().as_u16().to_string()
+    )
+    .record(start.elapsed().as_secs_f64());
+    res
+}
+
+/// The Prometheus recorder of the server, with histogram buckets (seconds) for every
+/// `_seconds` series; `main` installs it, tests too.
+pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
+    use metrics_exporter_prometheus::Matcher;
+    const BUCKETS: [f64; 14] =
+        [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
+        .expect("buckets are not empty")
 }
 
 /// `GET /healthz`: the process is alive.

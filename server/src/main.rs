@@ -145,7 +145,7 @@ async fn local_actions(store: &Store, s: &Settings) -> anyhow::Result<Actions> {
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     init_tracing(&settings.log);
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok();
+    let metrics = levee_server::app::prometheus_builder().install_recorder().ok();
     let server = levee_server::Server::start(settings, metrics).await?;
     if let Some(p) = &server.generated_admin_password {
         println!("Bootstrap admin user created. username: admin  password: {p}");

@@ -287,6 +287,9 @@ impl Session {
                         && cur.revision == ack.revision
                     {
                         st.applied_hash = cur.hash.clone();
+                        // Commit to this agent's ACK, for the current revision only.
+                        let took = (now_ms() - cur.created_at).max(0) as f64 / 1000.0;
+                        metrics::histogram!("levee_server_propagation_seconds").record(took);
                     }
                     metrics::counter!("levee_server_acks_total").increment(1);
                     self.upsert(&ack.service, true, None);

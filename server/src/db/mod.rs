@@ -50,6 +50,22 @@ pub struct Store {
 }
 
 /// Current time in milliseconds since the Unix epoch.
+/// Records how long a store operation took, when dropped, in
+/// `levee_server_db_query_duration_seconds{op}` (errors included).
+pub(crate) struct QueryTimer(&'static str, std::time::Instant);
+
+impl Drop for QueryTimer {
+    fn drop(&mut self) {
+        metrics::histogram!("levee_server_db_query_duration_seconds", "op" => self.0)
+            .record(self.1.elapsed().as_secs_f64());
+    }
+}
+
+/// Starts timing operation `op` (a fixed name per store method).
+pub(crate) fn timed(op: &'static str) -> QueryTimer {
+    QueryTimer(op, std::time::Instant::now())
+}
+
 pub fn now_ms() -> i64 {
     levee_agent::policy::Timestamp::now().unix_ms()
 }
@@ -209,6 +225,7 @@ impl Store {
 
     /// Looks a user up by name.
     pub async fn user(&self, username: &str) -> anyhow::Result<Option<UserRow>> {
+        let _t = timed("user");
         let row = sqlx::query(
             "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users WHERE username = $1",
         )
@@ -257,6 +274,7 @@ impl Store {
 
     /// Looks a token up by id (`jti`).
     pub async fn token(&self, id: &str) -> anyhow::Result<Option<TokenRow>> {
+        let _t = timed("token");
         let row = sqlx::query(
             "SELECT id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at \
              FROM tokens WHERE id = $1",
@@ -468,6 +486,7 @@ impl Store {
 
     /// The newest stored snapshot of a service.
     pub async fn latest_snapshot(&self, env: &str, service: &str) -> anyhow::Result<Option<SnapshotRow>> {
+        let _t = timed("latest_snapshot");
         let row = sqlx::query(
             "SELECT environment, service, revision, hash, body, created_at FROM revisions \
              WHERE environment = $1 AND service = $2 ORDER BY revision DESC LIMIT 1",
@@ -504,6 +523,7 @@ impl Store {
 
     /// Audit rows matching the filter, newest first.
     pub async fn audit(&self, f: &AuditFilter) -> anyhow::Result<Vec<AuditRow>> {
+        let _t = timed("audit_read");
         // Every filter is optional; `$n IS NULL OR col = $n` keeps one static statement.
         let rows = sqlx::query(
             "SELECT id, at, actor, via, request_id, action, environment, service, target, outcome, reason, \
@@ -529,6 +549,7 @@ impl Store {
 
     /// Writes a batch of agent state changes in one transaction.
     pub async fn write_fleet(&self, batch: &[FleetEvent]) -> anyhow::Result<()> {
+        let _t = timed("write_fleet");
         if batch.is_empty() {
             return Ok(());
         }
