@@ -13,6 +13,7 @@ pub mod config;
 pub mod db;
 pub mod diff;
 pub mod fleet;
+pub mod fuzz;
 pub mod hub;
 pub mod import;
 pub mod listener;

@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("diff", &[]),
     ("manifest", &[]),
     ("import", &["manifest"]),
+    ("fuzz", &["import", "manifest"]),
     ("cli", &["manifest"]),
     ("shutdown", &[]),
     ("hub", &["db"]),
