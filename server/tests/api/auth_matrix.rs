@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 
-use crate::helpers::{ADMIN_PASSWORD, JWT_SECRET, TestApp, assert_problem};
+use crate::helpers::{ADMIN_PASSWORD, Db, JWT_SECRET, TestApp, assert_problem};
 
 const ENVS: &str = "/api/v1/environments";
 const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
@@ -263,7 +263,17 @@ async fn auth_ui_session_is_not_an_api_token_and_api_tokens_do_not_open_the_ui()
 /// user had open; the new password opens a new one.
 #[tokio::test]
 async fn auth_password_and_role_changes_are_audited_and_end_sessions() {
-    let app = TestApp::spawn().await;
+    password_and_role_changes(TestApp::spawn().await).await;
+}
+
+#[tokio::test]
+async fn auth_password_and_role_changes_are_audited_and_end_sessions_on_postgres() {
+    if let Some(app) = TestApp::spawn_on(Db::Postgres).await {
+        password_and_role_changes(app).await;
+    }
+}
+
+async fn password_and_role_changes(app: TestApp) {
     let (s, _, b) = app
         .call(
             Method::POST,

@@ -258,6 +258,13 @@ async fn cp_7_revoked_and_wrong_scope_tokens_are_refused_clearly() {
     let api = Api::login(&app.base).await;
     api.seed().await;
     let token = api.agent_token("prod", &["checkout"]).await;
+    // Tokens are minted only for services that exist.
+    api.send(
+        Method::POST,
+        "/environments/prod/services",
+        Some(serde_json::json!({"name": "payments", "reason": "e2e", "policy": {"dependencies": {}}})),
+    )
+    .await;
     let other = api.agent_token("prod", &["payments"]).await;
 
     let err =
