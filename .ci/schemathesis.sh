@@ -51,7 +51,10 @@ curl -sf -H "authorization: Bearer $TOKEN" -H 'content-type: application/json' \
   -d '{"name":"checkout","reason":"schemathesis","policy":{"dependencies":{"payments":{"attempt_timeout":"300ms"}}},"flags":{"beta":{"type":"bool","value":false}}}' \
   "$BASE/api/v1/environments/prod/services" >/dev/null
 
-"$VENV/bin/schemathesis" run "$BASE/api/v1/openapi.json" \
+# Run from the scratch directory: schemathesis keeps a cache (.schemathesis/) in its cwd.
+VENV_ABS="$(cd "$VENV" && pwd)"
+cd "$WORK"
+"$VENV_ABS/bin/schemathesis" run "$BASE/api/v1/openapi.json" \
   --url "$BASE" \
   --header "Authorization: Bearer $TOKEN" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance \
