@@ -48,6 +48,13 @@ pub enum BuildError {
     /// The compiled-in defaults do not validate.
     #[error("the compiled-in defaults are invalid: {0}")]
     InvalidDefaults(#[from] policy::ValidationErrors),
+    /// A CA was given for an `http://` address, or an `https://` address has no CA to
+    /// verify the server against ([`AgentBuilder::tls_ca_pem`]).
+    #[error("server address {address:?}: use https:// together with tls_ca_pem, or http:// without it")]
+    TlsMismatch {
+        /// The server address.
+        address: String,
+    },
     /// `build` was called outside a tokio runtime.
     #[error("AgentBuilder::build must be called inside a tokio runtime")]
     NoRuntime,
@@ -75,6 +82,7 @@ pub struct AgentBuilder {
     defaults: ServiceConfig,
     refuse_until_fresh: bool,
     settings: SyncClientSettings,
+    tls_ca_pem: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -87,6 +95,7 @@ impl fmt::Debug for AgentBuilder {
             .field("cache_dir", &self.cache_dir)
             .field("refuse_until_fresh", &self.refuse_until_fresh)
             .field("settings", &self.settings)
+            .field("tls_ca", &self.tls_ca_pem.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -115,6 +124,15 @@ impl AgentBuilder {
         self
     }
 
+    /// Verifies the server's TLS certificate against this CA (PEM, one or more
+    /// certificates) and connects with TLS; the server address must then be
+    /// `https://host:port`, its host being a name (or IP) the certificate is for. An
+    /// `https://` address needs it: the agent trusts no other root.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca_pem = Some(pem.into());
+        self
+    }
+
     /// Timings of the sync client. Default: [`SyncClientSettings::default()`].
     pub fn sync_settings(mut self, settings: SyncClientSettings) -> Self {
         self.settings = settings;
@@ -136,8 +154,21 @@ impl AgentBuilder {
             })?;
         }
         self.defaults.validate()?;
-        let endpoint = SyncClient::endpoint(&self.server, &self.settings)
+        let mut endpoint = SyncClient::endpoint(&self.server, &self.settings)
             .map_err(|source| BuildError::InvalidAddress { address: self.server.clone(), source })?;
+        let https = endpoint.uri().scheme_str() == Some("https");
+        match (&self.tls_ca_pem, https) {
+            (Some(pem), true) => {
+                let tls = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                endpoint = endpoint
+                    .tls_config(tls)
+                    .map_err(|source| BuildError::InvalidAddress { address: self.server.clone(), source })?;
+            }
+            (None, false) => {}
+            (Some(_), false) => return Err(BuildError::TlsMismatch { address: self.server.clone() }),
+            (None, true) => return Err(BuildError::TlsMismatch { address: self.server.clone() }),
+        }
         let mut authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
             format!("Bearer {}", self.token).parse().map_err(|_| BuildError::InvalidToken)?;
         authorization.set_sensitive(true);
@@ -263,6 +294,7 @@ impl Agent {
             defaults: ServiceConfig::default(),
             refuse_until_fresh: false,
             settings: SyncClientSettings::default(),
+            tls_ca_pem: None,
         }
     }
 

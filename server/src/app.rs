@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 
-use crate::auth::{Keys, hash_password, verify_password};
+use crate::actions::{Actions, Actor, Reason, UserChange};
+use crate::auth::{Keys, hash_password};
 use crate::config::Settings;
 use crate::db::{Backend, Role, Store};
 use crate::fleet::FleetWriter;
@@ -40,8 +41,48 @@ pub fn app(state: AppState) -> Router {
     crate::ui::router(state.clone())
         .merge(crate::api::router(state))
         .merge(probes)
+        .layer(axum::middleware::from_fn(record_http))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+}
+
+/// Records each request's latency in `levee_server_http_request_duration_seconds` by route
+/// template (never the raw path: the label set stays bounded), method and status.
+async fn record_http(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method: &'static str = match req.method().as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
+    let start = std::time::Instant::now();
+    let res = next.run(req).await;
+    metrics::histogram!(
+        "levee_server_http_request_duration_seconds",
+        "route" => route, "method" => method, "status" => res.status().as_u16().to_string()
+    )
+    .record(start.elapsed().as_secs_f64());
+    res
+}
+
+/// The Prometheus recorder of the server, with histogram buckets (seconds) for every
+/// `_seconds` series; `main` installs it, tests too.
+pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
+    use metrics_exporter_prometheus::Matcher;
+    const BUCKETS: [f64; 14] =
+        [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
+        .expect("buckets are not empty")
 }
 
 /// `GET /healthz`: the process is alive.
@@ -87,8 +128,16 @@ fn random_secret(len: usize) -> String {
     rand::rng().sample_iter(&Alphanumeric).take(len).map(char::from).collect()
 }
 
-/// Creates or updates the bootstrap admin. Returns the generated password, if any.
-async fn bootstrap_admin(store: &Store, password: Option<&str>) -> anyhow::Result<Option<String>> {
+/// Creates the bootstrap admin on the first start: with `password`, or a generated one that
+/// is returned to be printed once. Once `admin` exists the password is left alone (so a
+/// restart with `LEVEE_ADMIN_PASSWORD` never undoes `levee users set admin`), unless `reset`
+/// asks for it: then it is set through the `user.update` action (audited, sessions ended).
+async fn bootstrap_admin(
+    store: &Store,
+    actions: &Actions,
+    password: Option<&str>,
+    reset: bool,
+) -> anyhow::Result<Option<String>> {
     match (store.user("admin").await?, password) {
         (None, Some(p)) => {
             store.create_user("admin", &hash_password(p.to_string()).await?, Role::Admin, None).await?;
@@ -99,13 +148,25 @@ async fn bootstrap_admin(store: &Store, password: Option<&str>) -> anyhow::Resul
             store.create_user("admin", &hash_password(p.clone()).await?, Role::Admin, None).await?;
             Ok(Some(p))
         }
-        (Some(u), Some(p)) => {
-            if !verify_password(p.to_string(), u.password_hash.clone()).await {
-                store.update_user("admin", Some(&hash_password(p.to_string()).await?), None).await?;
-                tracing::info!("bootstrap admin password updated from LEVEE_ADMIN_PASSWORD");
-            }
+        (Some(_), Some(p)) if reset => {
+            let change = UserChange::new("admin", Some(p.to_string()), None)
+                .map_err(|e| anyhow::anyhow!("LEVEE_ADMIN_PASSWORD: {e}"))?;
+            let reason = Reason::parse("LEVEE_RESET_ADMIN_PASSWORD at server start")
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            actions.update_user(&Actor::server(), &reason, change).await?;
+            tracing::warn!(
+                "admin password reset from LEVEE_ADMIN_PASSWORD; remove LEVEE_RESET_ADMIN_PASSWORD"
+            );
             Ok(None)
         }
+        (Some(_), Some(_)) => {
+            tracing::info!(
+                "user admin exists: LEVEE_ADMIN_PASSWORD is ignored (it only sets the first start's \
+                 password; use `levee users set admin` or LEVEE_RESET_ADMIN_PASSWORD=true to change it)"
+            );
+            Ok(None)
+        }
+        (Some(_), None) if reset => anyhow::bail!("LEVEE_RESET_ADMIN_PASSWORD needs LEVEE_ADMIN_PASSWORD"),
         (Some(_), None) => Ok(None),
     }
 }
@@ -129,14 +190,19 @@ impl Server {
             None => store.setting_or_init("jwt_secret", || random_secret(64)).await?,
         };
         let keys = Keys::new(secret.as_bytes())?;
-        let generated_admin_password =
-            bootstrap_admin(&store, settings.admin_password.as_ref().map(|s| s.expose())).await?;
+        let hub = Hub::default();
+        let generated_admin_password = bootstrap_admin(
+            &store,
+            &Actions::new(store.clone(), hub.clone(), keys.clone()),
+            settings.admin_password.as_ref().map(|s| s.expose()),
+            settings.reset_admin_password,
+        )
+        .await?;
         if store.backend() == Backend::Sqlite {
             store.mark_all_disconnected().await?;
         }
 
         let (shutdown, shutdown_rx) = crate::shutdown::channel();
-        let hub = Hub::default();
         let (fleet, fleet_task) = FleetWriter::spawn(store.clone());
         let mut tasks = vec![fleet_task];
 
@@ -157,20 +223,40 @@ impl Server {
             .await
             .with_context(|| format!("binding the gRPC address {}", settings.grpc_addr))?;
         let grpc_addr = grpc_listener.local_addr()?;
+        let tls = match &settings.tls {
+            Some(files) => {
+                let cert = crate::tls::ReloadingCert::new(files.clone())?;
+                tasks.push(tokio::spawn(crate::tls::watch(cert.clone(), shutdown_rx.clone())));
+                Some(cert)
+            }
+            None => None,
+        };
         let mut grpc_shutdown = shutdown_rx.clone();
+        let grpc_tls = tls.as_ref().map(|c| c.server_config(&[b"h2"]));
         tasks.push(tokio::spawn(async move {
-            let res = tonic::transport::Server::builder()
+            let server = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
                 .tcp_keepalive(Some(Duration::from_secs(60)))
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-                .add_service(sync.into_server())
-                .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
-                    stopped(&mut grpc_shutdown).await;
-                    // Let sessions send GoAway before the transport closes.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                })
-                .await;
+                .add_service(sync.into_server());
+            let stop = async move {
+                stopped(&mut grpc_shutdown).await;
+                // Let sessions send GoAway before the transport closes.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let res = match grpc_tls {
+                Some(cfg) => match crate::tls::TlsListener::new(grpc_listener, cfg) {
+                    Ok(tls) => server.serve_with_incoming_shutdown(tls.into_stream(), stop).await,
+                    Err(e) => {
+                        tracing::error!(error = %e, "gRPC TLS listener");
+                        return;
+                    }
+                },
+                None => {
+                    server.serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stop).await
+                }
+            };
             if let Err(e) = res {
                 tracing::error!(error = ?e, "gRPC server stopped");
             }
@@ -184,18 +270,34 @@ impl Server {
             .with_context(|| format!("binding the HTTP address {}", settings.http_addr))?;
         let http_addr = http_listener.local_addr()?;
         let mut http_shutdown = shutdown_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let res = axum::serve(http_listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(async move {
-                    stopped(&mut http_shutdown).await;
-                })
-                .await;
-            if let Err(e) = res {
-                tracing::error!(error = ?e, "HTTP server stopped");
+        let stop = async move { stopped(&mut http_shutdown).await };
+        match tls.as_ref().map(|c| c.server_config(&[b"h2", b"http/1.1"])) {
+            Some(cfg) => {
+                let listener = crate::tls::TlsListener::new(http_listener, cfg)?;
+                let service = crate::tls::with_socket_addr(app)
+                    .into_make_service_with_connect_info::<crate::tls::PeerAddr>();
+                tasks.push(tokio::spawn(async move {
+                    let res = axum::serve(listener, service).with_graceful_shutdown(stop).await;
+                    if let Err(e) = res {
+                        tracing::error!(error = ?e, "HTTPS server stopped");
+                    }
+                }));
             }
-        }));
+            None => tasks.push(tokio::spawn(async move {
+                let service = app.into_make_service_with_connect_info::<SocketAddr>();
+                let res = axum::serve(http_listener, service).with_graceful_shutdown(stop).await;
+                if let Err(e) = res {
+                    tracing::error!(error = ?e, "HTTP server stopped");
+                }
+            })),
+        }
 
         tasks.push(tokio::spawn(crate::sweeper::run(actions, shutdown_rx.clone())));
+        tasks.push(tokio::spawn(crate::listener::follow_revocations(
+            store.clone(),
+            hub.clone(),
+            shutdown_rx.clone(),
+        )));
         if store.backend() == Backend::Postgres {
             tasks.push(tokio::spawn(crate::listener::run(
                 settings.database_url.expose().to_string(),

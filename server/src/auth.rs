@@ -1,11 +1,20 @@
 //! Authentication: argon2 password hashes and HS256 JWTs with a pinned algorithm,
 //! issuer and audience.
 //!
-//! Three kinds of bearer token exist, told apart by audience and `kind`:
-//! sessions (login, audience `levee-api`, 12 h), API tokens for automation (audience
-//! `levee-api`, with a role, revocable) and agent tokens (audience `levee-agent`, scoped to one
-//! environment and a list of services, revocable). Only HS256 is accepted, so a token signed
-//! with `none` or another algorithm, or minted for the other audience, is refused.
+//! Four kinds of token exist, told apart by audience and `kind`:
+//! API sessions (`POST /api/v1/auth/login`, audience `levee-api`, 12 h), UI sessions (the
+//! web login form, audience `levee-ui`, 12 h, only ever in the `levee_session` cookie), API
+//! tokens for automation (audience `levee-api`, with a role, revocable) and agent tokens
+//! (audience `levee-agent`, scoped to one environment and a list of services, revocable).
+//! Only HS256 is accepted, so a token signed with `none` or another algorithm, or minted for
+//! another audience, is refused: a UI session cookie is not a bearer token of the API, an
+//! API token put in a cookie does not open the UI, and an agent token calls neither.
+//!
+//! Expiry is checked with a leeway of [`EXPIRY_LEEWAY`] (5 s) so replicas whose clocks
+//! differ slightly agree on a token at the moment it expires; no other claim has a leeway.
+//!
+//! A session also carries its user's session epoch (`epoch`): changing a user's password
+//! or role bumps the epoch, which ends every session the user had open.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -25,6 +34,11 @@ pub const ISSUER: &str = "levee";
 pub const AUDIENCE_API: &str = "levee-api";
 /// Audience of agent tokens.
 pub const AUDIENCE_AGENT: &str = "levee-agent";
+/// Audience of UI sessions (the `levee_session` cookie).
+pub const AUDIENCE_UI: &str = "levee-ui";
+/// Leeway on `exp`, in seconds: a token is accepted up to this long after its expiry so
+/// replicas with slightly different clocks agree (documented in docs/api.md).
+pub const EXPIRY_LEEWAY: u64 = 5;
 /// Lifetime of a login session.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Default lifetime of minted API and agent tokens.
@@ -60,6 +74,29 @@ pub struct Claims {
     /// Services (agent tokens).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<String>,
+    /// The user's session epoch when the session was opened (sessions); a session whose
+    /// epoch is not the user's current one was ended by a password or role change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+}
+
+/// Where a session is used: the API (a bearer token) or the web UI (the cookie).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Door {
+    /// `POST /api/v1/auth/login`: a bearer token, audience [`AUDIENCE_API`].
+    Api,
+    /// The web login form: the `levee_session` cookie, audience [`AUDIENCE_UI`].
+    Ui,
+}
+
+impl Door {
+    /// The audience of this door's sessions.
+    pub const fn audience(self) -> &'static str {
+        match self {
+            Door::Api => AUDIENCE_API,
+            Door::Ui => AUDIENCE_UI,
+        }
+    }
 }
 
 /// Who is calling, once authenticated.
@@ -92,7 +129,7 @@ pub enum AuthError {
     /// No token was sent.
     #[error("missing bearer token")]
     Missing,
-    /// Past its `exp` (5 s leeway).
+    /// Past its `exp` ([`EXPIRY_LEEWAY`]).
     #[error("token expired")]
     Expired,
     /// Bad signature, algorithm, audience, issuer or shape.
@@ -141,7 +178,7 @@ impl Keys {
         v.set_audience(&[audience]);
         v.set_issuer(&[ISSUER]);
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
-        v.leeway = 5;
+        v.leeway = EXPIRY_LEEWAY;
         match jsonwebtoken::decode::<Claims>(token, &self.dec, &v) {
             Ok(data) => Ok(data.claims),
             Err(e) => match e.kind() {
@@ -151,14 +188,20 @@ impl Keys {
         }
     }
 
-    /// A login session token for a user.
-    pub fn session(&self, username: &str, role: Role) -> anyhow::Result<(String, u64)> {
+    /// A login session token for a user, for `door`, at the user's session `epoch`.
+    pub fn session(
+        &self,
+        username: &str,
+        role: Role,
+        epoch: i64,
+        door: Door,
+    ) -> anyhow::Result<(String, u64)> {
         let iat = now_s();
         let exp = iat + SESSION_TTL.as_secs();
         let claims = Claims {
             sub: username.to_string(),
             iss: ISSUER.into(),
-            aud: AUDIENCE_API.into(),
+            aud: door.audience().into(),
             exp,
             iat,
             jti: uuid::Uuid::new_v4().to_string(),
@@ -166,6 +209,7 @@ impl Keys {
             role: Some(role),
             env: None,
             services: Vec::new(),
+            epoch: Some(epoch),
         };
         Ok((self.sign(&claims)?, exp))
     }
@@ -200,6 +244,7 @@ impl Keys {
             role: t.role,
             env: t.environment.clone(),
             services: t.services.clone(),
+            epoch: None,
         };
         self.sign(&claims)
     }
@@ -251,7 +296,17 @@ pub async fn verify_password(password: String, phc: String) -> bool {
 /// was not ended by logging out and its user still exists and is enabled (taking the role
 /// from the database so a demotion applies at once), or that the API token is not revoked.
 pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result<Principal, AuthError> {
-    let claims = keys.verify(token, AUDIENCE_API)?;
+    authenticate(keys, store, token, Door::Api).await
+}
+
+/// Authenticates a UI session cookie: a session of audience [`AUDIENCE_UI`], checked as
+/// [`authenticate_api`] checks an API session. No other token opens the UI.
+pub async fn authenticate_ui(keys: &Keys, store: &Store, token: &str) -> Result<Principal, AuthError> {
+    authenticate(keys, store, token, Door::Ui).await
+}
+
+async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Result<Principal, AuthError> {
+    let claims = keys.verify(token, door.audience())?;
     match claims.kind.as_str() {
         "session" => {
             if store.session_revoked(&claims.jti).await.map_err(|_| AuthError::Revoked)? {
@@ -259,11 +314,14 @@ pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result
             }
             let user = store.user(&claims.sub).await.map_err(|_| AuthError::UserGone)?;
             match user {
-                Some(u) if !u.disabled => Ok(Principal { actor: u.username, role: u.role, jti: claims.jti }),
-                _ => Err(AuthError::UserGone),
+                Some(u) if u.disabled => Err(AuthError::UserGone),
+                // A password or role change since this session opened ended it.
+                Some(u) if claims.epoch.unwrap_or(0) != u.session_epoch => Err(AuthError::Revoked),
+                Some(u) => Ok(Principal { actor: u.username, role: u.role, jti: claims.jti }),
+                None => Err(AuthError::UserGone),
             }
         }
-        "api" => {
+        "api" if door == Door::Api => {
             let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
             match row {
                 Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Api => Ok(Principal {
@@ -387,6 +445,22 @@ pub async fn login(
     username: &str,
     password: &str,
 ) -> Result<Session, LoginError> {
+    login_to(Door::Api, store, keys, limiter, username, password).await
+}
+
+/// [`login`] for `door`: the session's audience is the door's, so a UI session is never
+/// a bearer token of the API (and an API session never a UI cookie).
+///
+/// # Errors
+/// [`LoginError`].
+pub async fn login_to(
+    door: Door,
+    store: &Store,
+    keys: &Keys,
+    limiter: &LoginLimiter,
+    username: &str,
+    password: &str,
+) -> Result<Session, LoginError> {
     if levee_agent::policy::check_name(username).is_err() || password.len() > MAX_PASSWORD_BYTES {
         return Err(LoginError::WrongCredentials);
     }
@@ -404,7 +478,7 @@ pub async fn login(
         return Err(LoginError::WrongCredentials);
     };
     limiter.succeeded(username).await;
-    let (token, expires_at) = keys.session(&user.username, user.role)?;
+    let (token, expires_at) = keys.session(&user.username, user.role, user.session_epoch, door)?;
     Ok(Session { token, expires_at, role: user.role })
 }
 
@@ -428,14 +502,14 @@ mod tests {
     #[test]
     fn session_verifies_only_for_its_audience() {
         let k = keys();
-        let (tok, _) = k.session("alice", Role::Operator).unwrap();
+        let (tok, _) = k.session("alice", Role::Operator, 0, Door::Api).unwrap();
         assert_eq!(k.verify(&tok, AUDIENCE_API).unwrap().sub, "alice");
         assert!(matches!(k.verify(&tok, AUDIENCE_AGENT), Err(AuthError::Invalid(_))));
     }
 
     #[test]
     fn other_key_and_alg_none_are_refused() {
-        let (tok, _) = keys().session("alice", Role::Admin).unwrap();
+        let (tok, _) = keys().session("alice", Role::Admin, 0, Door::Api).unwrap();
         let other = Keys::new(&[8u8; 32]).unwrap();
         assert!(matches!(other.verify(&tok, AUDIENCE_API), Err(AuthError::Invalid(_))));
         // alg=none: header {"alg":"none","typ":"JWT"}, same payload, empty signature.
@@ -470,6 +544,7 @@ mod tests {
             role: Some(Role::Viewer),
             env: None,
             services: vec![],
+            epoch: None,
         };
         let tok = k.sign(&claims).unwrap();
         assert_eq!(k.verify(&tok, AUDIENCE_API).unwrap_err(), AuthError::Expired);

@@ -7,13 +7,16 @@
 //! | HTTP address (API + UI) | `--http-addr` | `LEVEE_HTTP_ADDR` | `http_addr` | `127.0.0.1:8080` |
 //! | gRPC address (agent sync) | `--grpc-addr` | `LEVEE_GRPC_ADDR` | `grpc_addr` | `127.0.0.1:8081` |
 //! | database URL | `--database-url` | `LEVEE_DATABASE_URL` | `database_url` | `sqlite://<data_dir>/levee.db` |
-//! | bootstrap admin password | `--admin-password` | `LEVEE_ADMIN_PASSWORD` | `admin_password` | generated, printed once |
+//! | bootstrap admin password (first start only) | `--admin-password` | `LEVEE_ADMIN_PASSWORD` | `admin_password` | generated, printed once |
+//! | set the admin password again at this start | `--reset-admin-password` | `LEVEE_RESET_ADMIN_PASSWORD` | `reset_admin_password` | `false` |
 //! | JWT signing secret (≥ 32 bytes) | `--jwt-secret` | `LEVEE_JWT_SECRET` | `jwt_secret` | generated, stored in the database |
 //! | heartbeat interval | `--heartbeat-interval` | `LEVEE_HEARTBEAT_INTERVAL` | `heartbeat_interval` | `15s` |
 //! | maximum agent stream age | `--max-stream-age` | `LEVEE_MAX_STREAM_AGE` | `max_stream_age` | `30m` |
 //! | new agent streams per second | `--new-streams-per-sec` | `LEVEE_NEW_STREAMS_PER_SEC` | `new_streams_per_sec` | `500` |
 //! | request body limit, bytes | `--max-body-bytes` | `LEVEE_MAX_BODY_BYTES` | `max_body_bytes` | `1048576` |
 //! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
+//! | TLS certificate chain (PEM; with the key, both listeners serve TLS) | `--tls-cert` | `LEVEE_TLS_CERT` | `tls_cert` | none: plain TCP |
+//! | TLS private key (PEM) | `--tls-key` | `LEVEE_TLS_KEY` | `tls_key` | none |
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -71,9 +74,14 @@ pub struct ServeArgs {
     /// Database URL (sqlite:… or postgres://…).
     #[arg(long, env = "LEVEE_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// Password of the bootstrap admin user `admin`.
+    /// Password of the bootstrap admin user `admin`, used when the database has no admin
+    /// yet (the first start), or with --reset-admin-password.
     #[arg(long, env = "LEVEE_ADMIN_PASSWORD", hide_env_values = true)]
     pub admin_password: Option<String>,
+    /// Sets user `admin`'s password to --admin-password at this start even though it
+    /// exists (ending its sessions; audited). Remove it again after the start.
+    #[arg(long, env = "LEVEE_RESET_ADMIN_PASSWORD", num_args = 0..=1, default_missing_value = "true")]
+    pub reset_admin_password: Option<bool>,
     /// JWT signing secret (at least 32 bytes).
     #[arg(long, env = "LEVEE_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
@@ -92,6 +100,12 @@ pub struct ServeArgs {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "LEVEE_LOG")]
     pub log: Option<String>,
+    /// TLS certificate chain (PEM); with --tls-key, the HTTP and gRPC listeners serve TLS.
+    #[arg(long, env = "LEVEE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) of --tls-cert.
+    #[arg(long, env = "LEVEE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The TOML file layer.
@@ -103,6 +117,7 @@ struct FileLayer {
     grpc_addr: Option<SocketAddr>,
     database_url: Option<String>,
     admin_password: Option<String>,
+    reset_admin_password: Option<bool>,
     jwt_secret: Option<String>,
     #[serde(default, with = "humantime_serde::option")]
     heartbeat_interval: Option<Duration>,
@@ -111,6 +126,8 @@ struct FileLayer {
     new_streams_per_sec: Option<u32>,
     max_body_bytes: Option<usize>,
     log: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 /// Validated settings of a running server; the module documentation gives the flag,
@@ -125,8 +142,12 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// `sqlite:…` or `postgres://…`; a secret because it may hold a password.
     pub database_url: Secret,
-    /// Sets the password of user `admin` at every start; `None`: generated once and printed.
+    /// The password of user `admin` when the first start creates it; `None`: generated
+    /// and printed once. Ignored once the user exists, unless `reset_admin_password`.
     pub admin_password: Option<Secret>,
+    /// Sets `admin_password` on the existing user `admin` at this start (audited as
+    /// `user.update`, ending its sessions).
+    pub reset_admin_password: bool,
     /// Signs every token; `None`: generated once and stored in the database.
     pub jwt_secret: Option<Secret>,
     /// How often an agent stream gets a heartbeat.
@@ -139,6 +160,9 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// `tracing` filter directives, e.g. `info,levee_server=debug`.
     pub log: String,
+    /// Certificate and key both listeners serve TLS with (reloaded when they change);
+    /// `None`: plain TCP (for a TLS-terminating proxy in front, see docs/operations.md).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Settings {
@@ -150,12 +174,14 @@ impl Settings {
             grpc_addr: "127.0.0.1:0".parse().expect("valid"),
             database_url: Secret::new(sqlite_url(data_dir)),
             admin_password: None,
+            reset_admin_password: false,
             jwt_secret: None,
             heartbeat_interval: crate::sync::HEARTBEAT_INTERVAL,
             max_stream_age: crate::sync::MAX_STREAM_AGE,
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log: "info".into(),
+            tls: None,
         }
     }
 
@@ -206,12 +232,21 @@ impl Settings {
             new_streams_per_sec >= 1,
             "new_streams_per_sec (LEVEE_NEW_STREAMS_PER_SEC) must be at least 1"
         );
+        let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => Some(crate::tls::TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => anyhow::bail!(
+                "tls_cert (LEVEE_TLS_CERT) and tls_key (LEVEE_TLS_KEY) go together: set both or neither"
+            ),
+        };
         Ok(Settings {
+            tls,
             data_dir,
             http_addr,
             grpc_addr,
             database_url: Secret::new(database_url),
             admin_password: args.admin_password.or(file.admin_password).map(Secret::new),
+            reset_admin_password: args.reset_admin_password.or(file.reset_admin_password).unwrap_or(false),
             jwt_secret: jwt_secret.map(Secret::new),
             heartbeat_interval,
             max_stream_age,

@@ -12,11 +12,11 @@ pub struct DiffEntry {
     pub op: &'static str,
     /// Value before (absent when added).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub before: Option<Value>,
     /// Value after (absent when removed).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub after: Option<Value>,
 }
 

@@ -6,7 +6,7 @@
 //! the newest value, so a burst of edits coalesces into one push of the latest revision per
 //! stream, and a slow stream never holds back the others.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -21,6 +21,49 @@ pub struct Hub {
     // A short, non-async critical section; never held across an await.
     #[allow(clippy::disallowed_types)]
     slots: Arc<std::sync::RwLock<HashMap<(String, String), Slot>>>,
+    revocations: Revocations,
+}
+
+/// Token ids revoked since this replica started, so agent streams opened with one of them
+/// end at once (SEC-3). Filled by the revoke action on this replica and by
+/// `listener::follow_revocations` for every replica; the set only grows (revocations are
+/// rare, and a revoked token never comes back). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Revocations {
+    tx: Arc<watch::Sender<Arc<HashSet<String>>>>,
+}
+
+impl Default for Revocations {
+    fn default() -> Self {
+        Revocations { tx: Arc::new(watch::channel(Arc::new(HashSet::new())).0) }
+    }
+}
+
+impl Revocations {
+    /// Adds revoked token ids; streams watching are woken only when one is new.
+    pub fn revoke(&self, ids: impl IntoIterator<Item = String>) {
+        let ids: Vec<String> = ids.into_iter().collect();
+        self.tx.send_if_modified(|set| {
+            let new: Vec<&String> = ids.iter().filter(|id| !set.contains(*id)).collect();
+            if new.is_empty() {
+                return false;
+            }
+            let mut next = HashSet::clone(set);
+            next.extend(new.into_iter().cloned());
+            *set = Arc::new(next);
+            true
+        });
+    }
+
+    /// The set of revoked ids, to wait on.
+    pub fn watch(&self) -> watch::Receiver<Arc<HashSet<String>>> {
+        self.tx.subscribe()
+    }
+
+    /// Whether `id` was revoked since this replica started.
+    pub fn is_revoked(&self, id: &str) -> bool {
+        self.tx.borrow().contains(id)
+    }
 }
 
 impl Hub {
@@ -52,6 +95,11 @@ impl Hub {
         })
     }
 
+    /// Revoked token ids.
+    pub fn revocations(&self) -> &Revocations {
+        &self.revocations
+    }
+
     /// Newest published revision of a service, if any.
     pub fn current(&self, env: &str, service: &str) -> Option<Arc<SnapshotRow>> {
         let key = (env.to_string(), service.to_string());
@@ -72,6 +120,19 @@ mod tests {
             body: "{}".into(),
             created_at: 0,
         }
+    }
+
+    #[tokio::test]
+    async fn revocations_wake_watchers_only_for_new_ids() {
+        let hub = Hub::default();
+        let mut rx = hub.revocations().watch();
+        hub.revocations().revoke(["a".to_string()]);
+        assert!(rx.has_changed().unwrap());
+        assert!(rx.borrow_and_update().contains("a"));
+        hub.revocations().revoke(["a".to_string()]);
+        assert!(!rx.has_changed().unwrap());
+        assert!(hub.clone().revocations().is_revoked("a"));
+        assert!(!hub.revocations().is_revoked("b"));
     }
 
     #[tokio::test]

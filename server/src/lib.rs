@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod advice;
+pub mod agent_text;
 pub mod api;
 pub mod app;
 pub mod auth;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod db;
 pub mod diff;
 pub mod fleet;
+pub mod fuzz;
 pub mod hub;
 pub mod import;
 pub mod listener;
@@ -19,6 +21,7 @@ pub mod manifest;
 pub mod shutdown;
 pub mod sweeper;
 pub mod sync;
+pub mod tls;
 pub mod ui;
 pub mod web;
 

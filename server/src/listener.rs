@@ -103,3 +103,34 @@ pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Recei
         }
     }
 }
+
+/// How often every replica reads the tokens revoked lately, so an agent stream opened with
+/// a token revoked through another replica ends within this period (SEC-3).
+pub const REVOCATION_POLL: Duration = Duration::from_secs(2);
+
+/// Margin read back on every poll, covering commits that land out of order and replicas
+/// whose clocks differ (ids seen twice are ignored).
+const REVOCATION_OVERLAP_MS: i64 = 60_000;
+
+/// Feeds the hub's [`Revocations`](crate::hub::Revocations) from the database until
+/// `shutdown`: one query per [`REVOCATION_POLL`] per replica, whatever the number of streams.
+pub async fn follow_revocations(store: Store, hub: Hub, mut shutdown: watch::Receiver<bool>) {
+    let mut since = crate::db::now_ms() - REVOCATION_OVERLAP_MS;
+    loop {
+        match store.tokens_revoked_since(since).await {
+            Ok(rows) => {
+                if let Some(newest) = rows.iter().map(|(_, at)| *at).max() {
+                    since = since.max(newest - REVOCATION_OVERLAP_MS);
+                }
+                hub.revocations().revoke(rows.into_iter().map(|(id, _)| id));
+            }
+            Err(e) => {
+                tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "reading revoked tokens")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REVOCATION_POLL) => {}
+            _ = crate::shutdown::stopped(&mut shutdown) => return,
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! `levee`: the Levee control-plane server and its admin commands.
 
 use clap::{Parser, Subcommand};
+use levee_server::actions::{Actions, Actor, NewUser, Reason, UserChange};
 use levee_server::config::{ServeArgs, Settings};
 use levee_server::db::{Role, Store};
 use tracing_subscriber::EnvFilter;
@@ -43,6 +44,9 @@ enum UsersCommand {
         /// Role: viewer, operator or admin.
         #[arg(long, default_value = "viewer")]
         role: String,
+        /// Why, recorded in the audit log.
+        #[arg(long, default_value = "set with levee users set")]
+        reason: String,
     },
 }
 
@@ -87,7 +91,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Users { command: UsersCommand::Set { username, role }, args } => {
+        Command::Users { command: UsersCommand::Set { username, role, reason }, args } => {
             let s = Settings::load(args)?;
             init_tracing(&s.log);
             let role = Role::parse(&role)
@@ -100,12 +104,20 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
                 std::fs::create_dir_all(&s.data_dir)?;
             }
             let store = Store::connect(s.database_url.expose()).await?;
-            let hash = levee_server::auth::hash_password(password).await?;
-            if store.create_user(&username, &hash, role, None).await? {
+            let actions = local_actions(&store, &s).await?;
+            // Audited like the same change through the API, as the operating-system user.
+            let by =
+                Actor::local(std::env::var("USER").map(|u| format!("local:{u}")).unwrap_or("local".into()));
+            let reason = Reason::parse(&reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
+            if store.user(&username).await?.is_none() {
+                let new = NewUser::new(&username, password, role).map_err(|e| anyhow::anyhow!("{e}"))?;
+                actions.create_user(&by, &reason, new).await.map_err(|e| anyhow::anyhow!("{e}"))?;
                 println!("user {username} created with role {}", role.as_str());
             } else {
-                store.update_user(&username, Some(&hash), Some(role)).await?;
-                println!("user {username} updated with role {}", role.as_str());
+                let change = UserChange::new(&username, Some(password), Some(role))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                actions.update_user(&by, &reason, change).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                println!("user {username} updated with role {}; its sessions have ended", role.as_str());
             }
             Ok(())
         }
@@ -113,9 +125,27 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     done.map(|()| std::process::ExitCode::SUCCESS)
 }
 
+/// The actions over `store` for a command run without a server (the token keys are the
+/// server's: from the settings, else the secret stored in the database).
+async fn local_actions(store: &Store, s: &Settings) -> anyhow::Result<Actions> {
+    let secret = match &s.jwt_secret {
+        Some(v) => v.expose().to_string(),
+        None => {
+            store
+                .setting_or_init("jwt_secret", || {
+                    use rand::Rng;
+                    rand::rng().sample_iter(&rand::distr::Alphanumeric).take(64).map(char::from).collect()
+                })
+                .await?
+        }
+    };
+    let keys = levee_server::auth::Keys::new(secret.as_bytes())?;
+    Ok(Actions::new(store.clone(), levee_server::hub::Hub::default(), keys))
+}
+
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     init_tracing(&settings.log);
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().ok();
+    let metrics = levee_server::app::prometheus_builder().install_recorder().ok();
     let server = levee_server::Server::start(settings, metrics).await?;
     if let Some(p) = &server.generated_admin_password {
         println!("Bootstrap admin user created. username: admin  password: {p}");

@@ -26,6 +26,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::agent_text;
 use crate::auth::{AgentPrincipal, AuthError, Keys, authenticate_agent};
 use crate::db::{AgentUpsert, FleetEvent, NackRow, SnapshotRow, Store, now_ms};
 use crate::fleet::FleetWriter;
@@ -201,9 +202,10 @@ impl LeveeSync for SyncService {
                 )));
             }
         }
-        if hello.instance_id.is_empty() || hello.instance_id.len() > 128 {
-            return Err(Status::invalid_argument("instance_id must be 1 to 128 characters"));
-        }
+        // What an agent sends is untrusted (SEC-2): identifiers it chooses are refused
+        // outside their alphabet rather than stored, logged and shown.
+        agent_text::check_instance_id(&hello.instance_id).map_err(Status::invalid_argument)?;
+        agent_text::check_version(&hello.agent_version).map_err(Status::invalid_argument)?;
         let (tx, rx) = mpsc::channel::<Result<ServerMessage, Status>>(16);
         tokio::spawn(run_session(inner, principal, hello, incoming, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -285,6 +287,9 @@ impl Session {
                         && cur.revision == ack.revision
                     {
                         st.applied_hash = cur.hash.clone();
+                        // Commit to this agent's ACK, for the current revision only.
+                        let took = (now_ms() - cur.created_at).max(0) as f64 / 1000.0;
+                        metrics::histogram!("levee_server_propagation_seconds").record(took);
                     }
                     metrics::counter!("levee_server_acks_total").increment(1);
                     self.upsert(&ack.service, true, None);
@@ -294,12 +299,12 @@ impl Session {
                 if let Some(st) = self.services.get_mut(&nack.service) {
                     st.nacked.insert(nack.revision);
                     metrics::counter!("levee_server_nacks_total").increment(1);
+                    // One line whatever the agent wrote: escaped, bounded, and a quoted field.
+                    let detail = agent_text::text(&nack.error_detail, agent_text::MAX_DETAIL_CHARS);
                     tracing::warn!(
                         environment = %self.env, service = %nack.service, instance = %self.instance,
-                        revision = nack.revision, detail = %nack.error_detail, "agent rejected a snapshot"
+                        revision = nack.revision, detail = ?detail, "agent rejected a snapshot"
                     );
-                    let mut detail = nack.error_detail;
-                    detail.truncate(4000);
                     self.inner.fleet.send(FleetEvent::Nack(NackRow {
                         environment: self.env.clone(),
                         service: nack.service.clone(),
@@ -322,27 +327,38 @@ impl Session {
     }
 }
 
+/// The status report as stored: every string bounded and escaped, every word from a fixed
+/// vocabulary either known or [`agent_text::UNRECOGNIZED`], lists capped (SEC-2).
 fn status_json(r: &levee_agent::proto::StatusReport) -> String {
+    use agent_text::{MAX_REASON_CHARS, MAX_REPORT_ENTRIES as N, name, one_of, text};
     serde_json::json!({
         "applied_revision": r.applied_revision,
-        "source": r.source,
-        "breakers": r.breakers.iter().map(|b| serde_json::json!({
-            "dependency": b.dependency, "operation": b.operation, "state": b.state,
-            "transitions": b.transitions, "last_transition_reason": b.last_transition_reason,
-            "failure_rate": b.failure_rate, "slow_call_rate": b.slow_call_rate,
+        "source": one_of(&r.source, agent_text::SOURCES),
+        "breakers": r.breakers.iter().take(N).map(|b| serde_json::json!({
+            "dependency": name(&b.dependency), "operation": name(&b.operation),
+            "state": one_of(&b.state, agent_text::BREAKER_STATES),
+            "transitions": b.transitions,
+            "last_transition_reason": text(&b.last_transition_reason, MAX_REASON_CHARS),
+            "failure_rate": finite(b.failure_rate), "slow_call_rate": finite(b.slow_call_rate),
         })).collect::<Vec<_>>(),
-        "features": r.features.iter().map(|f| serde_json::json!({
-            "feature": f.feature, "level": f.level,
+        "features": r.features.iter().take(N).map(|f| serde_json::json!({
+            "feature": name(&f.feature), "level": one_of(&f.level, agent_text::FEATURE_LEVELS),
             "degraded_since": (f.degraded_since_ms > 0)
                 .then(|| levee_agent::policy::Timestamp::from_unix_ms(f.degraded_since_ms)),
         })).collect::<Vec<_>>(),
-        "bulkheads": r.bulkheads.iter().map(|b| serde_json::json!({
-            "dependency": b.dependency, "operation": b.operation, "max_concurrent": b.max_concurrent,
-            "in_use": b.in_use, "suggested_size": b.suggested_size,
+        "bulkheads": r.bulkheads.iter().take(N).map(|b| serde_json::json!({
+            "dependency": name(&b.dependency), "operation": name(&b.operation),
+            "max_concurrent": b.max_concurrent, "in_use": b.in_use,
+            "suggested_size": finite(b.suggested_size),
         })).collect::<Vec<_>>(),
-        "counters": r.counters.iter().map(|c| (c.name.clone(), c.value)).collect::<HashMap<_, _>>(),
+        "counters": r.counters.iter().take(N).map(|c| (name(&c.name), c.value)).collect::<HashMap<_, _>>(),
     })
     .to_string()
+}
+
+/// A rate an agent reported, or `null` for NaN and infinities (which JSON cannot hold).
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
 async fn run_session(
@@ -358,7 +374,7 @@ async fn run_session(
         inner: inner.clone(),
         env: hello.environment.clone(),
         instance: hello.instance_id.clone(),
-        version: hello.agent_version.chars().take(64).collect(),
+        version: hello.agent_version.clone(),
         connected_at: now_ms(),
         nonce: 0,
         services: HashMap::new(),
@@ -407,6 +423,12 @@ async fn run_session(
         }
     }
 
+    // SEC-3: the stream ends as soon as its token is revoked (on any replica).
+    let mut revoked = inner.hub.revocations().watch();
+    if revoked.borrow_and_update().contains(&principal.jti) {
+        let _ = tx.send(Err(token_revoked())).await;
+        return finish(&inner, &session);
+    }
     let mut shutdown = inner.shutdown.clone();
     let age = tokio::time::sleep(jitter(inner.settings.max_stream_age, 0.1));
     tokio::pin!(age);
@@ -438,6 +460,14 @@ async fn run_session(
                 let _ = tx.send(Ok(go_away("maximum stream age reached; reconnect to rebalance"))).await;
                 break;
             }
+            Ok(()) = revoked.changed() => {
+                if revoked.borrow_and_update().contains(&principal.jti) {
+                    tracing::info!(token = %principal.name, instance = %session.instance, "agent token revoked: stream ended");
+                    metrics::counter!("levee_server_streams_ended_total", "reason" => "revoked").increment(1);
+                    let _ = tx.send(Err(token_revoked())).await;
+                    break;
+                }
+            }
             _ = shutdown.changed() => {
                 let _ = tx.send(Ok(go_away("server shutting down"))).await;
                 break;
@@ -445,6 +475,10 @@ async fn run_session(
         }
     }
     finish(&inner, &session)
+}
+
+fn token_revoked() -> Status {
+    Status::unauthenticated("agent token revoked")
 }
 
 fn go_away(reason: &str) -> ServerMessage {

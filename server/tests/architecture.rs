@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("diff", &[]),
     ("manifest", &[]),
     ("import", &["manifest"]),
+    ("fuzz", &["import", "manifest"]),
     ("cli", &["manifest"]),
     ("shutdown", &[]),
     ("hub", &["db"]),
@@ -27,8 +28,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("actions", &["advice", "auth", "db", "hub"]),
     ("sweeper", &["actions", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
-    ("sync", &["auth", "db", "fleet", "hub", "shutdown"]),
-    ("config", &["sync"]),
+    ("agent_text", &[]),
+    ("tls", &["shutdown"]),
+    ("sync", &["agent_text", "auth", "db", "fleet", "hub", "shutdown"]),
+    ("config", &["sync", "tls"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
     ("ui", &["actions", "advice", "auth", "db", "web"]),
@@ -36,14 +39,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "app",
         &[
             "actions", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown", "sweeper",
-            "sync", "ui", "web",
+            "sync", "tls", "ui", "web",
         ],
     ),
 ];
 
 /// Modules that know nothing about HTTP: the domain, storage and what runs beside them.
 const HTTP_FREE: &[&str] = &[
-    "actions", "advice", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown", "sweeper",
+    "actions", "advice", "agent_text", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown",
+    "sweeper",
 ];
 
 /// Names that only HTTP code uses.

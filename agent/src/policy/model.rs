@@ -778,7 +778,7 @@ pub struct Flag {
     #[serde(rename = "type")]
     pub kind: FlagType,
     /// Current value; must match `type`.
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Value))]
     pub value: serde_json::Value,
     /// What the flag does, for the operator who flips it.
     #[serde(default)]
@@ -791,7 +791,7 @@ pub struct Flag {
     pub expires_at: Option<Timestamp>,
     /// Behaviour while the agent cannot reach the server: `"hold"` or `{"revert_after": "1h"}`.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Object, example = json!("hold")))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Value, example = json!("hold")))]
     pub stale: StalePolicy,
     /// Gradual rollout by caller key; `None` = everyone sees `value`.
     #[serde(default)]

@@ -133,12 +133,48 @@ impl NewUser {
     }
 }
 
+/// A change to a user: a new password, a new role, or both, checked for its form.
+#[derive(Clone)]
+pub struct UserChange {
+    username: Name,
+    password: Option<String>,
+    role: Option<Role>,
+}
+
+impl std::fmt::Debug for UserChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserChange")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<new>"))
+            .field("role", &self.role)
+            .finish()
+    }
+}
+
+impl UserChange {
+    /// Checks the `username`, the new `password` if any (`auth::check_password`), and that
+    /// something changes.
+    ///
+    /// # Errors
+    /// [`BadInput`] naming the field (never quoting the password).
+    pub fn new(username: &str, password: Option<String>, role: Option<Role>) -> Result<UserChange, BadInput> {
+        let username = Name::parse("username", username)?;
+        if let Some(p) = &password {
+            check_password(p).map_err(|m| BadInput::new("password", "", m))?;
+        }
+        if password.is_none() && role.is_none() {
+            return Err(BadInput::new("role", "", "give a new password, a new role, or both"));
+        }
+        Ok(UserChange { username, password, role })
+    }
+}
+
 impl Actions {
     /// Mints a token (audited as `token.create`, its row as `after`).
     ///
     /// # Errors
-    /// [`TokenError`]; [`TokenError::InvalidField`] on `environment` when an agent token
-    /// names an environment that does not exist.
+    /// [`TokenError`]; [`TokenError::InvalidField`] on `environment` or `services[i]` when
+    /// an agent token names an environment or a service that does not exist.
     pub async fn create_token(
         &self,
         by: &Actor,
@@ -146,14 +182,25 @@ impl Actions {
         new: NewToken,
     ) -> Result<Minted, TokenError> {
         by.may(Action::TokenCreate)?;
-        if let Some(env) = &new.environment
-            && self.store.environment(env.as_str()).await?.is_none()
-        {
-            return Err(TokenError::InvalidField(levee_agent::policy::FieldError {
-                path: "environment".into(),
-                value: format!("{:?}", env.as_str()),
-                message: "no such environment".into(),
-            }));
+        if let Some(env) = &new.environment {
+            if self.store.environment(env.as_str()).await?.is_none() {
+                return Err(TokenError::InvalidField(levee_agent::policy::FieldError {
+                    path: "environment".into(),
+                    value: format!("{:?}", env.as_str()),
+                    message: "no such environment".into(),
+                }));
+            }
+            // A token for a service that does not exist yet would silently start working
+            // the day someone creates a service of that name.
+            for (i, svc) in new.services.iter().enumerate() {
+                if self.store.service(env.as_str(), svc.as_str()).await?.is_none() {
+                    return Err(TokenError::InvalidField(levee_agent::policy::FieldError {
+                        path: format!("services[{i}]"),
+                        value: format!("{:?}", svc.as_str()),
+                        message: format!("no such service in environment {:?}", env.as_str()),
+                    }));
+                }
+            }
         }
         let now = now_ms();
         let row = TokenRow {
@@ -175,8 +222,9 @@ impl Actions {
         Ok(Minted { row, token })
     }
 
-    /// Revokes token `id` at once (audited as `token.revoke`): its agent streams are refused
-    /// from their next connect. Revoking a revoked token succeeds again.
+    /// Revokes token `id` at once (audited as `token.revoke`): agent streams open with it
+    /// end within seconds (SEC-3), and new ones are refused. Revoking a revoked token
+    /// succeeds again.
     ///
     /// # Errors
     /// [`TokenError`]: [`Missing::Token`].
@@ -185,6 +233,49 @@ impl Actions {
         let audit = audit_row(by, reason, Action::TokenRevoke, format!("token {id}"));
         if !self.store.revoke_token(id, &audit).await? {
             return Err(TokenError::NotFound(Missing::Token { id: id.to_string() }));
+        }
+        // Streams open with it on this replica end now; other replicas learn it from the
+        // database within `listener::REVOCATION_POLL`.
+        self.hub.revocations().revoke([id.to_string()]);
+        Ok(())
+    }
+
+    /// Changes a user's password and/or role (audited as `user.update`, the role before and
+    /// after and whether the password changed; never the password or its hash). Every
+    /// session the user had open ends at once.
+    ///
+    /// # Errors
+    /// [`TokenError`]: [`Missing::User`] when there is no such user.
+    pub async fn update_user(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        change: UserChange,
+    ) -> Result<(), TokenError> {
+        by.may(Action::UserUpdate)?;
+        let username = change.username.as_str().to_string();
+        let before = self
+            .store
+            .user(&username)
+            .await?
+            .ok_or_else(|| TokenError::NotFound(Missing::User { name: username.clone() }))?;
+        let hash = match change.password {
+            Some(p) => Some(hash_password(p).await?),
+            None => None,
+        };
+        let mut audit = audit_row(by, reason, Action::UserUpdate, format!("user {username}"));
+        audit.before = Some(serde_json::json!({"username": username, "role": before.role}).to_string());
+        audit.after = Some(
+            serde_json::json!({
+                "username": username,
+                "role": change.role.unwrap_or(before.role),
+                "password_changed": hash.is_some(),
+                "sessions_ended": true,
+            })
+            .to_string(),
+        );
+        if !self.store.update_user(&username, hash.as_deref(), change.role, Some(&audit)).await? {
+            return Err(TokenError::NotFound(Missing::User { name: username }));
         }
         Ok(())
     }

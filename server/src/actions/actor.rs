@@ -13,8 +13,10 @@ pub enum Via {
     Cli,
     /// The web UI (session cookie and a confirmed form).
     Ui,
-    /// The server itself (the expiry sweeper).
+    /// The server itself (the expiry sweeper, the bootstrap admin at start).
     Server,
+    /// A command run where the database is reachable, without the API (`levee users set`).
+    Local,
 }
 
 impl Via {
@@ -25,6 +27,7 @@ impl Via {
             Via::Cli => "cli",
             Via::Ui => "ui",
             Via::Server => "server",
+            Via::Local => "local",
         }
     }
 }
@@ -52,6 +55,12 @@ impl Actor {
     /// The server acting on its own (recorded as `levee` via `server`).
     pub fn server() -> Actor {
         Actor { name: "levee".into(), role: Role::Admin, via: Via::Server, request_id: String::new() }
+    }
+
+    /// Someone at the server's host with access to its database (`levee users set`),
+    /// recorded as `name` (the operating-system user when known) via `local`.
+    pub fn local(name: impl Into<String>) -> Actor {
+        Actor { name: name.into(), role: Role::Admin, via: Via::Local, request_id: String::new() }
     }
 
     /// Refuses unless this actor's role is at least the one `action` needs.
@@ -104,6 +113,8 @@ pub enum Action {
     TokenRevoke,
     /// Creates a user.
     UserCreate,
+    /// Changes a user's password or role (ending the user's sessions).
+    UserUpdate,
     /// Replaces what a service declares (policy, flags, description) as a manifest does.
     ServiceApply,
     /// Deletes a service (its history stays).
@@ -128,6 +139,7 @@ impl Action {
             Action::TokenCreate => "token.create",
             Action::TokenRevoke => "token.revoke",
             Action::UserCreate => "user.create",
+            Action::UserUpdate => "user.update",
             Action::ServiceApply => "service.apply",
             Action::ServiceDelete => "service.delete",
         }
@@ -152,7 +164,8 @@ impl Action {
             | Action::Expiry
             | Action::TokenCreate
             | Action::TokenRevoke
-            | Action::UserCreate => Role::Admin,
+            | Action::UserCreate
+            | Action::UserUpdate => Role::Admin,
         }
     }
 }

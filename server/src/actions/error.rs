@@ -36,6 +36,12 @@ pub enum Missing {
         /// Its id (the JWT's `jti`).
         id: String,
     },
+    /// A user.
+    #[error("no user {name:?}")]
+    User {
+        /// The username asked for.
+        name: String,
+    },
 }
 
 /// What a create action found already there.

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 
 use super::ApiError;
 use crate::actions::{Action, Actor, Forbidden, Via};
-use crate::auth::{AuthError, Principal, authenticate_api};
+use crate::auth::{AuthError, Principal, authenticate_api, authenticate_ui};
 use crate::db::Role;
 use crate::web::{AppState, RequestId, SESSION_COOKIE, cookie};
 
@@ -73,7 +73,12 @@ impl FromRequestParts<AppState> for Auth {
                 }
             },
         };
-        let principal = authenticate_api(&state.keys, &state.store, &token).await.map_err(|e| match e {
+        // A bearer token is an API session or an API token; the cookie only a UI session.
+        let principal = match via {
+            Via::Ui => authenticate_ui(&state.keys, &state.store, &token).await,
+            _ => authenticate_api(&state.keys, &state.store, &token).await,
+        };
+        let principal = principal.map_err(|e| match e {
             AuthError::Expired => ApiError::Unauthorized("token expired: log in again".into()),
             AuthError::Revoked => ApiError::Unauthorized("token revoked".into()),
             AuthError::UserGone => ApiError::Unauthorized("user is disabled or no longer exists".into()),

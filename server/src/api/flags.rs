@@ -22,7 +22,7 @@ pub struct PutFlag {
     #[serde(rename = "type")]
     pub kind: FlagType,
     /// The value, of that type.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub value: serde_json::Value,
     /// What the flag does, for people; default empty.
     #[serde(default)]
@@ -36,7 +36,7 @@ pub struct PutFlag {
     pub expires_at: Option<Timestamp>,
     /// Behaviour while an agent is offline: `"hold"` (default) or `{"revert_after": "1h"}`.
     #[serde(default)]
-    #[schema(value_type = Object, example = json!("hold"))]
+    #[schema(value_type = Value, example = json!("hold"))]
     pub stale: StalePolicy,
     /// Gradual rollout (bool flags only); default none (everyone gets `value`).
     #[serde(default)]
@@ -50,7 +50,7 @@ pub struct PutFlag {
 #[serde(deny_unknown_fields)]
 pub struct PatchFlag {
     /// New value, of the flag's type.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub value: serde_json::Value,
     /// New expiry (omit to keep the current one).
     #[serde(default)]

@@ -1,7 +1,9 @@
 //! The OpenAPI document, generated from the handlers' annotations.
 
 use axum::Json;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
 use super::{audit, auth_routes, envs, flags, fleet, overrides, plan, services, tokens};
@@ -18,6 +20,94 @@ impl Modify for BearerAuth {
             ),
         );
     }
+}
+
+/// Operations that need no token.
+pub const PUBLIC_PATHS: &[&str] = &["/api/v1/auth/login", "/api/v1/openapi.json"];
+
+/// Every error of every operation, as the server answers it: `application/problem+json`
+/// with the [`Problem`](super::Problem) schema, including the errors every operation can
+/// give without its handler saying so (a malformed request, no or a bad token, a role too
+/// low, an unknown resource, a body too large or not JSON, the database unreachable).
+/// Operations that need no token say so (`security: []`).
+struct ProblemResponses;
+
+impl ProblemResponses {
+    fn common(path: &str, has_body: bool) -> Vec<(&'static str, &'static str)> {
+        let public = PUBLIC_PATHS.contains(&path);
+        let mut out = vec![("400", "malformed request: the problem names the parameter or field")];
+        if !public {
+            out.push(("401", "no token, or a token that is expired, revoked or not valid here"));
+            out.push(("403", "the caller's role does not allow this"));
+        }
+        if path.contains('{') {
+            out.push(("404", "no such resource"));
+        }
+        if has_body {
+            out.push(("413", "the body is larger than the server's limit"));
+            out.push(("415", "the body is not JSON"));
+            out.push(("422", "the body is JSON but a value is not allowed; every bad field is listed"));
+        }
+        if path == "/api/v1/auth/login" {
+            out.push(("429", "too many failed logins for this user; try later"));
+        }
+        if path != "/api/v1/openapi.json" {
+            out.push(("503", "the database is unreachable; retry later"));
+        }
+        out
+    }
+}
+
+impl Modify for ProblemResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let problem = || RefOr::T(Content::new(Some(RefOr::Ref(Ref::from_schema_name("Problem")))));
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for op in ops.into_iter().flatten() {
+                if PUBLIC_PATHS.contains(&path.as_str()) {
+                    op.security = Some(Vec::<SecurityRequirement>::new());
+                }
+                for param in op.parameters.iter_mut().flatten() {
+                    if let RefOr::T(p) = param
+                        && let Some(example) = path_example(&p.name)
+                        && matches!(p.parameter_in, ParameterIn::Path)
+                    {
+                        *p = ParameterBuilder::from(p.clone()).example(Some(example.into())).build();
+                    }
+                }
+                for (status, response) in op.responses.responses.iter_mut() {
+                    if status.as_str() >= "400"
+                        && let RefOr::T(r) = response
+                    {
+                        r.content.shift_remove("application/json");
+                        r.content.insert(super::PROBLEM_JSON.to_string(), problem());
+                    }
+                }
+                for (status, description) in Self::common(path, op.request_body.is_some()) {
+                    op.responses.responses.entry(status.to_string()).or_insert_with(|| {
+                        let mut r = Response::new(description);
+                        r.content.insert(super::PROBLEM_JSON.to_string(), problem());
+                        RefOr::T(r)
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Example values of path parameters, naming what the API's own examples use (environment
+/// `prod`, service `checkout`, flag `beta`, dependency `payments`, revision 1), so a client
+/// generated from the document — or a fuzzer — reaches real resources.
+fn path_example(name: &str) -> Option<serde_json::Value> {
+    Some(match name {
+        "env" => "prod".into(),
+        "svc" => "checkout".into(),
+        "key" => "beta".into(),
+        "dep" => "payments".into(),
+        "rev" => 1.into(),
+        "username" => "admin".into(),
+        _ => return None,
+    })
 }
 
 /// The API description.
@@ -38,14 +128,17 @@ impl Modify for BearerAuth {
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,
+        tokens::update_user, document,
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &ProblemResponses),
     security(("bearer" = [])),
 )]
 #[derive(Debug)]
 pub struct ApiDoc;
 
-/// `GET /api/v1/openapi.json` (no authentication needed).
+/// This OpenAPI document (no token needed).
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "the OpenAPI 3.1 document of the API", content_type = "application/json")))]
 pub async fn document() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }

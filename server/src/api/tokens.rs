@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, NewToken, NewUser, Reason};
+use crate::actions::{Action, NewToken, NewUser, Reason, UserChange};
 use crate::db::{Role, TokenKind, TokenRow, now_ms};
 use crate::web::{AppState, RequestId};
 
@@ -166,4 +166,38 @@ pub async fn create_user(
     let new = NewUser::new(&req.username, req.password, req.role)?;
     s.actions.create_user(&by, &reason, new).await?;
     Ok((StatusCode::CREATED, Json(UserInfo { username, role, disabled: false, created_at: now_ms() })))
+}
+
+/// Body of `PATCH /users/{username}`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateUser {
+    /// A new password (its allowed length is in the 400 answer to a bad one).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A new role.
+    #[serde(default)]
+    pub role: Option<Role>,
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// Changes a user's password and/or role (admin). Audited as `user.update` (never the
+/// password); every session the user had open ends at once.
+#[utoipa::path(patch, path = "/api/v1/users/{username}", tag = "users", request_body = UpdateUser,
+    params(("username" = String, Path)),
+    responses((status = 204), (status = 400, body = super::Problem), (status = 403, body = super::Problem),
+              (status = 404, body = super::Problem)))]
+pub async fn update_user(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path(username): Path<String>,
+    ApiJson(req): ApiJson<UpdateUser>,
+) -> ApiResult<StatusCode> {
+    let by = auth.actor(Action::UserUpdate, &rid)?;
+    let reason = Reason::parse(&req.reason)?;
+    let change = UserChange::new(&username, req.password, req.role)?;
+    s.actions.update_user(&by, &reason, change).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

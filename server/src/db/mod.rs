@@ -50,6 +50,22 @@ pub struct Store {
 }
 
 /// Current time in milliseconds since the Unix epoch.
+/// Records how long a store operation took, when dropped, in
+/// `levee_server_db_query_duration_seconds{op}` (errors included).
+pub(crate) struct QueryTimer(&'static str, std::time::Instant);
+
+impl Drop for QueryTimer {
+    fn drop(&mut self) {
+        metrics::histogram!("levee_server_db_query_duration_seconds", "op" => self.0)
+            .record(self.1.elapsed().as_secs_f64());
+    }
+}
+
+/// Starts timing operation `op` (a fixed name per store method).
+pub(crate) fn timed(op: &'static str) -> QueryTimer {
+    QueryTimer(op, std::time::Instant::now())
+}
+
 pub fn now_ms() -> i64 {
     levee_agent::policy::Timestamp::now().unix_ms()
 }
@@ -176,38 +192,42 @@ impl Store {
         Ok(true)
     }
 
-    /// Replaces a user's password hash and role. Returns `false` when there is no such user.
+    /// Replaces a user's password hash and/or role and bumps its session epoch (ending
+    /// every session it had open), with its audit row in the same transaction when one is
+    /// given. Returns `false` when there is no such user (nothing is written).
     pub async fn update_user(
         &self,
         username: &str,
         password_hash: Option<&str>,
         role: Option<Role>,
+        audit: Option<&AuditRow>,
     ) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
-        let mut affected = 0;
-        if let Some(h) = password_hash {
-            affected += sqlx::query("UPDATE users SET password_hash = $1 WHERE username = $2")
-                .bind(h)
-                .bind(username)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+        let mut tx = self.pool.begin().await?;
+        let res = sqlx::query(
+            "UPDATE users SET password_hash = COALESCE($1, password_hash), role = COALESCE($2, role), \
+             session_epoch = session_epoch + 1 WHERE username = $3",
+        )
+        .bind(password_hash)
+        .bind(role.map(Role::as_str))
+        .bind(username)
+        .execute(&mut *tx)
+        .await?;
+        if res.rows_affected() != 1 {
+            return Ok(false);
         }
-        if let Some(r) = role {
-            affected += sqlx::query("UPDATE users SET role = $1 WHERE username = $2")
-                .bind(r.as_str())
-                .bind(username)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+        if let Some(audit) = audit {
+            mutate::insert_audit(&mut tx, audit).await?;
         }
-        Ok(affected > 0)
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Looks a user up by name.
     pub async fn user(&self, username: &str) -> anyhow::Result<Option<UserRow>> {
+        let _t = timed("user");
         let row = sqlx::query(
-            "SELECT id, username, password_hash, role, disabled, created_at FROM users WHERE username = $1",
+            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users WHERE username = $1",
         )
         .bind(username)
         .fetch_optional(&self.pool)
@@ -218,7 +238,7 @@ impl Store {
     /// Lists users by name.
     pub async fn users(&self) -> anyhow::Result<Vec<UserRow>> {
         let rows = sqlx::query(
-            "SELECT id, username, password_hash, role, disabled, created_at FROM users ORDER BY username",
+            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users ORDER BY username",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -254,6 +274,7 @@ impl Store {
 
     /// Looks a token up by id (`jti`).
     pub async fn token(&self, id: &str) -> anyhow::Result<Option<TokenRow>> {
+        let _t = timed("token");
         let row = sqlx::query(
             "SELECT id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at \
              FROM tokens WHERE id = $1",
@@ -299,6 +320,15 @@ impl Store {
         )
         .fetch_all(&self.pool).await?;
         rows.iter().map(TokenRow::from_row).collect()
+    }
+
+    /// Ids and revocation times (ms) of tokens revoked at or after `since` (ms).
+    pub async fn tokens_revoked_since(&self, since: i64) -> anyhow::Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT id, revoked_at FROM tokens WHERE revoked_at >= $1")
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get("id")?, r.try_get("revoked_at")?))).collect()
     }
 
     /// Revokes a token (a revoked one keeps its first revocation time) and appends its audit
@@ -456,6 +486,7 @@ impl Store {
 
     /// The newest stored snapshot of a service.
     pub async fn latest_snapshot(&self, env: &str, service: &str) -> anyhow::Result<Option<SnapshotRow>> {
+        let _t = timed("latest_snapshot");
         let row = sqlx::query(
             "SELECT environment, service, revision, hash, body, created_at FROM revisions \
              WHERE environment = $1 AND service = $2 ORDER BY revision DESC LIMIT 1",
@@ -492,6 +523,7 @@ impl Store {
 
     /// Audit rows matching the filter, newest first.
     pub async fn audit(&self, f: &AuditFilter) -> anyhow::Result<Vec<AuditRow>> {
+        let _t = timed("audit_read");
         // Every filter is optional; `$n IS NULL OR col = $n` keeps one static statement.
         let rows = sqlx::query(
             "SELECT id, at, actor, via, request_id, action, environment, service, target, outcome, reason, \
@@ -517,6 +549,7 @@ impl Store {
 
     /// Writes a batch of agent state changes in one transaction.
     pub async fn write_fleet(&self, batch: &[FleetEvent]) -> anyhow::Result<()> {
+        let _t = timed("write_fleet");
         if batch.is_empty() {
             return Ok(());
         }

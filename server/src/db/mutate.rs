@@ -148,6 +148,9 @@ pub(crate) async fn insert_audit(conn: &mut AnyConnection, row: &AuditRow) -> an
     .bind(row.revision)
     .execute(conn)
     .await?;
+    // Rows written inside their transaction (a rolled-back one is counted too).
+    metrics::counter!("levee_server_audit_writes_total", "outcome" => if row.outcome == "ok" { "ok" } else { "refused" })
+        .increment(1);
     Ok(())
 }
 
@@ -348,6 +351,7 @@ impl Store {
         E: Display,
         F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
     {
+        let _t = super::timed("mutate");
         let result = self.mutate_inner(&change, ctx, edit).await;
         let outcome = match &result {
             Err(MutateError::Conflict { .. }) => Some("conflict"),
@@ -462,6 +466,7 @@ impl Store {
         ctx: &AuditCtx,
     ) -> Result<Option<Committed>, MutateError> {
         let (env, name) = (change.env, change.service);
+        let _t = super::timed("create_service");
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let now = now_ms();

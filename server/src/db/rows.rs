@@ -73,6 +73,8 @@ pub struct UserRow {
     pub disabled: bool,
     /// Creation time, ms since the epoch.
     pub created_at: i64,
+    /// Bumped by every password or role change; sessions opened at another epoch are ended.
+    pub session_epoch: i64,
 }
 
 impl UserRow {
@@ -85,6 +87,7 @@ impl UserRow {
             role: Role::parse(&role).ok_or_else(|| anyhow!("unknown role {role:?} in users"))?,
             disabled: r.try_get::<i64, _>("disabled")? != 0,
             created_at: r.try_get("created_at")?,
+            session_epoch: r.try_get("session_epoch")?,
         })
     }
 }
@@ -290,11 +293,11 @@ pub struct AuditRow {
     /// What the target was before the change, as JSON (stored as JSON text; the API
     /// answers the JSON value itself).
     #[serde(serialize_with = "json_text")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub before: Option<String>,
     /// What it is after the change, as JSON (like `before`).
     #[serde(serialize_with = "json_text")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub after: Option<String>,
     /// Revision created by the change.
     pub revision: Option<i64>,
@@ -374,7 +377,7 @@ pub struct AgentRow {
     /// Hash of that revision.
     pub applied_hash: String,
     /// Last status report (JSON).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub status: Option<serde_json::Value>,
 }
 

@@ -17,7 +17,7 @@ use super::session::{
     LOGIN_NONCE_COOKIE, LOGIN_NONCE_TTL, NoFields, Posted, came_over_tls, clear_cookie, local_path,
     read_form, session_cookie, session_user, set_cookie,
 };
-use crate::auth::{LoginError, end_session, login};
+use crate::auth::{Door, LoginError, end_session, login_to};
 use crate::web::{AppState, SESSION_COOKIE, cookie};
 
 #[derive(Template)]
@@ -102,7 +102,7 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
             Some("This login form expired or was not sent by a Levee page. Please log in again.".into()),
         );
     }
-    match login(&state.store, &state.keys, &state.logins, f.username.trim(), &f.password).await {
+    match login_to(Door::Ui, &state.store, &state.keys, &state.logins, f.username.trim(), &f.password).await {
         Ok(session) => {
             tracing::info!(user = %f.username.trim(), "UI login");
             Ok((

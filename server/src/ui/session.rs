@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use super::error::UiError;
 use super::page::{Layout, NavUser};
 use crate::actions::{Action, Actor, BadInput, Forbidden, Reason, ReasonError, Via};
-use crate::auth::{Principal, SESSION_TTL, authenticate_api};
+use crate::auth::{Principal, SESSION_TTL, authenticate_ui};
 use crate::db::Role;
 use crate::web::{AppState, RequestId, SESSION_COOKIE, cookie};
 
@@ -67,7 +67,7 @@ impl UiUser {
 /// The user of the session cookie, if it holds a valid session.
 pub async fn session_user(headers: &HeaderMap, state: &AppState) -> Option<UiUser> {
     let token = cookie(headers, SESSION_COOKIE)?;
-    let principal = authenticate_api(&state.keys, &state.store, token).await.ok()?;
+    let principal = authenticate_ui(&state.keys, &state.store, token).await.ok()?;
     let csrf = state.keys.csrf_token(&principal.jti).ok()?;
     Some(UiUser { principal, csrf })
 }

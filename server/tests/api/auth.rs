@@ -1,4 +1,4 @@
-use levee_server::auth::{AUDIENCE_API, Claims, ISSUER, Keys};
+use levee_server::auth::{AUDIENCE_API, Claims, Door, ISSUER, Keys};
 use levee_server::db::Role;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -21,6 +21,7 @@ fn claims(exp: u64, aud: &str) -> Claims {
         role: Some(Role::Admin),
         env: None,
         services: vec![],
+        epoch: None,
     }
 }
 
@@ -139,7 +140,9 @@ async fn agent_tokens_cannot_call_the_api() {
 #[tokio::test]
 async fn session_cookie_reads_the_api_but_cannot_change_it() {
     let app = TestApp::spawn().await;
-    let cookie = format!("levee_session={}", app.token);
+    let (ui_session, _) =
+        Keys::new(JWT_SECRET.as_bytes()).unwrap().session("admin", Role::Admin, 0, Door::Ui).unwrap();
+    let cookie = format!("levee_session={ui_session}");
     let read =
         app.client.get(app.url("/api/v1/environments")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(read.status(), StatusCode::OK);

@@ -2,10 +2,12 @@
 
 mod apply;
 mod auth;
+mod auth_matrix;
 mod errors;
 mod helpers;
 mod history;
 mod kill_switch_refs;
+mod openapi_routes;
 mod policy;
 mod router;
 mod times;

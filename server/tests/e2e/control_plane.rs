@@ -20,12 +20,12 @@ use crate::helpers::TestApp;
 use crate::support::{Api, agent, wait_until};
 
 /// A hand-driven agent: sends what the test says, hands back what the server sends.
-struct RawAgent {
-    tx: mpsc::Sender<AgentMessage>,
-    rx: tonic::Streaming<ServerMessage>,
+pub(crate) struct RawAgent {
+    pub(crate) tx: mpsc::Sender<AgentMessage>,
+    pub(crate) rx: tonic::Streaming<ServerMessage>,
 }
 
-async fn open(
+pub(crate) async fn open(
     grpc: &str,
     token: &str,
     env: &str,
@@ -57,7 +57,7 @@ async fn open(
 
 impl RawAgent {
     /// Next snapshot within `within`, skipping heartbeats; None when none came.
-    async fn next_snapshot(&mut self, within: Duration) -> Option<levee_agent::proto::Snapshot> {
+    pub(crate) async fn next_snapshot(&mut self, within: Duration) -> Option<levee_agent::proto::Snapshot> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             match tokio::time::timeout_at(deadline, self.rx.next()).await {
@@ -258,6 +258,13 @@ async fn cp_7_revoked_and_wrong_scope_tokens_are_refused_clearly() {
     let api = Api::login(&app.base).await;
     api.seed().await;
     let token = api.agent_token("prod", &["checkout"]).await;
+    // Tokens are minted only for services that exist.
+    api.send(
+        Method::POST,
+        "/environments/prod/services",
+        Some(serde_json::json!({"name": "payments", "reason": "e2e", "policy": {"dependencies": {}}})),
+    )
+    .await;
     let other = api.agent_token("prod", &["payments"]).await;
 
     let err =

@@ -12,4 +12,7 @@ mod advice;
 mod control_plane;
 mod kill_switch;
 mod logs;
+mod metrics;
 mod resilience;
+mod security;
+mod tls;

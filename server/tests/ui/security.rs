@@ -184,3 +184,62 @@ async fn user_text_is_escaped_everywhere() {
         assert_eq!(page.headers["x-frame-options"], "DENY");
     }
 }
+
+/// Auth matrix, XSS row: a script payload in every field a person types — environment and
+/// service descriptions, flag description, owner and string and JSON values, an operation
+/// name, a fault rule's operation, every reason — is shown escaped on every page that shows
+/// it (overview, environment, service, audit) and never as markup.
+#[tokio::test]
+async fn auth_xss_payloads_in_every_user_entered_field_are_escaped_in_ui_and_audit() {
+    let app = TestApp::spawn().await;
+    let (s, _, b) = app
+        .api(
+            Method::POST,
+            "/environments",
+            Some(json!({"name": "prod", "description": RAW_SCRIPT, "allow_faults": true, "reason": RAW_SCRIPT})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, _, b) = app
+        .api(
+            Method::POST,
+            "/environments/prod/services",
+            Some(json!({
+                "name": "checkout", "description": RAW_SCRIPT, "reason": RAW_SCRIPT,
+                "policy": {"dependencies": {"payments": {"attempt_timeout": "300ms",
+                    "operations": {RAW_SCRIPT: {"attempt_timeout": "200ms"}}}}},
+                "flags": {
+                    "banner.text": {"type": "string", "value": RAW_SCRIPT, "description": RAW_SCRIPT, "owner": RAW_SCRIPT},
+                    "banner.json": {"type": "json", "value": {"html": RAW_SCRIPT}, "description": "json"}
+                }
+            })),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/services/checkout/faults/f1",
+            Some(json!({"dependency": "payments", "operation": RAW_SCRIPT, "action": {"type": "delay", "delay": "1s"},
+                "percent": 5.0, "expires_at": "2099-01-01T00:00:00Z", "reason": RAW_SCRIPT})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+
+    let mut b = app.logged_in("admin").await;
+    let pages = ["/", "/ui/environments/prod", SERVICE, "/ui/audit"];
+    for path in pages {
+        let page = b.get(path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}");
+        assert!(!page.body.contains("<script"), "{path} contains a raw script tag");
+        assert!(!page.body.contains("alert(1)</"), "{path} contains unescaped markup");
+    }
+    let service = b.get(SERVICE).await;
+    // Service description, string value, flag description and owner at least.
+    assert!(service.body.matches(ESCAPED_SCRIPT).count() >= 4, "{}", service.body);
+    let audit = b.get("/ui/audit").await;
+    assert!(audit.body.contains(ESCAPED_SCRIPT), "reasons escaped in the audit page");
+    // The API returns the text as it was typed (JSON is data; escaping is the page's job).
+    let rows = app.audit().await;
+    assert!(rows.iter().any(|r| r["reason"] == RAW_SCRIPT));
+}

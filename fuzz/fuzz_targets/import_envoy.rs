@@ -1,0 +1,8 @@
+#![no_main]
+//! cargo-fuzz target `import_envoy`: see `levee_server::fuzz`.
+
+use levee_server::import::Source;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    levee_server::fuzz::import(Source::Envoy, data);
+});
