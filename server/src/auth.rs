@@ -104,6 +104,14 @@ pub enum AuthError {
     /// User disabled or gone.
     #[error("user is disabled or no longer exists")]
     UserGone,
+    /// The token could not be checked: the database failed (never reported as an auth
+    /// failure: an agent told "revoked" backs off for minutes). The cause is for the log.
+    #[error("the token cannot be checked now: the database is unavailable")]
+    Unavailable(String),
+}
+
+fn unavailable(e: anyhow::Error) -> AuthError {
+    AuthError::Unavailable(levee_agent::report::ErrorChain(e.as_ref()).to_string())
 }
 
 /// Signs and checks tokens.
@@ -254,17 +262,17 @@ pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result
     let claims = keys.verify(token, AUDIENCE_API)?;
     match claims.kind.as_str() {
         "session" => {
-            if store.session_revoked(&claims.jti).await.map_err(|_| AuthError::Revoked)? {
+            if store.session_revoked(&claims.jti).await.map_err(unavailable)? {
                 return Err(AuthError::Revoked);
             }
-            let user = store.user(&claims.sub).await.map_err(|_| AuthError::UserGone)?;
+            let user = store.user(&claims.sub).await.map_err(unavailable)?;
             match user {
                 Some(u) if !u.disabled => Ok(Principal { actor: u.username, role: u.role, jti: claims.jti }),
                 _ => Err(AuthError::UserGone),
             }
         }
         "api" => {
-            let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
+            let row = store.token(&claims.jti).await.map_err(unavailable)?;
             match row {
                 Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Api => Ok(Principal {
                     actor: format!("token:{}", t.name),
@@ -279,6 +287,8 @@ pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result
 }
 
 /// Authenticates an agent: an agent-audience JWT whose token row is not revoked.
+/// [`AuthError::Unavailable`] when the row cannot be read (the caller may fall back on a
+/// recent verification of the same token).
 pub async fn authenticate_agent(
     keys: &Keys,
     store: &Store,
@@ -288,7 +298,7 @@ pub async fn authenticate_agent(
     if claims.kind != "agent" {
         return Err(AuthError::Invalid("not an agent token".into()));
     }
-    let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
+    let row = store.token(&claims.jti).await.map_err(unavailable)?;
     match row {
         Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Agent => Ok(AgentPrincipal {
             name: t.name,

@@ -9,7 +9,10 @@
 //! nothing arrives for `missed_heartbeats` intervals (CP-5). Then reconnect:
 //! * after a stream on which a message arrived: backoff reset, random delay in
 //!   `[0, reconnect_jitter]`;
-//! * after a failure before any message: exponential backoff with full jitter;
+//! * after a failure before any message, or a `GoAway` saying the server is shutting
+//!   down: exponential backoff with full jitter (a stopping server is not a success: the
+//!   agent does not come straight back to a port that is closing), plus
+//!   `reconnect_jitter` after a shutdown;
 //! * after `UNAUTHENTICATED` / `PERMISSION_DENIED`: the long `unauthorized_backoff`,
 //!   logged once per distinct error (CP-7).
 
@@ -54,6 +57,11 @@ enum Ended {
     Unauthorized(String),
     /// Anything else; `received` = a message arrived on this stream.
     Dropped {
+        received: bool,
+        error: String,
+    },
+    /// The server said it is shutting down (`GoAway.shutting_down`); `received` as above.
+    ServerStopping {
         received: bool,
         error: String,
     },
@@ -110,6 +118,17 @@ impl SyncClient {
                     self.shared.set_error(error.clone());
                     last_logged = Some(error);
                     unauthorized_delay(self.settings.unauthorized_backoff)
+                }
+                Ended::ServerStopping { received, error } => {
+                    tracing::info!(error = %error, "the Levee server is stopping; reconnecting with backoff");
+                    self.shared.set_error(error.clone());
+                    last_logged = Some(error);
+                    // Messages arrived, so the attempts before this stream are forgotten;
+                    // the stop itself counts as the first failed attempt.
+                    if received {
+                        backoff.reset();
+                    }
+                    self.settings.reconnect_jitter + backoff.next_delay()
                 }
                 Ended::Dropped { received, error } => {
                     if last_logged.as_deref() != Some(error.as_str()) {
@@ -260,8 +279,12 @@ impl SyncClient {
                             }
                         }
                         Some(server_message::Kind::GoAway(g)) => {
-                            tracing::info!(reason = %g.reason, "the Levee server asked this agent to reconnect");
-                            return Ended::Dropped { received, error: format!("server sent GoAway: {}", g.reason) };
+                            tracing::info!(reason = %g.reason, shutting_down = g.shutting_down, "the Levee server asked this agent to reconnect");
+                            let error = format!("server sent GoAway: {}", g.reason);
+                            if g.shutting_down {
+                                return Ended::ServerStopping { received, error };
+                            }
+                            return Ended::Dropped { received, error };
                         }
                         None => {}
                     }

@@ -20,12 +20,12 @@ use crate::helpers::TestApp;
 use crate::support::{Api, agent, wait_until};
 
 /// A hand-driven agent: sends what the test says, hands back what the server sends.
-struct RawAgent {
-    tx: mpsc::Sender<AgentMessage>,
-    rx: tonic::Streaming<ServerMessage>,
+pub(crate) struct RawAgent {
+    pub(crate) tx: mpsc::Sender<AgentMessage>,
+    pub(crate) rx: tonic::Streaming<ServerMessage>,
 }
 
-async fn open(
+pub(crate) async fn open(
     grpc: &str,
     token: &str,
     env: &str,
@@ -33,7 +33,10 @@ async fn open(
     instance: &str,
     applied: u64,
 ) -> Result<RawAgent, tonic::Status> {
-    let mut client = LeveeSyncClient::connect(grpc.to_string()).await.expect("connect");
+    // A connection that cannot be made is what gRPC calls UNAVAILABLE.
+    let mut client = LeveeSyncClient::connect(grpc.to_string())
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
     let (tx, rx) = mpsc::channel(8);
     tx.send(AgentMessage {
         kind: Some(agent_message::Kind::Hello(Hello {

@@ -6,10 +6,14 @@ mod checkout_app;
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+mod private_pg;
 mod support;
 
 mod advice;
 mod control_plane;
+mod db_outage;
 mod kill_switch;
+mod leases;
 mod logs;
 mod resilience;
+mod shutdown;
