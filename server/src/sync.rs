@@ -161,7 +161,7 @@ impl Refusal {
 #[derive(Debug, Default)]
 struct RefusalLog {
     #[allow(clippy::disallowed_types)] // short critical section, never held across an await
-    last: std::sync::Mutex<HashMap<Refusal, (std::time::Instant, u64)>>,
+    last: std::sync::Mutex<HashMap<Refusal, (tokio::time::Instant, u64)>>,
 }
 
 impl RefusalLog {
@@ -169,7 +169,7 @@ impl RefusalLog {
         metrics::counter!("levee_server_streams_refused_total", "reason" => why.label()).increment(1);
         let suppressed = {
             let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            let now = std::time::Instant::now();
+            let now = tokio::time::Instant::now();
             match m.get_mut(&why) {
                 Some((at, n)) if now.duration_since(*at) < REFUSAL_LOG_INTERVAL => {
                     *n += 1;

@@ -28,7 +28,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sweeper", &["actions", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("sync", &["auth", "db", "fleet", "hub", "shutdown"]),
-    ("config", &["sync"]),
+    // config: the defaults of the settings it loads (stream limits, the agent lease).
+    ("config", &["fleet", "sync"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
     ("ui", &["actions", "advice", "auth", "db", "web"]),
