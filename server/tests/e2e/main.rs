@@ -11,6 +11,7 @@ mod support;
 
 mod advice;
 mod control_plane;
+mod crash;
 mod db_outage;
 mod kill_switch;
 mod leases;
