@@ -202,3 +202,44 @@ async fn db_outage_connected_agents_keep_their_streams_and_no_ack_is_lost() {
     }
     app.server.unwrap().shutdown().await;
 }
+
+/// PostgreSQL restarted under two running replicas: writes go through replica `a`, the
+/// agents hang on replica `b`. After the restart `b` reconnects its `LISTEN` connection,
+/// catches up and fans out every change committed meanwhile — several in a row, the last
+/// one wins — to its agents within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_outage_postgres_restart_under_two_replicas_fans_out_changes_committed_meanwhile() {
+    let Some(pg) = PrivatePg::start() else { return };
+    let a = TestApp::spawn_with(Some(pg.url())).await;
+    let b = TestApp::spawn_with(Some(pg.url())).await;
+    let api = Api::login(&a.base).await;
+    api.seed().await;
+    let token = api.agent_token("prod", &["checkout"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agents: Vec<_> = (0..3).map(|i| agent(&b.grpc, &token, &dir.path().join(format!("a{i}")))).collect();
+    for ag in &agents {
+        ag.wait_for_initial_sync(Duration::from_secs(10)).await.expect("initial sync through b");
+    }
+
+    pg.stop();
+    pg.start_again();
+    // Committed through a while b may still be reconnecting.
+    let mut last = 0;
+    for on in [false, true, false] {
+        last = flip_when_back(&a, on, Duration::from_secs(10)).await;
+    }
+    for ag in &agents {
+        wait_until("b to fan out the changes committed through a", Duration::from_secs(10), || {
+            ag.status().revision == last
+        })
+        .await;
+        assert!(!ag.flag_bool("recommendations.enabled", true).get());
+    }
+    let ids: Vec<&str> = agents.iter().map(|ag| ag.instance_id()).collect();
+    wait_fleet(&a, &ids, last, Duration::from_secs(5)).await;
+    for ag in agents {
+        ag.shutdown().await;
+    }
+    b.server.unwrap().shutdown().await;
+    a.server.unwrap().shutdown().await;
+}
