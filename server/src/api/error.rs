@@ -109,9 +109,12 @@ impl ApiError {
         ApiError::Unavailable(cause.into())
     }
 
-    /// A storage failure: 503 when the database is unreachable, else 500.
+    /// A storage failure: 503 when the database is unreachable, 400 for text it cannot
+    /// store (a NUL character on PostgreSQL), else 500.
     pub fn storage(cause: anyhow::Error) -> Self {
-        if crate::db::is_unavailable(&cause) {
+        if crate::db::is_unstorable_text(&cause) {
+            ApiError::bad_request("the request contains a NUL character, which names and texts cannot hold")
+        } else if crate::db::is_unavailable(&cause) {
             ApiError::Unavailable(internal_cause(&cause).to_string())
         } else {
             ApiError::Internal(cause)

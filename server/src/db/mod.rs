@@ -62,6 +62,16 @@ pub fn is_unavailable(err: &anyhow::Error) -> bool {
     })
 }
 
+/// Whether an error means a value could not be stored as text by the database (PostgreSQL
+/// refuses a NUL character: SQLSTATE 22021 / 22P05). The value was bad input, not a
+/// failure of the server; SQLite stores such text as it is.
+pub fn is_unstorable_text(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| match c.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(db)) => db.code().is_some_and(|code| code == "22021" || code == "22P05"),
+        _ => false,
+    })
+}
+
 /// Channel used for cross-replica change notifications.
 pub const NOTIFY_CHANNEL: &str = "levee_changes";
 

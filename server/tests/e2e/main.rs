@@ -1,6 +1,10 @@
 //! End-to-end tests: the real `levee` server (in-process, or the binary for kill tests),
 //! real agents over gRPC, the real example service over HTTP.
 
+#[path = "../shared/backends.rs"]
+#[allow(dead_code, unused_macros)]
+#[macro_use]
+mod backends;
 #[path = "../../../agent/examples/checkout/app.rs"]
 mod checkout_app;
 #[path = "../api/helpers.rs"]
