@@ -14,9 +14,13 @@
 //!   agent does not come straight back to a port that is closing), plus
 //!   `reconnect_jitter` after a shutdown;
 //! * after `UNAUTHENTICATED` / `PERMISSION_DENIED`: the long `unauthorized_backoff`,
-//!   logged once per distinct error (CP-7).
+//!   logged once per distinct error (CP-7);
+//! * with an `http_fallback` URL, after `http_fallback_after` attempts in a row failed
+//!   before any message: long-poll the snapshot over HTTP (`http.rs`) for
+//!   `http_fallback_period`, then try the stream again (one more failure returns to HTTP).
 
 mod apply;
+mod http;
 mod settings;
 
 pub use settings::*;
@@ -99,8 +103,31 @@ impl SyncClient {
     pub(crate) async fn run(mut self) {
         let mut backoff = ReconnectBackoff::new(&self.settings);
         let mut last_logged: Option<String> = None;
+        // Stream attempts in a row that failed before any message arrived.
+        let mut failures: u32 = 0;
         loop {
-            let ended = self.session().await;
+            let after = self.settings.http_fallback_after;
+            let ended = match self.settings.http_fallback.clone() {
+                Some(base) if after > 0 && failures >= after => {
+                    let ended = self.poll_http(&base).await;
+                    // Back to the stream; one more failure returns to HTTP.
+                    failures = after - 1;
+                    match ended {
+                        Some(e) => e,
+                        None => continue,
+                    }
+                }
+                _ => self.session().await,
+            };
+            match &ended {
+                Ended::Dropped { received: false, .. } | Ended::ServerStopping { received: false, .. } => {
+                    failures = failures.saturating_add(1)
+                }
+                Ended::Dropped { received: true, .. } | Ended::ServerStopping { received: true, .. } => {
+                    failures = 0
+                }
+                _ => {}
+            }
             self.shared.set_connected(false);
             let delay = match ended {
                 Ended::Shutdown => return,

@@ -17,6 +17,7 @@ mod advice;
 mod control_plane;
 mod crash;
 mod db_outage;
+mod http_fallback;
 mod kill_switch;
 mod leases;
 mod logs;
