@@ -191,4 +191,24 @@ mod tests {
         assert_eq!(a.applied_revision, 3);
         assert_eq!(a.status.as_deref(), Some("{\"s\":1}"));
     }
+
+    /// 1,500 agents, three events each, through the writer: every agent is stored once with
+    /// its newest state, and the fleet read returns all of them (no cap at 1,000).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fleet_of_1500_agents_is_written_and_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let (writer, task) = FleetWriter::spawn(store.clone(), "r1".into(), LEASE_TTL);
+        for rev in 1..=3 {
+            for i in 0..1_500 {
+                writer.send(up(&format!("agent-{i}"), rev, None));
+            }
+        }
+        drop(writer);
+        task.await.unwrap();
+        let agents = store.agents("prod", "checkout").await.unwrap();
+        assert_eq!(agents.len(), 1_500);
+        assert!(agents.iter().all(|a| a.connected && a.applied_revision == 3));
+    }
 }

@@ -10,6 +10,7 @@ mod checkout_app;
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+mod postgres_tls;
 mod private_pg;
 mod support;
 
