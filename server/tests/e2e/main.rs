@@ -24,3 +24,4 @@ mod leases;
 mod logs;
 mod resilience;
 mod shutdown;
+mod stream_memory;
