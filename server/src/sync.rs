@@ -165,15 +165,27 @@ struct RefusalLog {
 }
 
 impl RefusalLog {
-    fn refused(&self, why: Refusal, status: &Status, peer: Option<std::net::SocketAddr>) {
+    /// Counts a refusal and logs it unless one of its reason was logged within the
+    /// interval. Returns the number of refusals the line it wrote summed up, `None` when
+    /// it wrote none.
+    fn refused(&self, why: Refusal, status: &Status, peer: Option<std::net::SocketAddr>) -> Option<u64> {
+        self.refused_at(tokio::time::Instant::now(), why, status, peer)
+    }
+
+    fn refused_at(
+        &self,
+        now: tokio::time::Instant,
+        why: Refusal,
+        status: &Status,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Option<u64> {
         metrics::counter!("levee_server_streams_refused_total", "reason" => why.label()).increment(1);
         let suppressed = {
             let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            let now = tokio::time::Instant::now();
             match m.get_mut(&why) {
                 Some((at, n)) if now.duration_since(*at) < REFUSAL_LOG_INTERVAL => {
                     *n += 1;
-                    return;
+                    return None;
                 }
                 Some((at, n)) => {
                     *at = now;
@@ -197,6 +209,7 @@ impl RefusalLog {
                 suppressed_since_last = suppressed, "agent stream refused"
             ),
         }
+        Some(suppressed)
     }
 }
 
@@ -280,7 +293,7 @@ impl LeveeSync for SyncService {
     async fn sync(&self, req: Request<Streaming<AgentMessage>>) -> Result<Response<SyncStream>, Status> {
         let peer = req.remote_addr();
         self.accept(req).await.map_err(|(why, status)| {
-            self.inner.refusals.refused(why, &status, peer);
+            let _ = self.inner.refusals.refused(why, &status, peer);
             status
         })
     }
@@ -656,6 +669,26 @@ fn finish(inner: &Inner, session: &Session) {
 #[cfg(test)]
 mod tests {
     use levee_agent::proto::{FeatureStatus, StatusReport};
+
+    use super::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
+
+    /// A refusal storm is one log line per reason per interval, the next one saying how
+    /// many were not logged; another reason is logged on its own.
+    #[test]
+    fn refusals_are_logged_once_per_reason_per_interval_with_the_count() {
+        let log = RefusalLog::default();
+        let t0 = tokio::time::Instant::now();
+        let busy = tonic::Status::unavailable("too many new streams");
+        assert_eq!(log.refused_at(t0, Refusal::Rate, &busy, None), Some(0));
+        for _ in 0..99 {
+            assert_eq!(log.refused_at(t0, Refusal::Rate, &busy, None), None);
+        }
+        let bad = tonic::Status::unauthenticated("agent token refused");
+        assert_eq!(log.refused_at(t0, Refusal::Unauthenticated, &bad, None), Some(0));
+        let later = t0 + REFUSAL_LOG_INTERVAL;
+        assert_eq!(log.refused_at(later, Refusal::Rate, &busy, None), Some(99));
+        assert_eq!(log.refused_at(later, Refusal::Rate, &busy, None), None);
+    }
 
     /// The fleet API shows an agent's status report as JSON: the time a feature went onto
     /// its fallback is RFC 3339 like every other time of the API, `null` while it is fresh.
