@@ -90,9 +90,12 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// `GET /readyz`: the database answers (else 503).
+/// Longest time `/readyz` waits for the database before answering 503.
+pub const READYZ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `GET /readyz`: the database answers within [`READYZ_TIMEOUT`] (else 503 at once).
 async fn readyz(State(s): State<AppState>) -> Response {
-    if s.store.ping().await {
+    if s.store.ping(READYZ_TIMEOUT).await {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "database unreachable").into_response()
@@ -203,7 +206,9 @@ impl Server {
         }
 
         let (shutdown, shutdown_rx) = crate::shutdown::channel();
-        let (fleet, fleet_task) = FleetWriter::spawn(store.clone());
+        let replica = format!("replica-{}", uuid::Uuid::new_v4().simple());
+        tracing::info!(replica = %replica, "this replica's id in the agent leases");
+        let (fleet, fleet_task) = FleetWriter::spawn(store.clone(), replica, settings.agent_lease);
         let mut tasks = vec![fleet_task];
 
         let sync = SyncService::new(

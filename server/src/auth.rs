@@ -141,6 +141,14 @@ pub enum AuthError {
     /// User disabled or gone.
     #[error("user is disabled or no longer exists")]
     UserGone,
+    /// The token could not be checked: the database failed (never reported as an auth
+    /// failure: an agent told "revoked" backs off for minutes). The cause is for the log.
+    #[error("the token cannot be checked now: the database is unavailable")]
+    Unavailable(String),
+}
+
+fn unavailable(e: anyhow::Error) -> AuthError {
+    AuthError::Unavailable(levee_agent::report::ErrorChain(e.as_ref()).to_string())
 }
 
 /// Signs and checks tokens.
@@ -309,10 +317,10 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
     let claims = keys.verify(token, door.audience())?;
     match claims.kind.as_str() {
         "session" => {
-            if store.session_revoked(&claims.jti).await.map_err(|_| AuthError::Revoked)? {
+            if store.session_revoked(&claims.jti).await.map_err(unavailable)? {
                 return Err(AuthError::Revoked);
             }
-            let user = store.user(&claims.sub).await.map_err(|_| AuthError::UserGone)?;
+            let user = store.user(&claims.sub).await.map_err(unavailable)?;
             match user {
                 Some(u) if u.disabled => Err(AuthError::UserGone),
                 // A password or role change since this session opened ended it.
@@ -322,7 +330,7 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
             }
         }
         "api" if door == Door::Api => {
-            let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
+            let row = store.token(&claims.jti).await.map_err(unavailable)?;
             match row {
                 Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Api => Ok(Principal {
                     actor: format!("token:{}", t.name),
@@ -337,6 +345,8 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
 }
 
 /// Authenticates an agent: an agent-audience JWT whose token row is not revoked.
+/// [`AuthError::Unavailable`] when the row cannot be read (the caller may fall back on a
+/// recent verification of the same token).
 pub async fn authenticate_agent(
     keys: &Keys,
     store: &Store,
@@ -346,7 +356,7 @@ pub async fn authenticate_agent(
     if claims.kind != "agent" {
         return Err(AuthError::Invalid("not an agent token".into()));
     }
-    let row = store.token(&claims.jti).await.map_err(|_| AuthError::Revoked)?;
+    let row = store.token(&claims.jti).await.map_err(unavailable)?;
     match row {
         Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Agent => Ok(AgentPrincipal {
             name: t.name,

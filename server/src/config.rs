@@ -13,6 +13,7 @@
 //! | heartbeat interval | `--heartbeat-interval` | `LEVEE_HEARTBEAT_INTERVAL` | `heartbeat_interval` | `15s` |
 //! | maximum agent stream age | `--max-stream-age` | `LEVEE_MAX_STREAM_AGE` | `max_stream_age` | `30m` |
 //! | new agent streams per second | `--new-streams-per-sec` | `LEVEE_NEW_STREAMS_PER_SEC` | `new_streams_per_sec` | `500` |
+//! | agent liveness lease | `--agent-lease` | `LEVEE_AGENT_LEASE` | `agent_lease` | `30s` |
 //! | request body limit, bytes | `--max-body-bytes` | `LEVEE_MAX_BODY_BYTES` | `max_body_bytes` | `1048576` |
 //! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
 //! | TLS certificate chain (PEM; with the key, both listeners serve TLS) | `--tls-cert` | `LEVEE_TLS_CERT` | `tls_cert` | none: plain TCP |
@@ -94,6 +95,10 @@ pub struct ServeArgs {
     /// New agent streams accepted per second.
     #[arg(long, env = "LEVEE_NEW_STREAMS_PER_SEC")]
     pub new_streams_per_sec: Option<u32>,
+    /// Agent liveness lease (e.g. `30s`): an agent whose replica stops renewing it stops
+    /// counting as connected after this long.
+    #[arg(long, env = "LEVEE_AGENT_LEASE", value_parser = humantime::parse_duration)]
+    pub agent_lease: Option<Duration>,
     /// Request body limit in bytes.
     #[arg(long, env = "LEVEE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -124,6 +129,8 @@ struct FileLayer {
     #[serde(default, with = "humantime_serde::option")]
     max_stream_age: Option<Duration>,
     new_streams_per_sec: Option<u32>,
+    #[serde(default, with = "humantime_serde::option")]
+    agent_lease: Option<Duration>,
     max_body_bytes: Option<usize>,
     log: Option<String>,
     tls_cert: Option<PathBuf>,
@@ -156,6 +163,9 @@ pub struct Settings {
     pub max_stream_age: Duration,
     /// Most new agent streams accepted per second, so a reconnect storm is spread out.
     pub new_streams_per_sec: u32,
+    /// Lifetime of an agent's liveness lease, renewed every third of it by the replica
+    /// holding the stream.
+    pub agent_lease: Duration,
     /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// `tracing` filter directives, e.g. `info,levee_server=debug`.
@@ -179,6 +189,7 @@ impl Settings {
             heartbeat_interval: crate::sync::HEARTBEAT_INTERVAL,
             max_stream_age: crate::sync::MAX_STREAM_AGE,
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
+            agent_lease: crate::fleet::LEASE_TTL,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log: "info".into(),
             tls: None,
@@ -239,6 +250,11 @@ impl Settings {
                 "tls_cert (LEVEE_TLS_CERT) and tls_key (LEVEE_TLS_KEY) go together: set both or neither"
             ),
         };
+        let agent_lease = args.agent_lease.or(file.agent_lease).unwrap_or(crate::fleet::LEASE_TTL);
+        anyhow::ensure!(
+            agent_lease >= Duration::from_secs(1) && agent_lease <= Duration::from_secs(600),
+            "agent_lease (LEVEE_AGENT_LEASE) must be between 1s and 10m"
+        );
         Ok(Settings {
             tls,
             data_dir,
@@ -251,6 +267,7 @@ impl Settings {
             heartbeat_interval,
             max_stream_age,
             new_streams_per_sec,
+            agent_lease,
             max_body_bytes,
             log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
         })

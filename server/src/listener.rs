@@ -15,6 +15,9 @@ use crate::hub::Hub;
 
 /// Period of the safety-net poll.
 pub const SAFETY_POLL: Duration = Duration::from_secs(15);
+/// Longest wait between attempts to reconnect the `LISTEN` connection (a database back
+/// from an outage is caught up with within about this long).
+pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 /// Publishes every service whose stored revision is newer than the hub's.
 pub async fn catch_up(store: &Store, hub: &Hub) -> anyhow::Result<usize> {
@@ -30,25 +33,46 @@ pub async fn catch_up(store: &Store, hub: &Hub) -> anyhow::Result<usize> {
     Ok(n)
 }
 
-async fn publish_one(store: &Store, hub: &Hub, payload: &str) {
+async fn caught_up(store: &Store, hub: &Hub, what: &str) -> bool {
+    match catch_up(store, hub).await {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(services = n, "{what}: published changes committed elsewhere");
+            }
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "{what} failed");
+            false
+        }
+    }
+}
+
+/// Publishes the snapshot a notification names. `false` when it could not be loaded (the
+/// caller catches up soon instead).
+async fn publish_one(store: &Store, hub: &Hub, payload: &str) -> bool {
     let v: serde_json::Value = match serde_json::from_str(payload) {
         Ok(v) => v,
-        Err(_) => return,
+        Err(_) => return true,
     };
     let (Some(env), Some(svc), Some(rev)) =
         (v["environment"].as_str(), v["service"].as_str(), v["revision"].as_u64())
     else {
-        return;
+        return true;
     };
     if hub.current(env, svc).is_some_and(|s| s.revision >= rev) {
-        return;
+        return true;
     }
     match store.latest_snapshot(env, svc).await {
         Ok(Some(snap)) => {
             hub.publish(snap);
+            true
         }
-        Ok(None) => {}
-        Err(e) => tracing::warn!(error = ?e, "loading a notified snapshot"),
+        Ok(None) => true,
+        Err(e) => {
+            tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "loading a notified snapshot");
+            false
+        }
     }
 }
 
@@ -67,25 +91,33 @@ pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Recei
                     _ = tokio::time::sleep(backoff) => {}
                     _ = crate::shutdown::stopped(&mut shutdown) => return,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
+                backoff = (backoff * 2).min(RECONNECT_MAX);
                 continue;
             }
         };
         backoff = Duration::from_millis(200);
         if let Err(e) = listener.listen(NOTIFY_CHANNEL).await {
             tracing::warn!(error = %e, "LISTEN failed; reconnecting");
+            tokio::select! {
+                _ = tokio::time::sleep(RECONNECT_MAX) => {}
+                _ = crate::shutdown::stopped(&mut shutdown) => return,
+            }
             continue;
         }
-        // LISTEN first, then catch up: nothing committed from here on can be missed.
-        if let Err(e) = catch_up(&store, &hub).await {
-            tracing::warn!(error = ?e, "catch-up after LISTEN failed");
-        }
-        let mut poll = tokio::time::interval(SAFETY_POLL);
-        poll.reset();
+        // LISTEN first, then catch up: nothing committed from here on can be missed. A
+        // catch-up that failed (the pool is still reconnecting) is retried soon, not at the
+        // next safety-net poll.
+        let poll_after =
+            |ok: bool| tokio::time::Instant::now() + if ok { SAFETY_POLL } else { RECONNECT_MAX };
+        let mut next_poll = poll_after(caught_up(&store, &hub, "catch-up after LISTEN").await);
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
-                    Ok(Some(n)) => publish_one(&store, &hub, n.payload()).await,
+                    Ok(Some(n)) => {
+                        if !publish_one(&store, &hub, n.payload()).await {
+                            next_poll = poll_after(false);
+                        }
+                    }
                     // The connection dropped: notifications may be lost; catch up after re-LISTEN.
                     Ok(None) => break,
                     Err(e) => {
@@ -93,10 +125,8 @@ pub async fn run(url: String, store: Store, hub: Hub, mut shutdown: watch::Recei
                         break;
                     }
                 },
-                _ = poll.tick() => {
-                    if let Err(e) = catch_up(&store, &hub).await {
-                        tracing::warn!(error = ?e, "safety-net poll failed");
-                    }
+                _ = tokio::time::sleep_until(next_poll) => {
+                    next_poll = poll_after(caught_up(&store, &hub, "safety-net poll").await);
                 }
                 _ = crate::shutdown::stopped(&mut shutdown) => return,
             }

@@ -53,6 +53,15 @@ pub const MAX_STREAM_AGE: Duration = Duration::from_secs(30 * 60);
 pub const NEW_STREAMS_PER_SEC: u32 = 500;
 /// Default wait for `Hello`.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a verified agent token is trusted from memory while the database cannot be
+/// read (a token revoked meanwhile could only have been revoked while it was reachable,
+/// and a stream it opened ends at its maximum age).
+pub const VERIFIED_TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
+/// Most tokens remembered as verified (past it the oldest half is forgotten).
+pub const VERIFIED_TOKENS_MAX: usize = 100_000;
+/// At most one log line per refusal reason per this interval (the others are counted in
+/// `levee_server_streams_refused_total` and summed into the next line).
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Default for SyncSettings {
     fn default() -> Self {
@@ -93,6 +102,118 @@ impl StreamLimiter {
     }
 }
 
+/// Agent tokens verified against the database recently: while it is away, a stream
+/// presenting one of them is accepted from memory (its signature and expiry are still
+/// checked) instead of being refused.
+#[derive(Debug, Default)]
+struct VerifiedTokens {
+    map: tokio::sync::Mutex<HashMap<String, (AgentPrincipal, tokio::time::Instant)>>,
+}
+
+impl VerifiedTokens {
+    async fn remember(&self, p: &AgentPrincipal) {
+        let mut m = self.map.lock().await;
+        if m.len() >= VERIFIED_TOKENS_MAX {
+            let mut ages: Vec<_> = m.values().map(|(_, at)| *at).collect();
+            ages.sort();
+            let cut = ages[ages.len() / 2];
+            m.retain(|_, (_, at)| *at > cut);
+        }
+        m.insert(p.jti.clone(), (p.clone(), tokio::time::Instant::now()));
+    }
+
+    async fn forget(&self, jti: &str) {
+        self.map.lock().await.remove(jti);
+    }
+
+    async fn recent(&self, jti: &str) -> Option<AgentPrincipal> {
+        let m = self.map.lock().await;
+        m.get(jti).filter(|(_, at)| at.elapsed() < VERIFIED_TOKEN_TTL).map(|(p, _)| p.clone())
+    }
+}
+
+/// Why a stream was refused, for the rate-limited log and the metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Refusal {
+    ShuttingDown,
+    Rate,
+    Unauthenticated,
+    Unavailable,
+    Hello,
+    Scope,
+}
+
+impl Refusal {
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::ShuttingDown => "shutting_down",
+            Refusal::Rate => "rate",
+            Refusal::Unauthenticated => "unauthenticated",
+            Refusal::Unavailable => "database_unavailable",
+            Refusal::Hello => "bad_hello",
+            Refusal::Scope => "scope",
+        }
+    }
+}
+
+/// Logs stream refusals, structured, at most once per reason per
+/// [`REFUSAL_LOG_INTERVAL`] (a mass reconnect refused by the rate limit is one line every
+/// few seconds with a count, not thousands).
+#[derive(Debug, Default)]
+struct RefusalLog {
+    #[allow(clippy::disallowed_types)] // short critical section, never held across an await
+    last: std::sync::Mutex<HashMap<Refusal, (tokio::time::Instant, u64)>>,
+}
+
+impl RefusalLog {
+    /// Counts a refusal and logs it unless one of its reason was logged within the
+    /// interval. Returns the number of refusals the line it wrote summed up, `None` when
+    /// it wrote none.
+    fn refused(&self, why: Refusal, status: &Status, peer: Option<std::net::SocketAddr>) -> Option<u64> {
+        self.refused_at(tokio::time::Instant::now(), why, status, peer)
+    }
+
+    fn refused_at(
+        &self,
+        now: tokio::time::Instant,
+        why: Refusal,
+        status: &Status,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Option<u64> {
+        metrics::counter!("levee_server_streams_refused_total", "reason" => why.label()).increment(1);
+        let suppressed = {
+            let mut m = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            match m.get_mut(&why) {
+                Some((at, n)) if now.duration_since(*at) < REFUSAL_LOG_INTERVAL => {
+                    *n += 1;
+                    return None;
+                }
+                Some((at, n)) => {
+                    *at = now;
+                    std::mem::take(n)
+                }
+                None => {
+                    m.insert(why, (now, 0));
+                    0
+                }
+            }
+        };
+        let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+        let code = format!("{:?}", status.code());
+        match why {
+            Refusal::Unavailable | Refusal::ShuttingDown | Refusal::Rate => tracing::warn!(
+                reason = why.label(), code = %code, detail = %status.message(), peer = %peer,
+                suppressed_since_last = suppressed, "agent stream refused"
+            ),
+            _ => tracing::info!(
+                reason = why.label(), code = %code, detail = %status.message(), peer = %peer,
+                suppressed_since_last = suppressed, "agent stream refused"
+            ),
+        }
+        Some(suppressed)
+    }
+}
+
 /// The `LeveeSync` gRPC service: one bidirectional stream per agent. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct SyncService {
@@ -109,6 +230,8 @@ struct Inner {
     limiter: StreamLimiter,
     shutdown: watch::Receiver<bool>,
     streams: AtomicU64,
+    verified: VerifiedTokens,
+    refusals: RefusalLog,
 }
 
 impl SyncService {
@@ -134,6 +257,8 @@ impl SyncService {
                 limiter,
                 shutdown,
                 streams: AtomicU64::new(0),
+                verified: VerifiedTokens::default(),
+                refusals: RefusalLog::default(),
             }),
         }
     }
@@ -167,47 +292,107 @@ impl LeveeSync for SyncService {
     type SyncStream = SyncStream;
 
     async fn sync(&self, req: Request<Streaming<AgentMessage>>) -> Result<Response<SyncStream>, Status> {
+        let peer = req.remote_addr();
+        self.accept(req).await.map_err(|(why, status)| {
+            let _ = self.inner.refusals.refused(why, &status, peer);
+            status
+        })
+    }
+}
+
+impl SyncService {
+    /// Checks a new stream and starts its session, or says why it is refused. Order: a
+    /// stopping server refuses before anything else (no token check, no database read),
+    /// then the new-stream rate limit, then the token.
+    async fn accept(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<SyncStream>, (Refusal, Status)> {
         let inner = self.inner.clone();
-        if !inner.limiter.try_take().await {
-            metrics::counter!("levee_server_streams_refused_total", "reason" => "rate").increment(1);
-            return Err(Status::unavailable("too many new streams; retry with backoff"));
+        if crate::shutdown::is_stopped(&inner.shutdown) {
+            return Err((
+                Refusal::ShuttingDown,
+                Status::unavailable("server shutting down; reconnect with backoff"),
+            ));
         }
-        let token = bearer(&req).ok_or_else(|| Status::unauthenticated("missing bearer token"))?;
-        let principal = authenticate_agent(&inner.keys, &inner.store, &token).await.map_err(|e| match e {
-            AuthError::Missing => Status::unauthenticated("missing bearer token"),
-            other => Status::unauthenticated(format!("agent token refused: {other}")),
-        })?;
+        if !inner.limiter.try_take().await {
+            return Err((Refusal::Rate, Status::unavailable("too many new streams; retry with backoff")));
+        }
+        let unauthenticated = |m: String| (Refusal::Unauthenticated, Status::unauthenticated(m));
+        let token = bearer(&req).ok_or_else(|| unauthenticated("missing bearer token".into()))?;
+        // The database answered for this stream's token: read it for the rest of the setup.
+        let mut db_ok = true;
+        let principal = match authenticate_agent(&inner.keys, &inner.store, &token).await {
+            Ok(p) => {
+                inner.verified.remember(&p).await;
+                p
+            }
+            Err(AuthError::Unavailable(cause)) => {
+                let jti =
+                    inner.keys.verify(&token, crate::auth::AUDIENCE_AGENT).map(|c| c.jti).unwrap_or_default();
+                match inner.verified.recent(&jti).await {
+                    Some(p) => {
+                        tracing::debug!(error = %cause, token = %p.name, "database unavailable: agent token accepted from memory");
+                        db_ok = false;
+                        p
+                    }
+                    None => {
+                        return Err((
+                            Refusal::Unavailable,
+                            Status::unavailable(
+                                "the token cannot be checked now: the database is unavailable; retry with backoff",
+                            ),
+                        ));
+                    }
+                }
+            }
+            Err(AuthError::Missing) => return Err(unauthenticated("missing bearer token".into())),
+            Err(e @ (AuthError::Revoked | AuthError::UserGone)) => {
+                if let Ok(c) = inner.keys.verify(&token, crate::auth::AUDIENCE_AGENT) {
+                    inner.verified.forget(&c.jti).await;
+                }
+                return Err(unauthenticated(format!("agent token refused: {e}")));
+            }
+            Err(other) => return Err(unauthenticated(format!("agent token refused: {other}"))),
+        };
         let mut incoming = req.into_inner();
+        let bad_hello = |s: Status| (Refusal::Hello, s);
         let hello = match tokio::time::timeout(inner.settings.hello_timeout, incoming.message()).await {
             Ok(Ok(Some(AgentMessage { kind: Some(agent_message::Kind::Hello(h)) }))) => h,
-            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message must be Hello")),
-            Ok(Err(s)) => return Err(s),
-            Err(_) => return Err(Status::deadline_exceeded("no Hello received in time")),
+            Ok(Ok(_)) => return Err(bad_hello(Status::invalid_argument("the first message must be Hello"))),
+            Ok(Err(s)) => return Err(bad_hello(s)),
+            Err(_) => return Err(bad_hello(Status::deadline_exceeded("no Hello received in time"))),
         };
         if hello.environment != principal.environment {
-            return Err(Status::permission_denied(format!(
-                "this token is scoped to environment {:?}, not {:?}",
-                principal.environment, hello.environment
-            )));
+            return Err((
+                Refusal::Scope,
+                Status::permission_denied(format!(
+                    "this token is scoped to environment {:?}, not {:?}",
+                    principal.environment, hello.environment
+                )),
+            ));
         }
         if hello.services.is_empty() {
-            return Err(Status::invalid_argument("Hello names no service"));
+            return Err(bad_hello(Status::invalid_argument("Hello names no service")));
         }
         for s in &hello.services {
             if !principal.services.iter().any(|p| p == &s.name) {
-                return Err(Status::permission_denied(format!(
-                    "this token is not scoped to service {:?} (allowed: {})",
-                    s.name,
-                    principal.services.join(", ")
-                )));
+                return Err((
+                    Refusal::Scope,
+                    Status::permission_denied(format!(
+                        "this token is not scoped to service {:?} (allowed: {})",
+                        s.name,
+                        principal.services.join(", ")
+                    )),
+                ));
             }
         }
         // What an agent sends is untrusted (SEC-2): identifiers it chooses are refused
         // outside their alphabet rather than stored, logged and shown.
-        agent_text::check_instance_id(&hello.instance_id).map_err(Status::invalid_argument)?;
-        agent_text::check_version(&hello.agent_version).map_err(Status::invalid_argument)?;
+        agent_text::check_instance_id(&hello.instance_id).map_err(|e| bad_hello(Status::invalid_argument(e)))?;
+        agent_text::check_version(&hello.agent_version).map_err(|e| bad_hello(Status::invalid_argument(e)))?;
         let (tx, rx) = mpsc::channel::<Result<ServerMessage, Status>>(16);
-        tokio::spawn(run_session(inner, principal, hello, incoming, tx));
+        tokio::spawn(run_session(inner, principal, hello, incoming, tx, db_ok));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -367,6 +552,7 @@ async fn run_session(
     hello: levee_agent::proto::Hello,
     mut incoming: Streaming<AgentMessage>,
     tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    mut db_ok: bool,
 ) {
     inner.streams.fetch_add(1, Ordering::Relaxed);
     metrics::gauge!("levee_server_streams").increment(1.0);
@@ -384,15 +570,20 @@ async fn run_session(
     let mut watches = tokio_stream::StreamMap::new();
     for s in &hello.services {
         // NACKs this instance sent on an earlier stream (a NACKed revision is never resent).
-        let nacked = match inner
-            .store
-            .nacked_revisions(&hello.environment, &s.name, &hello.instance_id, s.applied_revision)
-            .await
-        {
-            Ok(revs) => revs.into_iter().collect(),
-            Err(e) => {
-                tracing::error!(error = ?e, "loading the NACKs of a new agent stream");
-                HashSet::new()
+        let nacked = if !db_ok {
+            HashSet::new()
+        } else {
+            match inner
+                .store
+                .nacked_revisions(&hello.environment, &s.name, &hello.instance_id, s.applied_revision)
+                .await
+            {
+                Ok(revs) => revs.into_iter().collect(),
+                Err(e) => {
+                    db_ok = false;
+                    tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "loading the NACKs of a new agent stream");
+                    HashSet::new()
+                }
             }
         };
         session.services.insert(
@@ -408,18 +599,31 @@ async fn run_session(
         session.upsert(&s.name, true, None);
     }
     // Initial state: read the database (never trust only this replica's memory: an agent
-    // ahead of the hub means the hub may be stale).
+    // ahead of the hub means the hub may be stale). While the database is away, what this
+    // replica holds in memory is served; the hub pushes anything newer once it is back.
     let names: Vec<String> = session.services.keys().cloned().collect();
     for name in &names {
-        match inner.store.latest_snapshot(&session.env, name).await {
+        let stored = if db_ok { inner.store.latest_snapshot(&session.env, name).await } else { Ok(None) };
+        let snap = match stored {
             Ok(Some(snap)) => {
                 inner.hub.publish(snap.clone());
-                if session.offer(&snap).await.is_err() {
-                    return finish(&inner, &session);
-                }
+                Some(Arc::new(snap))
             }
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = ?e, "loading a snapshot for a new agent stream"),
+            Ok(None) if db_ok => None,
+            Ok(None) => inner.hub.current(&session.env, name),
+            Err(e) => {
+                db_ok = false;
+                tracing::warn!(
+                    error = %levee_agent::report::ErrorChain(e.as_ref()),
+                    "database unavailable loading a snapshot for a new agent stream; serving this replica's copy"
+                );
+                inner.hub.current(&session.env, name)
+            }
+        };
+        if let Some(snap) = snap
+            && session.offer(&snap).await.is_err()
+        {
+            return finish(&inner, &session);
         }
     }
 
@@ -457,7 +661,7 @@ async fn run_session(
                 if tx.send(Ok(hb)).await.is_err() { break; }
             }
             _ = &mut age => {
-                let _ = tx.send(Ok(go_away("maximum stream age reached; reconnect to rebalance"))).await;
+                let _ = tx.send(Ok(go_away("maximum stream age reached; reconnect to rebalance", false))).await;
                 break;
             }
             Ok(()) = revoked.changed() => {
@@ -469,7 +673,7 @@ async fn run_session(
                 }
             }
             _ = shutdown.changed() => {
-                let _ = tx.send(Ok(go_away("server shutting down"))).await;
+                let _ = tx.send(Ok(go_away("server shutting down", true))).await;
                 break;
             }
         }
@@ -481,8 +685,10 @@ fn token_revoked() -> Status {
     Status::unauthenticated("agent token revoked")
 }
 
-fn go_away(reason: &str) -> ServerMessage {
-    ServerMessage { kind: Some(server_message::Kind::GoAway(GoAway { reason: reason.to_string() })) }
+fn go_away(reason: &str, shutting_down: bool) -> ServerMessage {
+    ServerMessage {
+        kind: Some(server_message::Kind::GoAway(GoAway { reason: reason.to_string(), shutting_down })),
+    }
 }
 
 fn finish(inner: &Inner, session: &Session) {
@@ -497,6 +703,26 @@ fn finish(inner: &Inner, session: &Session) {
 #[cfg(test)]
 mod tests {
     use levee_agent::proto::{FeatureStatus, StatusReport};
+
+    use super::{REFUSAL_LOG_INTERVAL, Refusal, RefusalLog};
+
+    /// A refusal storm is one log line per reason per interval, the next one saying how
+    /// many were not logged; another reason is logged on its own.
+    #[test]
+    fn refusals_are_logged_once_per_reason_per_interval_with_the_count() {
+        let log = RefusalLog::default();
+        let t0 = tokio::time::Instant::now();
+        let busy = tonic::Status::unavailable("too many new streams");
+        assert_eq!(log.refused_at(t0, Refusal::Rate, &busy, None), Some(0));
+        for _ in 0..99 {
+            assert_eq!(log.refused_at(t0, Refusal::Rate, &busy, None), None);
+        }
+        let bad = tonic::Status::unauthenticated("agent token refused");
+        assert_eq!(log.refused_at(t0, Refusal::Unauthenticated, &bad, None), Some(0));
+        let later = t0 + REFUSAL_LOG_INTERVAL;
+        assert_eq!(log.refused_at(later, Refusal::Rate, &busy, None), Some(99));
+        assert_eq!(log.refused_at(later, Refusal::Rate, &busy, None), None);
+    }
 
     /// The fleet API shows an agent's status report as JSON: the time a feature went onto
     /// its fallback is RFC 3339 like every other time of the API, `null` while it is fresh.

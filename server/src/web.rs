@@ -34,6 +34,8 @@ pub struct AppState {
     pub logins: Arc<LoginLimiter>,
     /// Renders `/metrics`; `None` when another recorder is installed in this process.
     pub metrics: Option<PrometheusHandle>,
+    /// This replica's newest snapshots (the agents' HTTP fallback long-polls it).
+    pub hub: Hub,
 }
 
 impl AppState {
@@ -46,7 +48,8 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
         AppState {
-            actions: Actions::new(store.clone(), hub, keys.clone()),
+            actions: Actions::new(store.clone(), hub.clone(), keys.clone()),
+            hub,
             store,
             keys,
             max_body_bytes,

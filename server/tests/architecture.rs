@@ -31,7 +31,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("agent_text", &[]),
     ("tls", &["shutdown"]),
     ("sync", &["agent_text", "auth", "db", "fleet", "hub", "shutdown"]),
-    ("config", &["sync", "tls"]),
+    // config: the defaults of the settings it loads (stream limits, the agent lease, TLS files).
+    ("config", &["fleet", "sync", "tls"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
     ("ui", &["actions", "advice", "auth", "db", "web"]),

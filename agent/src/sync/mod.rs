@@ -9,11 +9,18 @@
 //! nothing arrives for `missed_heartbeats` intervals (CP-5). Then reconnect:
 //! * after a stream on which a message arrived: backoff reset, random delay in
 //!   `[0, reconnect_jitter]`;
-//! * after a failure before any message: exponential backoff with full jitter;
+//! * after a failure before any message, or a `GoAway` saying the server is shutting
+//!   down: exponential backoff with full jitter (a stopping server is not a success: the
+//!   agent does not come straight back to a port that is closing), plus
+//!   `reconnect_jitter` after a shutdown;
 //! * after `UNAUTHENTICATED` / `PERMISSION_DENIED`: the long `unauthorized_backoff`,
-//!   logged once per distinct error (CP-7).
+//!   logged once per distinct error (CP-7);
+//! * with an `http_fallback` URL, after `http_fallback_after` attempts in a row failed
+//!   before any message: long-poll the snapshot over HTTP (`http.rs`) for
+//!   `http_fallback_period`, then try the stream again (one more failure returns to HTTP).
 
 mod apply;
+mod http;
 mod settings;
 
 pub use settings::*;
@@ -57,6 +64,11 @@ enum Ended {
         received: bool,
         error: String,
     },
+    /// The server said it is shutting down (`GoAway.shutting_down`); `received` as above.
+    ServerStopping {
+        received: bool,
+        error: String,
+    },
 }
 
 pub(crate) struct SyncClient {
@@ -91,8 +103,31 @@ impl SyncClient {
     pub(crate) async fn run(mut self) {
         let mut backoff = ReconnectBackoff::new(&self.settings);
         let mut last_logged: Option<String> = None;
+        // Stream attempts in a row that failed before any message arrived.
+        let mut failures: u32 = 0;
         loop {
-            let ended = self.session().await;
+            let after = self.settings.http_fallback_after;
+            let ended = match self.settings.http_fallback.clone() {
+                Some(base) if after > 0 && failures >= after => {
+                    let ended = self.poll_http(&base).await;
+                    // Back to the stream; one more failure returns to HTTP.
+                    failures = after - 1;
+                    match ended {
+                        Some(e) => e,
+                        None => continue,
+                    }
+                }
+                _ => self.session().await,
+            };
+            match &ended {
+                Ended::Dropped { received: false, .. } | Ended::ServerStopping { received: false, .. } => {
+                    failures = failures.saturating_add(1)
+                }
+                Ended::Dropped { received: true, .. } | Ended::ServerStopping { received: true, .. } => {
+                    failures = 0
+                }
+                _ => {}
+            }
             self.shared.set_connected(false);
             let delay = match ended {
                 Ended::Shutdown => return,
@@ -110,6 +145,17 @@ impl SyncClient {
                     self.shared.set_error(error.clone());
                     last_logged = Some(error);
                     unauthorized_delay(self.settings.unauthorized_backoff)
+                }
+                Ended::ServerStopping { received, error } => {
+                    tracing::info!(error = %error, "the Levee server is stopping; reconnecting with backoff");
+                    self.shared.set_error(error.clone());
+                    last_logged = Some(error);
+                    // Messages arrived, so the attempts before this stream are forgotten;
+                    // the stop itself counts as the first failed attempt.
+                    if received {
+                        backoff.reset();
+                    }
+                    self.settings.reconnect_jitter + backoff.next_delay()
                 }
                 Ended::Dropped { received, error } => {
                     if last_logged.as_deref() != Some(error.as_str()) {
@@ -260,8 +306,12 @@ impl SyncClient {
                             }
                         }
                         Some(server_message::Kind::GoAway(g)) => {
-                            tracing::info!(reason = %g.reason, "the Levee server asked this agent to reconnect");
-                            return Ended::Dropped { received, error: format!("server sent GoAway: {}", g.reason) };
+                            tracing::info!(reason = %g.reason, shutting_down = g.shutting_down, "the Levee server asked this agent to reconnect");
+                            let error = format!("server sent GoAway: {}", g.reason);
+                            if g.shutting_down {
+                                return Ended::ServerStopping { received, error };
+                            }
+                            return Ended::Dropped { received, error };
                         }
                         None => {}
                     }

@@ -35,6 +35,13 @@ pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalive idle time.
 pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+/// Stream attempts in a row that fail before any message, after which the client polls
+/// over HTTP (when an `http_fallback` URL is set).
+pub const DEFAULT_HTTP_FALLBACK_AFTER: u32 = 3;
+/// How long the client polls over HTTP before trying the stream again.
+pub const DEFAULT_HTTP_FALLBACK_PERIOD: Duration = Duration::from_secs(60);
+/// Wait of one HTTP long-poll (the server caps it at 30 s).
+pub const DEFAULT_HTTP_LONG_POLL: Duration = Duration::from_secs(25);
 
 /// Timings of the sync client, each with its named default (the `DEFAULT_*` constants of
 /// this module); tests shrink them.
@@ -79,6 +86,18 @@ pub struct SyncClientSettings {
     /// TCP keepalive idle time of the connection to the server.
     /// Default: [`DEFAULT_TCP_KEEPALIVE`].
     pub tcp_keepalive: Duration,
+    /// Base URL of the server's HTTP API (`http://levee:8080`) for the long-poll fallback
+    /// where gRPC is blocked; `None` (default): no fallback.
+    pub http_fallback: Option<String>,
+    /// Stream attempts in a row failing before the fallback is used (0: never).
+    /// Default: [`DEFAULT_HTTP_FALLBACK_AFTER`].
+    pub http_fallback_after: u32,
+    /// Time spent polling over HTTP before the stream is tried again.
+    /// Default: [`DEFAULT_HTTP_FALLBACK_PERIOD`].
+    pub http_fallback_period: Duration,
+    /// Wait of one long-poll (at most 30 s, the server's cap).
+    /// Default: [`DEFAULT_HTTP_LONG_POLL`].
+    pub http_long_poll: Duration,
 }
 
 impl Default for SyncClientSettings {
@@ -97,6 +116,10 @@ impl Default for SyncClientSettings {
             http2_keepalive_interval: DEFAULT_HTTP2_KEEPALIVE_INTERVAL,
             http2_keepalive_timeout: DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
             tcp_keepalive: DEFAULT_TCP_KEEPALIVE,
+            http_fallback: None,
+            http_fallback_after: DEFAULT_HTTP_FALLBACK_AFTER,
+            http_fallback_period: DEFAULT_HTTP_FALLBACK_PERIOD,
+            http_long_poll: DEFAULT_HTTP_LONG_POLL,
         }
     }
 }

@@ -439,9 +439,32 @@ async fn go_away_reconnects_with_jitter() {
     let a = agent(&server.url(), dir.path());
     let (_, _, conn) = server.connected().await;
     let sent = Instant::now();
-    conn.send(server_message::Kind::GoAway(GoAway { reason: "draining".into() })).await;
+    conn.send(server_message::Kind::GoAway(GoAway { reason: "draining".into(), shutting_down: false })).await;
     let (_, at, _) = server.connected().await;
     assert!(at - sent <= Duration::from_millis(1200), "reconnected after {:?}", at - sent);
+    a.shutdown().await;
+}
+
+/// `GoAway` from a server that is shutting down is not a success: the agent waits at
+/// least `reconnect_jitter` and then a backoff draw (uniform up to the first backoff
+/// ceiling), instead of coming straight back to a port that is closing.
+#[tokio::test(start_paused = true)]
+async fn go_away_on_shutdown_backs_off() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start().await;
+    let a = agent(&server.url(), dir.path());
+    let (_, _, conn) = server.connected().await;
+    let sent = Instant::now();
+    conn.send(server_message::Kind::GoAway(GoAway {
+        reason: "server shutting down".into(),
+        shutting_down: true,
+    }))
+    .await;
+    let (_, at, _) = server.connected().await;
+    let waited = at - sent;
+    assert!(waited >= Duration::from_secs(1), "reconnected after {waited:?}");
+    assert!(waited <= Duration::from_millis(2200), "reconnected after {waited:?}");
     a.shutdown().await;
 }
 

@@ -72,10 +72,17 @@ pub enum ApiError {
     /// 405: method not allowed on this path.
     #[error("method not allowed on this resource")]
     MethodNotAllowed,
-    /// 500: a bug or an unavailable database; details only in the log.
+    /// 503: the database cannot be reached now; retry shortly (`Retry-After`). The cause
+    /// is for the log only.
+    #[error("the database is unavailable; retry in a few seconds")]
+    Unavailable(String),
+    /// 500: a bug; details only in the log.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
+
+/// `Retry-After` of a 503 answered while the database is away, in seconds.
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u32 = 2;
 
 impl ApiError {
     /// Shorthand for a 400 without field errors.
@@ -94,6 +101,23 @@ impl ApiError {
         ApiError::Invalid {
             detail: format!("{n} invalid field{}: {errors}", if n == 1 { "" } else { "s" }),
             errors: errors.0,
+        }
+    }
+
+    /// 503 for a database that cannot be reached; the cause goes to the log.
+    pub fn unavailable(cause: impl Into<String>) -> Self {
+        ApiError::Unavailable(cause.into())
+    }
+
+    /// A storage failure: 503 when the database is unreachable, 400 for text it cannot
+    /// store (a NUL character on PostgreSQL), else 500.
+    pub fn storage(cause: anyhow::Error) -> Self {
+        if crate::db::is_unstorable_text(&cause) {
+            ApiError::bad_request("the request contains a NUL character, which names and texts cannot hold")
+        } else if crate::db::is_unavailable(&cause) {
+            ApiError::Unavailable(internal_cause(&cause).to_string())
+        } else {
+            ApiError::Internal(cause)
         }
     }
 
@@ -126,6 +150,7 @@ impl ApiError {
             ApiError::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -144,6 +169,7 @@ impl ApiError {
             ApiError::PreconditionRequired(_) => "precondition-required",
             ApiError::TooManyRequests(_) => "too-many-requests",
             ApiError::MethodNotAllowed => "method-not-allowed",
+            ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -151,13 +177,13 @@ impl ApiError {
 
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
-        ApiError::Internal(e)
+        ApiError::storage(e)
     }
 }
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
-        ApiError::Internal(e.into())
+        ApiError::storage(e.into())
     }
 }
 
@@ -188,7 +214,7 @@ impl From<ChangeError> for ApiError {
             ChangeError::Invalid(v) => ApiError::invalid(v),
             ChangeError::InvalidField(f) => ApiError::invalid_field(f),
             e @ ChangeError::FaultsNotAllowed { .. } => ApiError::Forbidden(e.to_string()),
-            ChangeError::Storage(cause) => ApiError::Internal(cause),
+            ChangeError::Storage(cause) => ApiError::storage(cause),
         }
     }
 }
@@ -200,7 +226,7 @@ impl From<CreateError> for ApiError {
             CreateError::NotFound(m) => ApiError::NotFound(m.to_string()),
             CreateError::AlreadyExists(x) => ApiError::AlreadyExists(x.to_string()),
             CreateError::Invalid(v) => ApiError::invalid(v),
-            CreateError::Storage(cause) => ApiError::Internal(cause),
+            CreateError::Storage(cause) => ApiError::storage(cause),
         }
     }
 }
@@ -211,7 +237,7 @@ impl From<TokenError> for ApiError {
             TokenError::Forbidden(f) => f.into(),
             TokenError::InvalidField(f) => ApiError::invalid_field(f),
             TokenError::NotFound(m) => ApiError::NotFound(m.to_string()),
-            TokenError::Storage(cause) => ApiError::Internal(cause),
+            TokenError::Storage(cause) => ApiError::storage(cause),
         }
     }
 }
@@ -221,7 +247,7 @@ impl From<LoginError> for ApiError {
         match e {
             LoginError::WrongCredentials => ApiError::Unauthorized(e.to_string()),
             LoginError::TooManyAttempts => ApiError::TooManyRequests(e.to_string()),
-            LoginError::Internal(cause) => ApiError::Internal(cause),
+            LoginError::Internal(cause) => ApiError::storage(cause),
         }
     }
 }
@@ -255,8 +281,14 @@ pub fn internal_cause(cause: &anyhow::Error) -> levee_agent::report::ErrorChain<
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Internal(cause) = &self {
-            tracing::error!(error = %internal_cause(cause), "internal error answering a request");
+        match &self {
+            ApiError::Internal(cause) => {
+                tracing::error!(error = %internal_cause(cause), "internal error answering a request");
+            }
+            ApiError::Unavailable(cause) => {
+                tracing::warn!(error = %cause, "database unavailable answering a request");
+            }
+            _ => {}
         }
         let (errors, current_revision) = match &self {
             ApiError::BadRequest { errors, .. } | ApiError::Invalid { errors, .. } => (errors.clone(), None),
@@ -277,6 +309,9 @@ impl IntoResponse for ApiError {
             && let Ok(v) = HeaderValue::from_str(&format!("\"{current}\""))
         {
             res.headers_mut().insert(header::ETAG, v);
+        }
+        if let ApiError::Unavailable(_) = &self {
+            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS));
         }
         if let ApiError::Unauthorized(_) = &self {
             res.headers_mut()

@@ -84,6 +84,7 @@ impl FromRequestParts<AppState> for Auth {
             AuthError::UserGone => ApiError::Unauthorized("user is disabled or no longer exists".into()),
             AuthError::Missing => ApiError::Unauthorized("missing bearer token".into()),
             AuthError::Invalid(_) => ApiError::Unauthorized("invalid token".into()),
+            AuthError::Unavailable(cause) => ApiError::unavailable(cause),
         })?;
         Ok(Auth { principal, via })
     }

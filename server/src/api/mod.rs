@@ -6,6 +6,7 @@
 //! policy writes take `If-Match` with the revision read (409 with the current revision on a
 //! mismatch). The OpenAPI document is generated from these handlers.
 
+mod agent_sync;
 mod audit;
 mod auth_routes;
 #[cfg(test)]
@@ -75,6 +76,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/environments/{env}/services/{svc}/agents", get(fleet::agents))
         .route("/environments/{env}/services/{svc}/nacks", get(fleet::nacks))
+        .route("/sync/{env}/{svc}", get(agent_sync::poll))
         .route("/audit", get(audit::list))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))

@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, auth_routes, envs, flags, fleet, overrides, plan, services, tokens};
+use super::{agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, services, tokens};
 
 struct BearerAuth;
 
@@ -124,7 +124,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         flags::list, flags::get_one, flags::put, flags::patch, flags::delete,
         overrides::list_overrides, overrides::put_override, overrides::delete_override,
         overrides::list_faults, overrides::put_fault, overrides::delete_fault,
-        fleet::agents, fleet::nacks,
+        fleet::agents, fleet::nacks, agent_sync::poll,
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,

@@ -37,6 +37,41 @@ pub enum Backend {
     Postgres,
 }
 
+/// Longest wait for a pooled connection: past it a query fails as unavailable (the API
+/// answers 503, agents are served from memory) instead of holding its caller.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most agent rows per upsert statement of the fleet writer (12 parameters each: well
+/// under SQLite's 32,766 and PostgreSQL's 65,535).
+pub const FLEET_ROWS_PER_STATEMENT: usize = 500;
+
+/// Whether an error means the database could not be reached (pool timeout, closed pool,
+/// I/O or TLS failure, a connection the server ended) rather than a refused statement.
+/// Such failures are answered as "unavailable", never as an auth failure or a 500.
+pub fn is_unavailable(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| match c.downcast_ref::<sqlx::Error>() {
+        Some(
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_),
+        ) => true,
+        Some(sqlx::Error::Database(db)) => {
+            // PostgreSQL: class 08 (connection exception), 57P01-03 (admin shutdown,
+            // crash shutdown, cannot connect now).
+            db.code().is_some_and(|code| code.starts_with("08") || code.starts_with("57P"))
+        }
+        Some(_) => false,
+        None => c.downcast_ref::<std::io::Error>().is_some(),
+    })
+}
+
+/// Whether an error means a value could not be stored as text by the database (PostgreSQL
+/// refuses a NUL character: SQLSTATE 22021 / 22P05). The value was bad input, not a
+/// failure of the server; SQLite stores such text as it is.
+pub fn is_unstorable_text(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| match c.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(db)) => db.code().is_some_and(|code| code == "22021" || code == "22P05"),
+        _ => false,
+    })
+}
+
 /// Channel used for cross-replica change notifications.
 pub const NOTIFY_CHANNEL: &str = "levee_changes";
 
@@ -85,7 +120,7 @@ impl Store {
             anyhow::bail!("unsupported database URL {url:?}: expected sqlite:… or postgres://…");
         };
         let opts = AnyConnectOptions::from_str(url).context("parsing the database URL")?;
-        let mut pool_opts = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(10));
+        let mut pool_opts = AnyPoolOptions::new().acquire_timeout(ACQUIRE_TIMEOUT);
         pool_opts = match backend {
             Backend::Sqlite => pool_opts.max_connections(8).after_connect(|conn, _| {
                 Box::pin(async move {
@@ -130,9 +165,9 @@ impl Store {
         self.pool.close().await;
     }
 
-    /// Whether the database answers (used by `/readyz`).
-    pub async fn ping(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    /// Whether the database answers within `within` (used by `/readyz`).
+    pub async fn ping(&self, within: Duration) -> bool {
+        matches!(tokio::time::timeout(within, sqlx::query("SELECT 1").execute(&self.pool)).await, Ok(Ok(_)))
     }
 
     pub(crate) async fn write_guard(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
@@ -547,25 +582,55 @@ impl Store {
 
     // ---- fleet -------------------------------------------------------------------------
 
-    /// Writes a batch of agent state changes in one transaction.
-    pub async fn write_fleet(&self, batch: &[FleetEvent]) -> anyhow::Result<()> {
+    /// Writes a batch of agent state changes in one transaction: the upserts as multi-row
+    /// statements of at most [`FLEET_ROWS_PER_STATEMENT`] rows (one row per agent: the
+    /// caller coalesces several events of one agent into its newest), then the NACKs.
+    /// Every written row takes `replica` as its holder and `lease_until` (ms since the
+    /// epoch) as its lease. A disconnect reported by a replica that no longer holds the
+    /// agent (it reconnected elsewhere meanwhile) changes nothing.
+    pub async fn write_fleet(
+        &self,
+        upserts: &[AgentUpsert],
+        nacks: &[NackRow],
+        replica: &str,
+        lease_until: i64,
+    ) -> anyhow::Result<()> {
         let _t = timed("write_fleet");
-        if batch.is_empty() {
+        if upserts.is_empty() && nacks.is_empty() {
             return Ok(());
         }
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
-        for ev in batch {
-            match ev {
-                FleetEvent::Upsert(a) => {
-                    sqlx::query(
-                        "INSERT INTO agents (environment, service, instance_id, agent_version, connected, connected_at, \
-                         last_seen, applied_revision, applied_hash, status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                         ON CONFLICT (environment, service, instance_id) DO UPDATE SET agent_version = excluded.agent_version, \
-                         connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen, \
-                         applied_revision = excluded.applied_revision, applied_hash = excluded.applied_hash, \
-                         status = COALESCE(excluded.status, agents.status)",
-                    )
+        for chunk in upserts.chunks(FLEET_ROWS_PER_STATEMENT) {
+            let mut sql = String::from(
+                "INSERT INTO agents (environment, service, instance_id, agent_version, connected, connected_at, \
+                 last_seen, applied_revision, applied_hash, status, replica, lease_until) VALUES ",
+            );
+            for i in 0..chunk.len() {
+                let b = i * 12;
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                sql.push('(');
+                for c in 1..=12 {
+                    if c > 1 {
+                        sql.push_str(", ");
+                    }
+                    sql.push_str(&format!("${}", b + c));
+                }
+                sql.push(')');
+            }
+            sql.push_str(
+                " ON CONFLICT (environment, service, instance_id) DO UPDATE SET agent_version = excluded.agent_version, \
+                 connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen, \
+                 applied_revision = excluded.applied_revision, applied_hash = excluded.applied_hash, \
+                 status = COALESCE(excluded.status, agents.status), replica = excluded.replica, \
+                 lease_until = excluded.lease_until \
+                 WHERE excluded.connected = 1 OR agents.replica = excluded.replica",
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for a in chunk {
+                q = q
                     .bind(&a.environment)
                     .bind(&a.service)
                     .bind(&a.instance_id)
@@ -576,28 +641,40 @@ impl Store {
                     .bind(a.applied_revision as i64)
                     .bind(&a.applied_hash)
                     .bind(a.status.clone())
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                FleetEvent::Nack(n) => {
-                    sqlx::query(
-                        "INSERT INTO nacks (environment, service, instance_id, revision, error_detail, at) \
-                         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (environment, service, instance_id, revision) \
-                         DO UPDATE SET error_detail = excluded.error_detail, at = excluded.at",
-                    )
-                    .bind(&n.environment)
-                    .bind(&n.service)
-                    .bind(&n.instance_id)
-                    .bind(n.revision as i64)
-                    .bind(&n.error_detail)
-                    .bind(n.at)
-                    .execute(&mut *tx)
-                    .await?;
-                }
+                    .bind(replica)
+                    .bind(if a.connected { lease_until } else { 0 });
             }
+            q.execute(&mut *tx).await?;
+        }
+        for n in nacks {
+            sqlx::query(
+                "INSERT INTO nacks (environment, service, instance_id, revision, error_detail, at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (environment, service, instance_id, revision) \
+                 DO UPDATE SET error_detail = excluded.error_detail, at = excluded.at",
+            )
+            .bind(&n.environment)
+            .bind(&n.service)
+            .bind(&n.instance_id)
+            .bind(n.revision as i64)
+            .bind(&n.error_detail)
+            .bind(n.at)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Extends to `lease_until` (ms since the epoch) the lease of every agent `replica`
+    /// holds a stream of: one statement, however many agents. Returns how many rows.
+    pub async fn renew_leases(&self, replica: &str, lease_until: i64) -> anyhow::Result<u64> {
+        let _g = self.write_guard().await;
+        let res = sqlx::query("UPDATE agents SET lease_until = $1 WHERE replica = $2 AND connected = 1")
+            .bind(lease_until)
+            .bind(replica)
+            .execute(&self.pool)
+            .await?;
+        Ok(res.rows_affected())
     }
 
     /// Marks every agent of this server as disconnected (at start-up, for SQLite's single
@@ -608,12 +685,13 @@ impl Store {
         Ok(())
     }
 
-    /// Agents of a service, most recently seen first.
+    /// Agents of a service (all of them: a fleet of 10,000 is counted whole), most recently
+    /// seen first. `connected` is true only while the holder's lease runs.
     pub async fn agents(&self, env: &str, service: &str) -> anyhow::Result<Vec<AgentRow>> {
         let rows = sqlx::query(
             "SELECT environment, service, instance_id, agent_version, connected, connected_at, last_seen, \
-             applied_revision, applied_hash, status FROM agents WHERE environment = $1 AND service = $2 \
-             ORDER BY last_seen DESC LIMIT 1000",
+             applied_revision, applied_hash, status, lease_until FROM agents WHERE environment = $1 AND service = $2 \
+             ORDER BY last_seen DESC",
         )
         .bind(env)
         .bind(service)
@@ -622,11 +700,11 @@ impl Store {
         rows.iter().map(AgentRow::from_row).collect()
     }
 
-    /// NACKs of a service, newest first.
+    /// NACKs of a service, newest first (the newest per instance and revision).
     pub async fn nacks(&self, env: &str, service: &str) -> anyhow::Result<Vec<NackRow>> {
         let rows = sqlx::query(
             "SELECT environment, service, instance_id, revision, error_detail, at FROM nacks \
-             WHERE environment = $1 AND service = $2 ORDER BY at DESC LIMIT 1000",
+             WHERE environment = $1 AND service = $2 ORDER BY at DESC",
         )
         .bind(env)
         .bind(service)

@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::now_ms;
+
 /// Role of a user or API token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -362,7 +364,8 @@ pub struct AgentRow {
     pub instance_id: String,
     /// `levee-agent` version the instance reported.
     pub agent_version: String,
-    /// Whether a stream is open now.
+    /// Whether a stream is open now: the replica holding it renews its lease; a stream
+    /// whose lease ran out (its replica was killed) is not connected.
     pub connected: bool,
     /// When the stream opened (RFC 3339).
     #[serde(with = "levee_agent::policy::rfc3339")]
@@ -390,7 +393,8 @@ impl AgentRow {
             service: r.try_get("service")?,
             instance_id: r.try_get("instance_id")?,
             agent_version: r.try_get("agent_version")?,
-            connected: r.try_get::<i64, _>("connected")? != 0,
+            connected: r.try_get::<i64, _>("connected")? != 0
+                && r.try_get::<i64, _>("lease_until")? > now_ms(),
             connected_at: r.try_get("connected_at")?,
             last_seen: r.try_get("last_seen")?,
             applied_revision: rev as u64,

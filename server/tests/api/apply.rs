@@ -24,9 +24,8 @@ async fn viewer_token(app: &TestApp) -> String {
     b["token"].as_str().unwrap().to_string()
 }
 
-#[tokio::test]
-async fn put_service_replaces_policy_and_flags_in_one_revision_with_if_match() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn put_service_replaces_policy_and_flags_in_one_revision_with_if_match(app) {
     app.seed().await;
     let body = json!({"description": "orders", "policy": {"dependencies": {"pricing": {"attempt_timeout": "200ms"}}},
                       "flags": {"new.flag": {"type": "int", "value": 3}}, "reason": "apply"});
@@ -79,6 +78,7 @@ async fn put_service_replaces_policy_and_flags_in_one_revision_with_if_match() {
     .await;
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(b["errors"][0]["path"], "policy.dependencies.r.enabled_flag", "{b}");
+}
 }
 
 #[tokio::test]
@@ -142,9 +142,8 @@ async fn deleted_service_comes_back(app: TestApp) {
     assert_eq!(old["config"]["flags"]["recommendations.enabled"]["value"], true, "history stays");
 }
 
-#[tokio::test]
-async fn the_plan_says_what_apply_would_do_and_writes_nothing() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn the_plan_says_what_apply_would_do_and_writes_nothing(app) {
     app.seed().await;
     let (_, _, policy) = app.call(Method::GET, &format!("{SVC}/policy"), None).await;
     let (_, _, snap) = app.call(Method::GET, &format!("{SVC}/snapshot"), None).await;
@@ -202,4 +201,5 @@ async fn the_plan_says_what_apply_would_do_and_writes_nothing() {
     let (s, h, b) = app.call(Method::POST, "/api/v1/plan", Some(bad)).await;
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(b["errors"][0]["path"], "manifests[0].environment", "{b}");
+}
 }

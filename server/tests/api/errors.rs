@@ -22,19 +22,18 @@ async fn raw(
     (s, h, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
-#[tokio::test]
-async fn malformed_json_names_the_position() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn malformed_json_names_the_position(app) {
     let (s, h, b) =
         raw(&app, Method::POST, "/api/v1/environments", Some("application/json"), b"{\"name\": ".to_vec())
             .await;
     assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
     assert!(b["detail"].as_str().unwrap().contains("line 1"), "{b}");
 }
+}
 
-#[tokio::test]
-async fn unknown_field_is_named() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn unknown_field_is_named(app) {
     app.seed().await;
     let (s, h, b) = app
         .call_as(
@@ -48,10 +47,10 @@ async fn unknown_field_is_named() {
     assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
     assert_eq!(b["errors"][0]["path"], json!("policy.dependencies.p.retry.max_attempt"), "{b}");
 }
+}
 
-#[tokio::test]
-async fn out_of_range_values_list_every_field_with_the_allowed_range() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn out_of_range_values_list_every_field_with_the_allowed_range(app) {
     app.seed().await;
     let (s, h, b) = app
         .call_as(
@@ -79,20 +78,20 @@ async fn out_of_range_values_list_every_field_with_the_allowed_range() {
     assert_eq!(b["errors"][0]["message"], json!("must be between 1 and 10"));
     assert_eq!(b["errors"][0]["value"], json!("50"));
 }
+}
 
-#[tokio::test]
-async fn oversize_body_is_413_problem() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn oversize_body_is_413_problem(app) {
     let big = format!("{{\"name\":\"x\",\"reason\":\"{}\"}}", "a".repeat(200 * 1024));
     let (s, h, b) =
         raw(&app, Method::POST, "/api/v1/environments", Some("application/json"), big.into_bytes()).await;
     assert_problem(s, &h, &b, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(b["detail"].as_str().unwrap().contains("65536"), "{b}");
 }
+}
 
-#[tokio::test]
-async fn wrong_content_type_is_415_and_wrong_method_is_405() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn wrong_content_type_is_415_and_wrong_method_is_405(app) {
     let (s, h, b) =
         raw(&app, Method::POST, "/api/v1/environments", Some("text/plain"), b"name=x".to_vec()).await;
     assert_problem(s, &h, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE);
@@ -101,10 +100,10 @@ async fn wrong_content_type_is_415_and_wrong_method_is_405() {
     let (s, h, b) = raw(&app, Method::GET, "/api/v1/nope", None, vec![]).await;
     assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
 }
+}
 
-#[tokio::test]
-async fn missing_reason_and_missing_if_match_are_refused() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn missing_reason_and_missing_if_match_are_refused(app) {
     app.seed().await;
     let (s, h, b) = app
         .call(
@@ -124,11 +123,11 @@ async fn missing_reason_and_missing_if_match_are_refused() {
         .await;
     assert_problem(s, &h, &b, StatusCode::PRECONDITION_REQUIRED);
 }
+}
 
+on_both_backends! {
 /// A battery of hostile inputs: none may produce a 5xx.
-#[tokio::test]
-async fn hostile_inputs_never_yield_5xx() {
-    let app = TestApp::spawn().await;
+async fn hostile_inputs_never_yield_5xx(app) {
     app.seed().await;
     let bodies: Vec<Vec<u8>> = vec![
         b"".to_vec(),
@@ -191,4 +190,5 @@ async fn hostile_inputs_never_yield_5xx() {
         let (s, _, b) = app.call(Method::GET, p, None).await;
         assert!(s.is_client_error(), "GET {p} → {s}: {b}");
     }
+}
 }

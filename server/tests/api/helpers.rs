@@ -1,7 +1,6 @@
 //! Test harness: a real server on loopback port 0 with a fresh database per test.
 
-use std::time::Duration;
-
+pub use crate::backends::{Db, postgres_url};
 use levee_server::config::{Secret, Settings};
 use levee_server::{Server, db::Store};
 use reqwest::{Method, StatusCode};
@@ -9,13 +8,6 @@ use serde_json::{Value, json};
 
 pub const ADMIN_PASSWORD: &str = "admin-password-for-tests";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
-
-/// Which database a test runs against.
-#[derive(Clone, Copy, Debug)]
-pub enum Db {
-    Sqlite,
-    Postgres,
-}
 
 #[allow(dead_code)]
 pub struct TestApp {
@@ -25,57 +17,6 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub token: String,
     _dir: tempfile::TempDir,
-}
-
-/// PostgreSQL URL for tests, if a server is reachable. With LEVEE_REQUIRE_POSTGRES set (CI),
-/// an unreachable server fails the test instead of skipping it.
-pub async fn postgres_url() -> Option<String> {
-    let base = std::env::var("LEVEE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-    let admin = format!("{base}/test");
-    sqlx::any::install_default_drivers();
-    let pool = match tokio::time::timeout(
-        Duration::from_secs(3),
-        sqlx::any::AnyPoolOptions::new().max_connections(1).connect(&admin),
-    )
-    .await
-    {
-        Ok(Ok(p)) => p,
-        other => {
-            if std::env::var("LEVEE_REQUIRE_POSTGRES").is_ok() {
-                panic!("LEVEE_REQUIRE_POSTGRES is set but PostgreSQL at {admin} is unreachable: {other:?}");
-            }
-            eprintln!("PostgreSQL not reachable at {admin}: skipping the PostgreSQL variant");
-            return None;
-        }
-    };
-    // Databases of earlier runs (named with their creation time) are dropped once they are
-    // an hour old, so they do not pile up on a shared PostgreSQL; a younger one may belong
-    // to a test running right now. A database still in use refuses the drop: ignored.
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let old: Vec<String> = sqlx::query_scalar::<_, String>(
-        "SELECT datname::text FROM pg_database WHERE datname LIKE 'levee_test_%'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap_or_default()
-    .into_iter()
-    .filter(|n| {
-        let created = n.strip_prefix("levee_test_").and_then(|r| r.split('_').next()?.parse::<u64>().ok());
-        created.is_none_or(|t| now.saturating_sub(t) > 3600)
-    })
-    .collect();
-    for n in old {
-        let _ =
-            sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{n}\""))).execute(&pool).await;
-    }
-    let name = format!("levee_test_{now}_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&pool)
-        .await
-        .expect("create test database");
-    pool.close().await;
-    Some(format!("{base}/{name}"))
 }
 
 impl TestApp {

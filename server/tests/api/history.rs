@@ -1,11 +1,8 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::TestApp;
-
-#[tokio::test]
-async fn revisions_diff_and_rollback_are_exact() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn revisions_diff_and_rollback_are_exact(app) {
     app.seed().await;
     let svc = "/api/v1/environments/prod/services/checkout";
     let (s, _, _) = app
@@ -41,10 +38,10 @@ async fn revisions_diff_and_rollback_are_exact() {
     let (s, _, _) = app.call(Method::GET, &format!("{svc}/revisions/9"), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+}
 
-#[tokio::test]
-async fn openapi_document_lists_the_api() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn openapi_document_lists_the_api(app) {
     let res = app.client.get(app.url("/api/v1/openapi.json")).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let doc: serde_json::Value = res.json().await.unwrap();
@@ -61,10 +58,11 @@ async fn openapi_document_lists_the_api() {
     }
     assert!(doc["components"]["schemas"].get("Policy").is_some());
 }
+}
 
-#[tokio::test]
-async fn health_and_readiness() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn health_and_readiness(app) {
     assert_eq!(app.client.get(app.url("/healthz")).send().await.unwrap().status(), StatusCode::OK);
     assert_eq!(app.client.get(app.url("/readyz")).send().await.unwrap().status(), StatusCode::OK);
+}
 }

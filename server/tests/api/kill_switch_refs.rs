@@ -89,12 +89,11 @@ async fn ops_1_dangling_kill_switch_is_refused_postgres() {
     }
 }
 
+on_both_backends! {
 /// Deleting the flag a kill switch names, or making it a non-bool flag, would leave the
 /// switch doing nothing: refused, naming the policy field. Declared in
 /// `compiled_in_flags`, the switch may live in the service's code alone.
-#[tokio::test]
-async fn ops_1_flag_changes_that_break_a_kill_switch_are_refused() {
-    let app = TestApp::spawn().await;
+async fn ops_1_flag_changes_that_break_a_kill_switch_are_refused(app) {
     app.seed().await;
     let flag = format!("{FLAGS}/recommendations.enabled");
     let (s, h, b) = app.call(Method::DELETE, &format!("{flag}?reason=cleanup"), None).await;
@@ -129,12 +128,12 @@ async fn ops_1_flag_changes_that_break_a_kill_switch_are_refused() {
     assert_eq!(snap["config"]["policy"]["compiled_in_flags"], json!(["recommendations.enabled"]), "{snap}");
     assert!(snap["config"]["flags"].get("recommendations.enabled").is_none());
 }
+}
 
+on_both_backends! {
 /// An expired kill switch reverts to the service's compiled-in default: the sweeper removes
 /// the flag and declares it in `compiled_in_flags`, so the reference stays valid.
-#[tokio::test]
-async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_removes_it() {
-    let app = TestApp::spawn().await;
+async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_removes_it(app) {
     app.seed().await;
     let soon =
         levee_agent::policy::Timestamp::from_unix_ms(levee_agent::policy::Timestamp::now().unix_ms() + 1500);
@@ -162,4 +161,5 @@ async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_remo
     assert_eq!(doc["policy"]["compiled_in_flags"], json!(["recommendations.enabled"]), "{doc}");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?actor=levee", None).await;
     assert!(audit[0]["before"].to_string().contains("compiled_in_flags"), "{audit}");
+}
 }

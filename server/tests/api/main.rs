@@ -1,5 +1,9 @@
 //! API integration tests: a real server on port 0, real HTTP, a fresh database per test.
 
+#[path = "../shared/backends.rs"]
+#[allow(dead_code, unused_macros)]
+#[macro_use]
+mod backends;
 mod apply;
 mod auth;
 mod auth_matrix;

@@ -100,9 +100,8 @@ async fn flags_set_flip_delete_postgres() {
     }
 }
 
-#[tokio::test]
-async fn faults_need_permission_and_a_future_expiry_and_expire_by_themselves() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn faults_need_permission_and_a_future_expiry_and_expire_by_themselves(app) {
     app.seed().await;
     let fault = "/api/v1/environments/prod/services/checkout/faults/slow-recs";
     let (s, _, b) = app
@@ -139,4 +138,5 @@ async fn faults_need_permission_and_a_future_expiry_and_expire_by_themselves() {
     assert!(gone, "expired fault rule was not removed");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?actor=levee", None).await;
     assert_eq!(audit[0]["action"], json!("expiry"), "{audit}");
+}
 }

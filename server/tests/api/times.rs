@@ -5,7 +5,7 @@ use levee_agent::policy::Timestamp;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, assert_problem};
+use crate::helpers::assert_problem;
 
 const SVC: &str = "/api/v1/environments/prod/services/checkout";
 
@@ -18,9 +18,8 @@ fn recent(v: &Value, field: &str) -> Timestamp {
     t
 }
 
-#[tokio::test]
-async fn every_time_in_the_answers_is_rfc3339() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn every_time_in_the_answers_is_rfc3339(app) {
     let res = app
         .client
         .post(app.url("/api/v1/auth/login"))
@@ -71,6 +70,7 @@ async fn every_time_in_the_answers_is_rfc3339() {
         recent(row, "at");
     }
 }
+}
 
 /// Like `recent`, for times in the future (expiries).
 fn recent_or_later(v: &Value, field: &str) -> Timestamp {
@@ -80,9 +80,8 @@ fn recent_or_later(v: &Value, field: &str) -> Timestamp {
     t
 }
 
-#[tokio::test]
-async fn audit_before_and_after_are_json_values_and_since_until_take_rfc3339() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn audit_before_and_after_are_json_values_and_since_until_take_rfc3339(app) {
     app.seed().await;
     let (s, _, b) = app
         .call(
@@ -131,10 +130,10 @@ async fn audit_before_and_after_are_json_values_and_since_until_take_rfc3339() {
     assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
     assert_eq!(b["errors"][0]["path"], "limit", "{b}");
 }
+}
 
-#[tokio::test]
-async fn a_bad_duration_echoes_the_value_and_the_accepted_formats() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn a_bad_duration_echoes_the_value_and_the_accepted_formats(app) {
     app.seed().await;
     let (_, _, doc) = app.call(Method::GET, &format!("{SVC}/policy"), None).await;
     let mut policy = doc["policy"].clone();
@@ -172,12 +171,12 @@ async fn a_bad_duration_echoes_the_value_and_the_accepted_formats() {
     let (_, _, doc) = app.call(Method::GET, &format!("{SVC}/policy"), None).await;
     assert_eq!(doc["policy"]["dependencies"]["recommendations"]["attempt_timeout"], "75ms");
 }
+}
 
+on_both_backends! {
 /// Every property and query parameter of the OpenAPI document that names a time is an
 /// RFC 3339 string: a new field written as milliseconds fails here.
-#[tokio::test]
-async fn the_openapi_document_types_every_time_as_date_time() {
-    let app = TestApp::spawn().await;
+async fn the_openapi_document_types_every_time_as_date_time(app) {
     let doc: Value =
         app.client.get(app.url("/api/v1/openapi.json")).send().await.unwrap().json().await.unwrap();
     let is_time = |name: &str| {
@@ -237,4 +236,5 @@ async fn the_openapi_document_types_every_time_as_date_time() {
     for expected in ["AuditRow.at", "TokenRow.expires_at", "AgentRow.last_seen", "get /api/v1/audit ?since"] {
         assert!(checked.iter().any(|c| c == expected), "{expected} not checked: {checked:?}");
     }
+}
 }

@@ -1,6 +1,10 @@
 //! The real `levee` binary against a real server (port 0, fresh database): login, get,
 //! export, apply with its plan and exit codes (the GitOps flow), flip.
 
+#[path = "../shared/backends.rs"]
+#[allow(dead_code, unused_macros)]
+#[macro_use]
+mod backends;
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;

@@ -33,7 +33,10 @@ pub(crate) async fn open(
     instance: &str,
     applied: u64,
 ) -> Result<RawAgent, tonic::Status> {
-    let mut client = LeveeSyncClient::connect(grpc.to_string()).await.expect("connect");
+    // A connection that cannot be made is what gRPC calls UNAVAILABLE.
+    let mut client = LeveeSyncClient::connect(grpc.to_string())
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
     let (tx, rx) = mpsc::channel(8);
     tx.send(AgentMessage {
         kind: Some(agent_message::Kind::Hello(Hello {

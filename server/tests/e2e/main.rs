@@ -1,18 +1,30 @@
 //! End-to-end tests: the real `levee` server (in-process, or the binary for kill tests),
 //! real agents over gRPC, the real example service over HTTP.
 
+#[path = "../shared/backends.rs"]
+#[allow(dead_code, unused_macros)]
+#[macro_use]
+mod backends;
 #[path = "../../../agent/examples/checkout/app.rs"]
 mod checkout_app;
 #[path = "../api/helpers.rs"]
 #[allow(dead_code)]
 mod helpers;
+mod postgres_tls;
+mod private_pg;
 mod support;
 
 mod advice;
 mod control_plane;
+mod crash;
+mod db_outage;
+mod http_fallback;
 mod kill_switch;
+mod leases;
 mod logs;
 mod metrics;
 mod resilience;
 mod security;
+mod shutdown;
+mod stream_memory;
 mod tls;

@@ -67,11 +67,18 @@ pub fn levee_serve(data_dir: &Path, http: &str, grpc: &str, log: &str) -> Comman
 impl BinServer {
     /// Starts `levee serve` on the given addresses (port 0 picks free ones).
     pub async fn start(data_dir: &Path, http: &str, grpc: &str) -> BinServer {
-        let mut child = levee_serve(data_dir, http, grpc, "warn")
-            .env("LEVEE_HEARTBEAT_INTERVAL", "1s")
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("levee binary starts");
+        Self::start_with(data_dir, http, grpc, &[]).await
+    }
+
+    /// As [`start`](Self::start), with more environment variables (`LEVEE_DATABASE_URL`
+    /// for a replica on PostgreSQL, …).
+    pub async fn start_with(data_dir: &Path, http: &str, grpc: &str, env: &[(&str, &str)]) -> BinServer {
+        let mut cmd = levee_serve(data_dir, http, grpc, "warn");
+        cmd.env("LEVEE_HEARTBEAT_INTERVAL", "1s");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stderr(Stdio::inherit()).spawn().expect("levee binary starts");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let line = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(l) = lines.next_line().await.unwrap() {

@@ -13,9 +13,8 @@ async fn revision(app: &TestApp) -> u64 {
     app.snapshot().await["revision"].as_u64().unwrap()
 }
 
-#[tokio::test]
-async fn operator_flips_the_kill_switch_through_confirmation_and_reason() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn operator_flips_the_kill_switch_through_confirmation_and_reason(app) {
     app.seed().await;
     app.user("olivia", "operator").await;
     let mut b = app.logged_in("olivia").await;
@@ -80,10 +79,10 @@ async fn operator_flips_the_kill_switch_through_confirmation_and_reason() {
     assert!(after.body.contains("0 of 0 connected agents have applied it"));
     assert!(after.body.contains("Turn on…"), "the switch now offers the way back");
 }
+}
 
-#[tokio::test]
-async fn a_change_without_reason_is_refused_with_a_clear_message() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn a_change_without_reason_is_refused_with_a_clear_message(app) {
     app.seed().await;
     app.user("olivia", "operator").await;
     let mut b = app.logged_in("olivia").await;
@@ -103,10 +102,10 @@ async fn a_change_without_reason_is_refused_with_a_clear_message() {
     assert_eq!(revision(&app).await.to_string(), rev);
     assert!(app.audit().await.iter().all(|r| r["via"] != "ui"), "nothing was attempted");
 }
+}
 
-#[tokio::test]
-async fn operator_overrides_a_breaker_then_removes_the_override() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn operator_overrides_a_breaker_then_removes_the_override(app) {
     app.seed().await;
     app.user("olivia", "operator").await;
     let mut b = app.logged_in("olivia").await;
@@ -163,10 +162,10 @@ async fn operator_overrides_a_breaker_then_removes_the_override() {
     assert_eq!(audit[1]["action"], "breaker.override");
     assert!(audit[..2].iter().all(|r| r["via"] == "ui" && r["actor"] == "olivia" && r["outcome"] == "ok"));
 }
+}
 
-#[tokio::test]
-async fn a_confirmation_of_an_older_revision_changes_nothing() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn a_confirmation_of_an_older_revision_changes_nothing(app) {
     app.seed().await;
     app.user("olivia", "operator").await;
     let mut b = app.logged_in("olivia").await;
@@ -194,10 +193,10 @@ async fn a_confirmation_of_an_older_revision_changes_nothing() {
     assert_eq!(audit[0]["outcome"], "conflict");
     assert_eq!(audit[0]["via"], "ui");
 }
+}
 
-#[tokio::test]
-async fn service_page_shows_how_many_agents_applied_the_change() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn service_page_shows_how_many_agents_applied_the_change(app) {
     app.seed().await;
     let (s, _, t) = app
         .api(
@@ -243,6 +242,7 @@ async fn service_page_shows_how_many_agents_applied_the_change() {
     let agents = b.get("/ui/environments/prod").await;
     assert!(agents.body.contains("1 / 1"), "overview: 1 of 1 connected agents on the current revision");
     agent.shutdown().await;
+}
 }
 
 /// Reloads `path` until it contains `text` (the way the page's own refresh would).

@@ -31,11 +31,28 @@ pub struct TestApp {
 
 impl TestApp {
     pub async fn spawn() -> TestApp {
+        Self::spawn_with(None).await
+    }
+
+    /// Spawns on the given database; None when PostgreSQL is not available here.
+    pub async fn spawn_on(db: crate::backends::Db) -> Option<TestApp> {
+        let url = match db {
+            crate::backends::Db::Sqlite => None,
+            crate::backends::Db::Postgres => Some(crate::backends::postgres_url().await?),
+        };
+        Some(Self::spawn_with(url).await)
+    }
+
+    /// Spawns a server on `database_url` (None = its own SQLite file).
+    pub async fn spawn_with(database_url: Option<String>) -> TestApp {
         if std::env::var("TEST_LOG").is_ok() {
             let _ = tracing_subscriber::fmt().with_env_filter("info").try_init();
         }
         let dir = tempfile::tempdir().unwrap();
         let mut settings = Settings::for_dir(dir.path());
+        if let Some(url) = database_url {
+            settings.database_url = Secret::new(url);
+        }
         settings.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         settings.jwt_secret = Some(Secret::new(JWT_SECRET));
         settings.max_body_bytes = 64 * 1024;

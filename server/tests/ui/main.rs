@@ -1,6 +1,10 @@
 //! Web UI tests: a real server on port 0, real HTTP, a fresh database per test. Plain HTTP
 //! stands in for the browser (forms, cookies, redirects); no JavaScript is involved.
 
+#[path = "../shared/backends.rs"]
+#[allow(dead_code, unused_macros)]
+#[macro_use]
+mod backends;
 mod changes;
 mod helpers;
 mod login;

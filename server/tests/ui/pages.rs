@@ -3,11 +3,10 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{KILL_SWITCH, SERVICE, TestApp};
+use crate::helpers::{KILL_SWITCH, SERVICE};
 
-#[tokio::test]
-async fn environments_and_overview_list_what_exists() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn environments_and_overview_list_what_exists(app) {
     app.seed().await;
     app.user("vera", "viewer").await;
     let mut b = app.logged_in("vera").await;
@@ -22,10 +21,10 @@ async fn environments_and_overview_list_what_exists() {
     assert!(missing.body.contains("no environment"), "{}", missing.body);
     assert_eq!(b.get("/ui/environments/prod/services/nope").await.status, StatusCode::NOT_FOUND);
 }
+}
 
-#[tokio::test]
-async fn audit_page_filters_by_service_and_actor_newest_first() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+async fn audit_page_filters_by_service_and_actor_newest_first(app) {
     app.seed().await;
     app.user("olivia", "operator").await;
     // Admin changes another service through the API; olivia flips the switch in the UI.
@@ -62,12 +61,12 @@ async fn audit_page_filters_by_service_and_actor_newest_first() {
     let bad = b.get("/ui/audit?before_id=abc").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
+}
 
+on_both_backends! {
 /// OPS-1: the service page shows a kill switch that cannot work as a problem, never in
 /// green; one declared as compiled into the service is not shown as fine either.
-#[tokio::test]
-async fn ops_1_service_page_never_shows_a_dangling_kill_switch_in_green() {
-    let app = TestApp::spawn().await;
+async fn ops_1_service_page_never_shows_a_dangling_kill_switch_in_green(app) {
     app.seed().await;
     let mut b = app.logged_in("admin").await;
     let page = b.get(SERVICE).await;
@@ -121,4 +120,5 @@ async fn ops_1_service_page_never_shows_a_dangling_kill_switch_in_green() {
         page.body
     );
     assert!(!page.body.contains(r#"<span class="ok">"#), "nothing in green: {}", page.body);
+}
 }
