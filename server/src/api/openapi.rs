@@ -4,7 +4,7 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, auth_routes, envs, flags, fleet, overrides, plan, services, tokens};
+use super::{audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule, services, tokens};
 
 struct BearerAuth;
 
@@ -38,6 +38,11 @@ impl Modify for BearerAuth {
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,
+        profiles::list, profiles::get_one, profiles::put, profiles::delete, profiles::apply,
+        profiles::active, profiles::activations, profiles::revert,
+        schedule::list, schedule::get_one, schedule::create, schedule::reschedule, schedule::cancel,
+        requests::get_rules, requests::put_rules, requests::list, requests::get_one, requests::create,
+        requests::edit, requests::approve, requests::reject, requests::apply,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),

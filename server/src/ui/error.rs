@@ -68,6 +68,10 @@ impl From<ChangeError> for UiError {
                  and repeat the action if it is still needed."
             )),
             e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
+            e @ ChangeError::ProfileActive { .. } => UiError::Conflict(e.to_string()),
+            e @ (ChangeError::ApprovalRequired { .. } | ChangeError::NotProposer { .. } | ChangeError::SelfApproval { .. }) => {
+                UiError::Forbidden(e.to_string())
+            }
             ChangeError::Storage(cause) => UiError::Internal(cause),
             e @ (ChangeError::Invalid(_) | ChangeError::InvalidField(_)) => {
                 UiError::BadRequest(e.to_string())

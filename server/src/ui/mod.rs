@@ -21,6 +21,8 @@ mod fleet;
 mod login;
 mod overview;
 mod page;
+mod profiles;
+mod review;
 mod service;
 mod session;
 
@@ -59,6 +61,14 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/audit", get(audit::page))
         .route("/ui/environments/{env}", get(overview::services))
         .route(svc, get(service::page))
+        .route("/ui/environments/{env}/profiles", get(profiles::page).post(profiles::save))
+        .route("/ui/environments/{env}/profiles/revert", post(profiles::revert))
+        .route("/ui/environments/{env}/scheduled", get(review::scheduled).post(review::schedule))
+        .route("/ui/environments/{env}/scheduled/{id}/cancel", post(review::cancel))
+        .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))
+        .route("/ui/environments/{env}/requests/{id}", post(review::decide))
+        .route("/ui/environments/{env}/profiles/{name}/confirm", post(profiles::confirm))
+        .route("/ui/environments/{env}/profiles/{name}/apply", post(profiles::apply))
         .route(&format!("{svc}/flags/{{key}}/confirm"), post(changes::confirm_flag))
         .route(&format!("{svc}/flags/{{key}}"), post(changes::apply_flag))
         .route(&format!("{svc}/breakers/confirm"), post(changes::confirm_override))

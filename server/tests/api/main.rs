@@ -7,5 +7,8 @@ mod helpers;
 mod history;
 mod kill_switch_refs;
 mod policy;
+mod profiles;
+mod requests;
 mod router;
+mod schedule;
 mod times;

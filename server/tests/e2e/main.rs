@@ -12,4 +12,5 @@ mod advice;
 mod control_plane;
 mod kill_switch;
 mod logs;
+mod profiles;
 mod resilience;

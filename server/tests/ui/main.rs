@@ -5,4 +5,5 @@ mod changes;
 mod helpers;
 mod login;
 mod pages;
+mod profiles;
 mod security;
