@@ -45,7 +45,10 @@ pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use faults::NewFaultRule;
 pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
 pub use overrides::NewOverride;
-pub use profiles::{activation_services, MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec};
+pub use profiles::{
+    MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec,
+    activation_services,
+};
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use schedule::{NewSchedule, Planned, describe};
 pub use service::{Declared, NewService};

@@ -127,7 +127,9 @@ pub fn activation_services(a: &ActivationRow) -> Vec<String> {
 
 /// Prefixes every error path with `prefix.`.
 fn under(prefix: &str, e: ValidationErrors) -> ValidationErrors {
-    ValidationErrors(e.0.into_iter().map(|f| FieldError { path: format!("{prefix}.{}", f.path), ..f }).collect())
+    ValidationErrors(
+        e.0.into_iter().map(|f| FieldError { path: format!("{prefix}.{}", f.path), ..f }).collect(),
+    )
 }
 
 fn field(path: String, value: impl Into<String>, message: impl Into<String>) -> FieldError {
@@ -146,27 +148,34 @@ fn apply_to(
 ) -> Result<Saved, ChangeError> {
     let mut errors = Vec::new();
     let mut saved = Saved::default();
-    let mut set_flag = |p: &mut Parts, key: &str, value: &serde_json::Value, fpath: String, errors: &mut Vec<_>| {
-        let before = p.flags.get(key).cloned();
-        let set = match &before {
-            Some(f) if !f.kind.accepts(value) => {
-                errors.push(field(fpath, value.to_string(), format!("must be a {} value, as the flag's type says", f.kind.as_str())));
-                return;
-            }
-            Some(f) => Flag { value: value.clone(), expires_at: Some(expires), rollout: None, ..f.clone() },
-            None => Flag {
-                kind: FlagType::Bool,
-                value: value.clone(),
-                description: format!("read-only mode, set by profile {profile}"),
-                owner: String::new(),
-                expires_at: Some(expires),
-                stale: StalePolicy::Hold,
-                rollout: None,
-            },
+    let mut set_flag =
+        |p: &mut Parts, key: &str, value: &serde_json::Value, fpath: String, errors: &mut Vec<_>| {
+            let before = p.flags.get(key).cloned();
+            let set = match &before {
+                Some(f) if !f.kind.accepts(value) => {
+                    errors.push(field(
+                        fpath,
+                        value.to_string(),
+                        format!("must be a {} value, as the flag's type says", f.kind.as_str()),
+                    ));
+                    return;
+                }
+                Some(f) => {
+                    Flag { value: value.clone(), expires_at: Some(expires), rollout: None, ..f.clone() }
+                }
+                None => Flag {
+                    kind: FlagType::Bool,
+                    value: value.clone(),
+                    description: format!("read-only mode, set by profile {profile}"),
+                    owner: String::new(),
+                    expires_at: Some(expires),
+                    stale: StalePolicy::Hold,
+                    rollout: None,
+                },
+            };
+            p.flags.insert(key.to_string(), set.clone());
+            saved.flags.push(Swap { key: key.to_string(), before, set });
         };
-        p.flags.insert(key.to_string(), set.clone());
-        saved.flags.push(Swap { key: key.to_string(), before, set });
-    };
     for (key, value) in &svc.flags {
         let fpath = format!("{path}.flags.{key}");
         if !p.flags.contains_key(key) {
@@ -177,7 +186,9 @@ fn apply_to(
     }
     if svc.read_only {
         match p.policy.inbound.read_only_flag.clone() {
-            Some(key) => set_flag(p, &key, &serde_json::Value::Bool(true), format!("{path}.read_only"), &mut errors),
+            Some(key) => {
+                set_flag(p, &key, &serde_json::Value::Bool(true), format!("{path}.read_only"), &mut errors)
+            }
             None => errors.push(field(
                 format!("{path}.read_only"),
                 "true",
@@ -276,14 +287,23 @@ impl ProfileSpec {
                 continue;
             }
             let Some(snap) = actions.store.latest_snapshot(env, name).await? else {
-                errors.push(field(path, format!("{name:?}"), format!("no service {name:?} in environment {env:?}")));
+                errors.push(field(
+                    path,
+                    format!("{name:?}"),
+                    format!("no service {name:?} in environment {env:?}"),
+                ));
                 continue;
             };
             if actions.store.service(env, name).await?.is_none() {
-                errors.push(field(path, format!("{name:?}"), format!("no service {name:?} in environment {env:?}")));
+                errors.push(field(
+                    path,
+                    format!("{name:?}"),
+                    format!("no service {name:?} in environment {env:?}"),
+                ));
                 continue;
             }
-            let cfg: ServiceConfig = serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+            let cfg: ServiceConfig =
+                serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
             let mut parts = Parts::from_config(cfg, environment.allow_faults);
             match apply_to(&mut parts, svc, "check", "check", far, &path) {
                 Ok(_) => {}
@@ -329,10 +349,17 @@ impl Actions {
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::Profile`].
-    pub async fn delete_profile(&self, by: &Actor, reason: &Reason, env: &str, name: &str) -> Result<(), ChangeError> {
+    pub async fn delete_profile(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        name: &str,
+    ) -> Result<(), ChangeError> {
         by.may(Action::ProfileDelete)?;
         let before = self.store.profile(env, name).await?;
-        let missing = || ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() });
+        let missing =
+            || ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() });
         let before = before.ok_or_else(missing)?;
         let mut audit = audit_row(by, reason, Action::ProfileDelete, format!("profile {name}"));
         audit.environment = Some(env.to_string());
@@ -367,11 +394,9 @@ impl Actions {
                 "must be at most 7 days ahead; apply the profile again to extend it",
             )));
         }
-        let profile = self
-            .store
-            .profile(env, name)
-            .await?
-            .ok_or_else(|| ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() }))?;
+        let profile = self.store.profile(env, name).await?.ok_or_else(|| {
+            ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() })
+        })?;
         let profile = Profile::of(profile)?;
         let mut row = ActivationRow {
             id: 0,
@@ -446,7 +471,12 @@ impl Actions {
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::ActiveProfile`].
-    pub async fn revert_profile(&self, by: &Actor, reason: &Reason, env: &str) -> Result<ActivationRow, ChangeError> {
+    pub async fn revert_profile(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+    ) -> Result<ActivationRow, ChangeError> {
         by.may(Action::ProfileRevert)?;
         let missing = || ChangeError::NotFound(Missing::ActiveProfile { env: env.to_string() });
         let active = self.store.active_profile(env).await?.ok_or_else(missing)?;
@@ -475,7 +505,9 @@ impl Actions {
             match self.undo(&by, &reason, &a, Some(&audit)).await {
                 Ok(Some(_)) => n += 1,
                 Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, environment = %a.environment, profile = %a.profile, "profile expiry failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, environment = %a.environment, profile = %a.profile, "profile expiry failed")
+                }
             }
         }
         Ok(n)
@@ -562,7 +594,10 @@ mod tests {
         p.flags.get_mut("pay.enabled").unwrap().expires_at = None;
         p.overrides.clear(); // expired on the server
         let notes = restore(&mut p, &saved);
-        assert!(notes.iter().any(|n| n == "flag pay.enabled changed since the profile set it; left as it is"), "{notes:?}");
+        assert!(
+            notes.iter().any(|n| n == "flag pay.enabled changed since the profile set it; left as it is"),
+            "{notes:?}"
+        );
         assert!(p.overrides.is_empty());
         assert!(!p.flags.contains_key("ro"));
     }
@@ -576,8 +611,13 @@ mod tests {
         )
         .unwrap();
         let exp = Timestamp::from_unix_ms(now_ms() + 60_000);
-        let Err(ChangeError::Invalid(v)) = apply_to(&mut p, &bad, "x", "y", exp, "services.shop") else { panic!() };
+        let Err(ChangeError::Invalid(v)) = apply_to(&mut p, &bad, "x", "y", exp, "services.shop") else {
+            panic!()
+        };
         let paths: Vec<_> = v.0.iter().map(|e| e.path.as_str()).collect();
-        assert_eq!(paths, ["services.shop.flags.nope", "services.shop.flags.pay.enabled", "services.shop.faults"]);
+        assert_eq!(
+            paths,
+            ["services.shop.flags.nope", "services.shop.flags.pay.enabled", "services.shop.faults"]
+        );
     }
 }

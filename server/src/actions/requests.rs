@@ -51,7 +51,13 @@ pub enum Proposal {
 impl Actions {
     /// Refuses `by`'s change of `kind` in `env` when that kind needs approval there, unless
     /// it applies an approved request or breaks the glass (audited as `approval.bypass`).
-    pub(super) async fn gate(&self, by: &Actor, env: &str, kind: &str, target: &str) -> Result<(), ChangeError> {
+    pub(super) async fn gate(
+        &self,
+        by: &Actor,
+        env: &str,
+        kind: &str,
+        target: &str,
+    ) -> Result<(), ChangeError> {
         if by.via == super::Via::Server || matches!(by.approval, Approval::Request(_)) {
             return Ok(());
         }
@@ -114,13 +120,20 @@ impl Actions {
     }
 
     /// The target of a proposal as it is now: (JSON of it, the service's revision).
-    async fn target_now(&self, env: &str, kind: &str, service: Option<&str>, target: &str) -> Result<(Option<String>, Option<u64>), ChangeError> {
+    async fn target_now(
+        &self,
+        env: &str,
+        kind: &str,
+        service: Option<&str>,
+        target: &str,
+    ) -> Result<(Option<String>, Option<u64>), ChangeError> {
         let Some(svc) = service else { return Ok((None, None)) };
         let snap = self.store.latest_snapshot(env, svc).await?;
         let (Some(snap), Some(_)) = (snap, self.store.service(env, svc).await?) else {
             return Err(ChangeError::NotFound(Missing::Service { env: env.into(), service: svc.into() }));
         };
-        let cfg: ServiceConfig = serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+        let cfg: ServiceConfig =
+            serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
         let json = match kind {
             "flag" => cfg.flags.get(target).map(|f| json!(f).to_string()),
             _ => Some(json!(cfg.policy).to_string()),
@@ -129,13 +142,18 @@ impl Actions {
     }
 
     /// Checks `p` as it would be applied now; returns (kind, service, target, payload JSON).
-    async fn check_proposal(&self, env: &str, p: &Proposal) -> Result<(String, Option<String>, String, String), ChangeError> {
+    async fn check_proposal(
+        &self,
+        env: &str,
+        p: &Proposal,
+    ) -> Result<(String, Option<String>, String, String), ChangeError> {
         match p {
             Proposal::Flag { service, key, value } => {
                 let (flag, _) = self.target_now(env, "flag", Some(service), key).await?;
-                let flag: levee_agent::policy::Flag = flag
-                    .and_then(|f| serde_json::from_str(&f).ok())
-                    .ok_or_else(|| ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() }))?;
+                let flag: levee_agent::policy::Flag =
+                    flag.and_then(|f| serde_json::from_str(&f).ok()).ok_or_else(|| {
+                        ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
+                    })?;
                 if !flag.kind.accepts(value) {
                     return Err(ChangeError::InvalidField(FieldError {
                         path: "value".into(),
@@ -149,8 +167,11 @@ impl Actions {
                 let snap = self.store.latest_snapshot(env, service).await?.ok_or_else(|| {
                     ChangeError::NotFound(Missing::Service { env: env.into(), service: service.clone() })
                 })?;
-                let cfg: ServiceConfig = serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
-                ServiceConfig { policy: (**policy).clone(), ..cfg }.validate().map_err(ChangeError::Invalid)?;
+                let cfg: ServiceConfig =
+                    serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+                ServiceConfig { policy: (**policy).clone(), ..cfg }
+                    .validate()
+                    .map_err(ChangeError::Invalid)?;
                 Ok(("policy".into(), Some(service.clone()), "policy".into(), json!(policy).to_string()))
             }
             Proposal::Profile { name, lasts } => {
@@ -164,7 +185,12 @@ impl Actions {
                         message: "must be more than 0 and at most 7 days".into(),
                     }));
                 }
-                Ok(("profile".into(), None, name.clone(), json!({"expires_in_ms": lasts.as_millis() as u64}).to_string()))
+                Ok((
+                    "profile".into(),
+                    None,
+                    name.clone(),
+                    json!({"expires_in_ms": lasts.as_millis() as u64}).to_string(),
+                ))
             }
         }
     }
@@ -174,7 +200,13 @@ impl Actions {
     ///
     /// # Errors
     /// [`ChangeError`]: what it refers to missing; an invalid value or policy.
-    pub async fn propose(&self, by: &Actor, reason: &Reason, env: &str, p: Proposal) -> Result<RequestRow, ChangeError> {
+    pub async fn propose(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        p: Proposal,
+    ) -> Result<RequestRow, ChangeError> {
         by.may(Action::RequestCreate)?;
         by.may(underlying(&p))?;
         let (kind, service, target, payload) = self.check_proposal(env, &p).await?;
@@ -206,7 +238,12 @@ impl Actions {
         ChangeError::NotFound(Missing::ChangeRequest { id })
     }
 
-    async fn transition(&self, old: &RequestRow, next: RequestRow, mut audit: AuditRow) -> Result<RequestRow, ChangeError> {
+    async fn transition(
+        &self,
+        old: &RequestRow,
+        next: RequestRow,
+        mut audit: AuditRow,
+    ) -> Result<RequestRow, ChangeError> {
         audit.environment = Some(old.environment.clone());
         audit.service = old.service.clone();
         audit.target = format!("{} (change request {})", describe_request(old), old.id);
@@ -224,21 +261,38 @@ impl Actions {
     /// # Errors
     /// [`ChangeError`]: [`Missing::ChangeRequest`] unless open or approved;
     /// [`ChangeError::NotProposer`].
-    pub async fn edit_request(&self, by: &Actor, reason: &Reason, id: i64, p: Proposal) -> Result<RequestRow, ChangeError> {
+    pub async fn edit_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+        p: Proposal,
+    ) -> Result<RequestRow, ChangeError> {
         by.may(Action::RequestUpdate)?;
-        let old = self.store.request(id).await?.filter(|r| r.state == "open" || r.state == "approved").ok_or_else(|| Self::request_missing(id))?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "open" || r.state == "approved")
+            .ok_or_else(|| Self::request_missing(id))?;
         if old.proposed_by != by.name {
             return Err(ChangeError::NotProposer { id, proposer: old.proposed_by });
         }
         let (kind, service, target, payload) = self.check_proposal(&old.environment, &p).await?;
-        if (kind.as_str(), service.as_deref(), target.as_str()) != (old.kind.as_str(), old.service.as_deref(), old.target.as_str()) {
+        if (kind.as_str(), service.as_deref(), target.as_str())
+            != (old.kind.as_str(), old.service.as_deref(), old.target.as_str())
+        {
             return Err(ChangeError::InvalidField(FieldError {
                 path: "kind".into(),
                 value: kind,
-                message: format!("a request keeps its target ({}); propose a new one instead", describe_request(&old)),
+                message: format!(
+                    "a request keeps its target ({}); propose a new one instead",
+                    describe_request(&old)
+                ),
             }));
         }
-        let (expected, base_revision) = self.target_now(&old.environment, &kind, service.as_deref(), &target).await?;
+        let (expected, base_revision) =
+            self.target_now(&old.environment, &kind, service.as_deref(), &target).await?;
         let next = RequestRow {
             payload,
             expected,
@@ -252,7 +306,8 @@ impl Actions {
             ..old.clone()
         };
         let mut audit = audit_row(by, reason, Action::RequestUpdate, String::new());
-        audit.before = Some(json!({"version": old.version, "state": old.state, "payload": old.payload}).to_string());
+        audit.before =
+            Some(json!({"version": old.version, "state": old.state, "payload": old.payload}).to_string());
         audit.after = Some(json!({"version": next.version, "approval_voided": old.state == "approved", "payload": next.payload}).to_string());
         self.transition(&old, next, audit).await
     }
@@ -263,9 +318,20 @@ impl Actions {
     /// # Errors
     /// [`ChangeError`]: [`ChangeError::SelfApproval`]; [`ChangeError::Conflict`] when the
     /// request is at another version than the one reviewed.
-    pub async fn approve_request(&self, by: &Actor, reason: &Reason, id: i64, version: u64) -> Result<RequestRow, ChangeError> {
+    pub async fn approve_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+        version: u64,
+    ) -> Result<RequestRow, ChangeError> {
         by.may(Action::RequestApprove)?;
-        let old = self.store.request(id).await?.filter(|r| r.state == "open").ok_or_else(|| Self::request_missing(id))?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "open")
+            .ok_or_else(|| Self::request_missing(id))?;
         by.may(underlying_kind(&old.kind))?;
         if old.proposed_by == by.name {
             return Err(ChangeError::SelfApproval { id });
@@ -290,10 +356,24 @@ impl Actions {
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::ChangeRequest`] unless open or approved.
-    pub async fn reject_request(&self, by: &Actor, reason: &Reason, id: i64) -> Result<RequestRow, ChangeError> {
+    pub async fn reject_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+    ) -> Result<RequestRow, ChangeError> {
         by.may(Action::RequestReject)?;
-        let old = self.store.request(id).await?.filter(|r| r.state == "open" || r.state == "approved").ok_or_else(|| Self::request_missing(id))?;
-        let next = RequestRow { state: "rejected".into(), decided_reason: Some(reason.as_str().into()), ..old.clone() };
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "open" || r.state == "approved")
+            .ok_or_else(|| Self::request_missing(id))?;
+        let next = RequestRow {
+            state: "rejected".into(),
+            decided_reason: Some(reason.as_str().into()),
+            ..old.clone()
+        };
         self.transition(&old, next, audit_row(by, reason, Action::RequestReject, String::new())).await
     }
 
@@ -304,9 +384,19 @@ impl Actions {
     /// # Errors
     /// [`ChangeError`]: [`Missing::ChangeRequest`] unless approved;
     /// [`ChangeError::Conflict`] when the target moved (the request is then `conflict`).
-    pub async fn apply_request(&self, by: &Actor, reason: &Reason, id: i64) -> Result<RequestRow, ChangeError> {
+    pub async fn apply_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+    ) -> Result<RequestRow, ChangeError> {
         by.may(Action::RequestApply)?;
-        let old = self.store.request(id).await?.filter(|r| r.state == "approved").ok_or_else(|| Self::request_missing(id))?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "approved")
+            .ok_or_else(|| Self::request_missing(id))?;
         by.may(underlying_kind(&old.kind))?;
         if old.approved_version != Some(old.version) {
             return Err(Self::request_missing(id)); // cannot happen: an edit reopens it
@@ -324,19 +414,33 @@ impl Actions {
             let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
             audit.outcome = "conflict".into();
             self.transition(&old, next, audit).await?;
-            return Err(ChangeError::Conflict { expected: old.base_revision.unwrap_or(0), current: rev.unwrap_or(0) });
+            return Err(ChangeError::Conflict {
+                expected: old.base_revision.unwrap_or(0),
+                current: rev.unwrap_or(0),
+            });
         }
         let applier = Actor { approval: Approval::Request(id), ..by.clone() };
-        let why = Reason::by_server(format!("{} (change request {id}, approved by {})", old.reason, old.approved_by.clone().unwrap_or_default()));
-        let payload: Value = serde_json::from_str(&old.payload).map_err(|e| ChangeError::Storage(e.into()))?;
+        let why = Reason::by_server(format!(
+            "{} (change request {id}, approved by {})",
+            old.reason,
+            old.approved_by.clone().unwrap_or_default()
+        ));
+        let payload: Value =
+            serde_json::from_str(&old.payload).map_err(|e| ChangeError::Storage(e.into()))?;
         let revision = match old.kind.as_str() {
             "flag" => {
                 let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
-                Some(self.set_flag_value(&applier, &why, &at, &old.target, payload, None).await?.snapshot.revision)
+                Some(
+                    self.set_flag_value(&applier, &why, &at, &old.target, payload, None)
+                        .await?
+                        .snapshot
+                        .revision,
+                )
             }
             "policy" => {
                 let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
-                let policy: Policy = serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
+                let policy: Policy =
+                    serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
                 Some(self.update_policy(&applier, &why, &at, policy).await?.snapshot.revision)
             }
             _ => {
@@ -393,7 +497,8 @@ pub fn describe_request(r: &RequestRow) -> String {
 /// The target of a request before and after it, as JSON, for the reviewer's diff: the flag
 /// or policy as it was when proposed and as it would be; a profile's application.
 pub fn request_sides(r: &RequestRow) -> (Value, Value) {
-    let before: Value = r.expected.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or(Value::Null);
+    let before: Value =
+        r.expected.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or(Value::Null);
     let payload: Value = serde_json::from_str(&r.payload).unwrap_or(Value::Null);
     match r.kind.as_str() {
         "flag" => {

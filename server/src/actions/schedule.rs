@@ -236,7 +236,9 @@ impl Actions {
         let reason = Reason::by_server(format!("{} (scheduled change {})", c.reason, c.id));
         let conflict = |what: String, rev: u64| {
             let base = c.base_revision.unwrap_or(0);
-            format!("{what} changed since the change was scheduled (at revision {base}, now {rev}): not applied")
+            format!(
+                "{what} changed since the change was scheduled (at revision {base}, now {rev}): not applied"
+            )
         };
         let res: Result<Ran, ChangeError> = async {
             match c.kind.as_str() {
@@ -249,23 +251,26 @@ impl Actions {
                         Some(json!(cfg.policy).to_string())
                     };
                     if now != c.expected {
-                        let what = if c.kind == "flag" { format!("flag {}", c.target) } else { "the policy".into() };
+                        let what =
+                            if c.kind == "flag" { format!("flag {}", c.target) } else { "the policy".into() };
                         return Ok(Ran { state: "conflict", outcome: conflict(what, rev), revision: None });
                     }
                     let at = ServiceAt::new(&c.environment, svc.clone(), Some(rev));
-                    let payload: Value = serde_json::from_str(&c.payload).map_err(|e| ChangeError::Storage(e.into()))?;
+                    let payload: Value =
+                        serde_json::from_str(&c.payload).map_err(|e| ChangeError::Storage(e.into()))?;
                     let (written, before, after) = if c.kind == "flag" {
                         let before = cfg.flags.get(&c.target).map(|f| f.value.clone()).unwrap_or(Value::Null);
                         let w = self.set_flag_value(&by, &reason, &at, &c.target, payload, None).await?;
-                        let cfg: ServiceConfig =
-                            serde_json::from_str(&w.snapshot.body).map_err(|e| ChangeError::Storage(e.into()))?;
+                        let cfg: ServiceConfig = serde_json::from_str(&w.snapshot.body)
+                            .map_err(|e| ChangeError::Storage(e.into()))?;
                         (w, before, cfg.flags.get(&c.target).map(|f| json!(f).to_string()))
                     } else {
-                        let policy: Policy = serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
+                        let policy: Policy =
+                            serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
                         let before = json!(cfg.policy);
                         let w = self.update_policy(&by, &reason, &at, policy).await?;
-                        let cfg: ServiceConfig =
-                            serde_json::from_str(&w.snapshot.body).map_err(|e| ChangeError::Storage(e.into()))?;
+                        let cfg: ServiceConfig = serde_json::from_str(&w.snapshot.body)
+                            .map_err(|e| ChangeError::Storage(e.into()))?;
                         (w, before, Some(json!(cfg.policy).to_string()))
                     };
                     let mut outcome = format!("applied as revision {}", written.snapshot.revision);
@@ -296,18 +301,31 @@ impl Actions {
                     let until = serde_json::from_str::<Value>(&c.payload)
                         .ok()
                         .and_then(|v| v["expires_at"].as_str().and_then(Timestamp::parse))
-                        .ok_or_else(|| ChangeError::Storage(anyhow::anyhow!("scheduled profile without expiry")))?;
+                        .ok_or_else(|| {
+                            ChangeError::Storage(anyhow::anyhow!("scheduled profile without expiry"))
+                        })?;
                     let a = self.apply_profile(&by, &reason, &c.environment, &c.target, until).await?;
-                    Ok(Ran { state: "applied", outcome: format!("profile {} applied until {until}", a.profile), revision: None })
+                    Ok(Ran {
+                        state: "applied",
+                        outcome: format!("profile {} applied until {until}", a.profile),
+                        revision: None,
+                    })
                 }
-                other => Err(ChangeError::Storage(anyhow::anyhow!("unknown scheduled change kind {other:?}"))),
+                other => {
+                    Err(ChangeError::Storage(anyhow::anyhow!("unknown scheduled change kind {other:?}")))
+                }
             }
         }
         .await;
         let ran = res.unwrap_or_else(|e| Ran::failed(&e));
         if ran.state != "applied" {
             // Not applied: audited as what happened, never as applied.
-            let mut audit: AuditRow = audit_row(&by, &reason, Action::ScheduleRun, format!("{} (scheduled change {})", describe(c), c.id));
+            let mut audit: AuditRow = audit_row(
+                &by,
+                &reason,
+                Action::ScheduleRun,
+                format!("{} (scheduled change {})", describe(c), c.id),
+            );
             audit.environment = Some(c.environment.clone());
             audit.service = c.service.clone();
             audit.outcome = ran.state.to_string();

@@ -89,10 +89,8 @@ impl FromRequestParts<AppState> for Auth {
             AuthError::Missing => ApiError::Unauthorized("missing bearer token".into()),
             AuthError::Invalid(_) => ApiError::Unauthorized("invalid token".into()),
         })?;
-        let break_glass = parts
-            .headers
-            .get(BREAK_GLASS_HEADER)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let break_glass =
+            parts.headers.get(BREAK_GLASS_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         Ok(Auth { principal, via, break_glass })
     }
 }

@@ -92,10 +92,7 @@ pub fn router(state: AppState) -> Router {
             "/environments/{env}/scheduled-changes/{id}",
             get(schedule::get_one).patch(schedule::reschedule).delete(schedule::cancel),
         )
-        .route(
-            "/environments/{env}/approval-rules",
-            get(requests::get_rules).put(requests::put_rules),
-        )
+        .route("/environments/{env}/approval-rules", get(requests::get_rules).put(requests::put_rules))
         .route("/environments/{env}/change-requests", get(requests::list).post(requests::create))
         .route("/environments/{env}/change-requests/{id}", get(requests::get_one).put(requests::edit))
         .route("/environments/{env}/change-requests/{id}/approve", post(requests::approve))

@@ -4,7 +4,9 @@ use axum::Json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule, services, tokens};
+use super::{
+    audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule, services, tokens,
+};
 
 struct BearerAuth;
 

@@ -226,8 +226,16 @@ pub async fn apply(
     let reason = Reason::parse(&req.reason)?;
     let expires_at = match (req.expires_at, req.expires_in) {
         (Some(t), None) => t,
-        (None, Some(d)) => Timestamp::from_unix_ms(Timestamp::now().unix_ms().saturating_add(d.as_millis() as i64)),
-        _ => return Err(ApiError::bad_field("expires_at", "", "give exactly one of expires_at and expires_in")),
+        (None, Some(d)) => {
+            Timestamp::from_unix_ms(Timestamp::now().unix_ms().saturating_add(d.as_millis() as i64))
+        }
+        _ => {
+            return Err(ApiError::bad_field(
+                "expires_at",
+                "",
+                "give exactly one of expires_at and expires_in",
+            ));
+        }
     };
     let a = s.actions.apply_profile(&by, &reason, &env, &name, expires_at).await?;
     Ok(Json(a.into()))

@@ -169,7 +169,13 @@ fn proposal(b: ProposeBody) -> ApiResult<Proposal> {
             name: need(b.profile, "profile", kind)?,
             lasts: need(b.expires_in, "expires_in", kind)?,
         },
-        _ => return Err(ApiError::bad_field("kind", format!("{kind:?}"), "must be one of flag, policy, profile")),
+        _ => {
+            return Err(ApiError::bad_field(
+                "kind",
+                format!("{kind:?}"),
+                "must be one of flag, policy, profile",
+            ));
+        }
     })
 }
 

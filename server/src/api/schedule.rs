@@ -193,7 +193,11 @@ pub async fn create(
         },
         "profile" => Planned::Profile { name: need(req.profile, "profile", kind)? },
         _ => {
-            return Err(ApiError::bad_field("kind", format!("{kind:?}"), "must be one of flag, policy, profile"));
+            return Err(ApiError::bad_field(
+                "kind",
+                format!("{kind:?}"),
+                "must be one of flag, policy, profile",
+            ));
         }
     };
     let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };

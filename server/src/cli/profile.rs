@@ -80,7 +80,8 @@ pub async fn run(cmd: ProfileCommand) -> Result<ExitCode, CliError> {
         ProfileCommand::Revert(a) => {
             let api = a.connection.api()?;
             let path = format!("/environments/{}/active-profile/revert", seg(&a.env));
-            let act: Activation = api.send(Method::POST, &path, Some(&json!({"reason": a.reason})), None).await?;
+            let act: Activation =
+                api.send(Method::POST, &path, Some(&json!({"reason": a.reason})), None).await?;
             println!("{}: profile {} reverted in {}", a.env, act.profile, act.services.join(", "));
         }
     }

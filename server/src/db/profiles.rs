@@ -115,7 +115,12 @@ impl Store {
     }
 
     /// Version `version` of a profile, as it was stored (the current one included).
-    pub async fn profile_version(&self, env: &str, name: &str, version: u64) -> anyhow::Result<Option<String>> {
+    pub async fn profile_version(
+        &self,
+        env: &str,
+        name: &str,
+        version: u64,
+    ) -> anyhow::Result<Option<String>> {
         let row = sqlx::query(
             "SELECT body FROM profile_versions WHERE environment = $1 AND name = $2 AND version = $3",
         )
@@ -241,7 +246,9 @@ impl Store {
     /// The profile active in `env` now (applied and not reverted), if any.
     pub async fn active_profile(&self, env: &str) -> anyhow::Result<Option<ActivationRow>> {
         let row = sqlx::query(concat!(
-            "SELECT ", activation_columns!(), " FROM profile_activations WHERE environment = $1 AND reverted_at IS NULL"
+            "SELECT ",
+            activation_columns!(),
+            " FROM profile_activations WHERE environment = $1 AND reverted_at IS NULL"
         ))
         .bind(env)
         .fetch_optional(&self.pool)
@@ -252,7 +259,9 @@ impl Store {
     /// Applications of profiles in `env`, newest first, at most `limit`.
     pub async fn activations(&self, env: &str, limit: i64) -> anyhow::Result<Vec<ActivationRow>> {
         let rows = sqlx::query(concat!(
-            "SELECT ", activation_columns!(), " FROM profile_activations WHERE environment = $1 ORDER BY id DESC LIMIT $2"
+            "SELECT ",
+            activation_columns!(),
+            " FROM profile_activations WHERE environment = $1 ORDER BY id DESC LIMIT $2"
         ))
         .bind(env)
         .bind(limit)
@@ -264,7 +273,9 @@ impl Store {
     /// Active profiles whose expiry is at or before `now`.
     pub async fn expired_activations(&self, now: i64) -> anyhow::Result<Vec<ActivationRow>> {
         let rows = sqlx::query(concat!(
-            "SELECT ", activation_columns!(), " FROM profile_activations WHERE reverted_at IS NULL AND expires_at <= $1 \
+            "SELECT ",
+            activation_columns!(),
+            " FROM profile_activations WHERE reverted_at IS NULL AND expires_at <= $1 \
              ORDER BY id"
         ))
         .bind(now)
@@ -297,7 +308,12 @@ impl Store {
 
     /// Stores what the activation `id` replaced so far; with `audit`, in the same
     /// transaction (the audit row of a completed application).
-    pub async fn save_activation(&self, id: i64, saved: &str, audit: Option<&AuditRow>) -> anyhow::Result<()> {
+    pub async fn save_activation(
+        &self,
+        id: i64,
+        saved: &str,
+        audit: Option<&AuditRow>,
+    ) -> anyhow::Result<()> {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         sqlx::query("UPDATE profile_activations SET saved = $1 WHERE id = $2")
@@ -338,10 +354,11 @@ impl Store {
         if res.rows_affected() != 1 {
             return Ok(None);
         }
-        let row = sqlx::query(concat!("SELECT ", activation_columns!(), " FROM profile_activations WHERE id = $1"))
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await?;
+        let row =
+            sqlx::query(concat!("SELECT ", activation_columns!(), " FROM profile_activations WHERE id = $1"))
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
         let row = ActivationRow::from_row(&row)?;
         if let Some(a) = audit {
             mutate::insert_audit(&mut tx, a).await?;

@@ -92,7 +92,12 @@ impl Store {
     }
 
     /// Sets the kinds of change that need approval in `env`, with its audit row.
-    pub async fn set_approval_kinds(&self, env: &str, kinds: &[String], audit: &AuditRow) -> anyhow::Result<()> {
+    pub async fn set_approval_kinds(
+        &self,
+        env: &str,
+        kinds: &[String],
+        audit: &AuditRow,
+    ) -> anyhow::Result<()> {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         sqlx::query(
@@ -152,7 +157,9 @@ impl Store {
     /// Change requests of `env`: open and approved first, then the last 100 others.
     pub async fn requests(&self, env: &str) -> anyhow::Result<Vec<RequestRow>> {
         let rows = sqlx::query(concat!(
-            "SELECT ", request_columns!(), " FROM change_requests WHERE environment = $1 ORDER BY \
+            "SELECT ",
+            request_columns!(),
+            " FROM change_requests WHERE environment = $1 ORDER BY \
              CASE WHEN state IN ('open', 'approved') THEN 0 ELSE 1 END, id DESC LIMIT 200"
         ))
         .bind(env)

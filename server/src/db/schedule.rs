@@ -119,18 +119,25 @@ impl Store {
 
     /// Scheduled change `id`.
     pub async fn scheduled(&self, id: i64) -> anyhow::Result<Option<ScheduledRow>> {
-        let row = sqlx::query(concat!("SELECT ", scheduled_columns!(), " FROM scheduled_changes WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row =
+            sqlx::query(concat!("SELECT ", scheduled_columns!(), " FROM scheduled_changes WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
         row.map(|r| ScheduledRow::from_row(&r)).transpose()
     }
 
     /// Scheduled changes of an environment (of one service, if given): pending ones by time,
     /// then the last 100 finished, newest first.
-    pub async fn scheduled_changes(&self, env: &str, service: Option<&str>) -> anyhow::Result<Vec<ScheduledRow>> {
+    pub async fn scheduled_changes(
+        &self,
+        env: &str,
+        service: Option<&str>,
+    ) -> anyhow::Result<Vec<ScheduledRow>> {
         let pending = sqlx::query(concat!(
-            "SELECT ", scheduled_columns!(), " FROM scheduled_changes WHERE environment = $1 AND ($2 IS NULL OR service = $2) \
+            "SELECT ",
+            scheduled_columns!(),
+            " FROM scheduled_changes WHERE environment = $1 AND ($2 IS NULL OR service = $2) \
              AND state IN ('pending', 'running') ORDER BY run_at, id"
         ))
         .bind(env)
@@ -138,7 +145,9 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let done = sqlx::query(concat!(
-            "SELECT ", scheduled_columns!(), " FROM scheduled_changes WHERE environment = $1 AND ($2 IS NULL OR service = $2) \
+            "SELECT ",
+            scheduled_columns!(),
+            " FROM scheduled_changes WHERE environment = $1 AND ($2 IS NULL OR service = $2) \
              AND state NOT IN ('pending', 'running') ORDER BY id DESC LIMIT 100"
         ))
         .bind(env)

@@ -69,9 +69,9 @@ impl From<ChangeError> for UiError {
             )),
             e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
             e @ ChangeError::ProfileActive { .. } => UiError::Conflict(e.to_string()),
-            e @ (ChangeError::ApprovalRequired { .. } | ChangeError::NotProposer { .. } | ChangeError::SelfApproval { .. }) => {
-                UiError::Forbidden(e.to_string())
-            }
+            e @ (ChangeError::ApprovalRequired { .. }
+            | ChangeError::NotProposer { .. }
+            | ChangeError::SelfApproval { .. }) => UiError::Forbidden(e.to_string()),
             ChangeError::Storage(cause) => UiError::Internal(cause),
             e @ (ChangeError::Invalid(_) | ChangeError::InvalidField(_)) => {
                 UiError::BadRequest(e.to_string())

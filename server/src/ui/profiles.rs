@@ -115,10 +115,7 @@ async fn render(
     error: Option<String>,
     notice: Option<String>,
 ) -> Result<Response, UiError> {
-    s.store
-        .environment(env)
-        .await?
-        .ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
+    s.store.environment(env).await?.ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
     let mut profiles = Vec::new();
     for row in s.store.profiles(env).await? {
         let p = Profile::of(row)?;
@@ -176,9 +173,9 @@ pub struct SaveForm {
 fn says(e: ChangeError) -> Result<String, UiError> {
     match e {
         ChangeError::Invalid(v) => Ok(v.0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")),
-        e @ (ChangeError::InvalidField(_) | ChangeError::ProfileActive { .. } | ChangeError::Conflict { .. }) => {
-            Ok(e.to_string())
-        }
+        e @ (ChangeError::InvalidField(_)
+        | ChangeError::ProfileActive { .. }
+        | ChangeError::Conflict { .. }) => Ok(e.to_string()),
         e => Err(e.into()),
     }
 }

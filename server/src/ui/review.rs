@@ -177,7 +177,8 @@ pub async fn schedule(
     match s.actions.schedule_change(&by, &why, new).await {
         Ok(c) => {
             let msg = format!("Scheduled change {} for {}", c.id, time(c.run_at));
-            Ok(Redirect::to(&format!("/ui/environments/{}/scheduled?done={}", seg(&env), seg(&msg))).into_response())
+            Ok(Redirect::to(&format!("/ui/environments/{}/scheduled?done={}", seg(&env), seg(&msg)))
+                .into_response())
         }
         Err(e) => scheduled_page(&s, &user, &env, None, Some(says(e)?)).await,
     }
@@ -209,7 +210,8 @@ pub async fn cancel(
     match s.actions.reschedule_change(&by, &why, id, None, None).await {
         Ok(_) => {
             let msg = format!("Cancelled scheduled change {id}");
-            Ok(Redirect::to(&format!("/ui/environments/{}/scheduled?done={}", seg(&env), seg(&msg))).into_response())
+            Ok(Redirect::to(&format!("/ui/environments/{}/scheduled?done={}", seg(&env), seg(&msg)))
+                .into_response())
         }
         Err(e) => scheduled_page(&s, &user, &env, None, Some(says(e)?)).await,
     }
@@ -247,7 +249,10 @@ impl RequestView {
             by: r.proposed_by.clone(),
             at: time(r.proposed_at),
             reason: r.reason.clone(),
-            diff: json_diff(&before, &after).into_iter().map(|d| (d.path, show(d.before), show(d.after))).collect(),
+            diff: json_diff(&before, &after)
+                .into_iter()
+                .map(|d| (d.path, show(d.before), show(d.after)))
+                .collect(),
             approved_by: r.approved_by.clone().unwrap_or_default(),
             outcome: r.outcome.clone().unwrap_or_default(),
             approvable: r.state == "open" && r.proposed_by != user.principal.actor,
@@ -366,7 +371,9 @@ pub async fn decide(
         "approve" => Action::RequestApprove,
         "reject" => Action::RequestReject,
         "apply" => Action::RequestApply,
-        other => return Err(UiError::BadRequest(format!("decision {other:?} is not approve, reject or apply"))),
+        other => {
+            return Err(UiError::BadRequest(format!("decision {other:?} is not approve, reject or apply")));
+        }
     };
     let by = user.actor(action, &rid)?;
     let why = match reason(&form.reason) {

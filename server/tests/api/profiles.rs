@@ -40,11 +40,23 @@ async fn define_apply_revert(app: TestApp) {
     assert_eq!(h["etag"], "\"1\"");
     assert_eq!(p["definition"]["services"]["checkout"]["flags"]["recommendations.enabled"], json!(false));
     let (s, h, b) = app
-        .call_as(&app.token, Method::PUT, &format!("{PROFILES}/recs-down"), Some(definition()), &[("if-match", "0")])
+        .call_as(
+            &app.token,
+            Method::PUT,
+            &format!("{PROFILES}/recs-down"),
+            Some(definition()),
+            &[("if-match", "0")],
+        )
         .await;
     assert_problem(s, &h, &b, StatusCode::CONFLICT);
     let (s, _, p) = app
-        .call_as(&app.token, Method::PUT, &format!("{PROFILES}/recs-down"), Some(definition()), &[("if-match", "1")])
+        .call_as(
+            &app.token,
+            Method::PUT,
+            &format!("{PROFILES}/recs-down"),
+            Some(definition()),
+            &[("if-match", "1")],
+        )
         .await;
     assert_eq!((s, p["version"].as_u64()), (StatusCode::OK, Some(2)), "{p}");
 
@@ -78,14 +90,22 @@ async fn define_apply_revert(app: TestApp) {
     let (s, _, _) = app.call(Method::PUT, &format!("{PROFILES}/other"), Some(definition())).await;
     assert_eq!(s, StatusCode::CREATED);
     let (s, h, b) = app
-        .call(Method::POST, &format!("{PROFILES}/other/apply"), Some(json!({"expires_in": "1h", "reason": "x"})))
+        .call(
+            Method::POST,
+            &format!("{PROFILES}/other/apply"),
+            Some(json!({"expires_in": "1h", "reason": "x"})),
+        )
         .await;
     assert_problem(s, &h, &b, StatusCode::CONFLICT);
     assert!(b["detail"].as_str().unwrap().contains("recs-down"), "{b}");
 
     // Reverted: exactly what it replaced comes back.
     let (s, _, r) = app
-        .call(Method::POST, "/api/v1/environments/prod/active-profile/revert", Some(json!({"reason": "recovered"})))
+        .call(
+            Method::POST,
+            "/api/v1/environments/prod/active-profile/revert",
+            Some(json!({"reason": "recovered"})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{r}");
     assert_eq!(r["reverted_by"], "admin");
@@ -139,7 +159,8 @@ async fn a_bad_definition_names_every_bad_field() {
     }, "reason": "r"});
     let (s, h, b) = app.call(Method::PUT, &format!("{PROFILES}/bad"), Some(body)).await;
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
-    let paths: Vec<&str> = b["errors"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    let paths: Vec<&str> =
+        b["errors"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
     assert_eq!(
         paths,
         [
@@ -171,7 +192,11 @@ async fn a_bad_definition_names_every_bad_field() {
         assert_eq!(b["errors"][0]["path"], field, "{body}: {b}");
     }
     let (s, h, b) = app
-        .call(Method::POST, &format!("{PROFILES}/missing/apply"), Some(json!({"expires_in": "1h", "reason": "r"})))
+        .call(
+            Method::POST,
+            &format!("{PROFILES}/missing/apply"),
+            Some(json!({"expires_in": "1h", "reason": "r"})),
+        )
         .await;
     assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
 }
@@ -183,7 +208,11 @@ async fn an_expired_profile_is_reverted_by_the_server_and_a_changed_entry_is_lef
     let (s, _, _) = app.call(Method::PUT, &format!("{PROFILES}/recs-down"), Some(definition())).await;
     assert_eq!(s, StatusCode::CREATED);
     let (s, _, a) = app
-        .call(Method::POST, &format!("{PROFILES}/recs-down/apply"), Some(json!({"expires_in": "1h", "reason": "r"})))
+        .call(
+            Method::POST,
+            &format!("{PROFILES}/recs-down/apply"),
+            Some(json!({"expires_in": "1h", "reason": "r"})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{a}");
     // An operator takes the breaker back by hand meanwhile.
@@ -199,13 +228,16 @@ async fn an_expired_profile_is_reverted_by_the_server_and_a_changed_entry_is_lef
     let actions = &app.server.as_ref().unwrap().actions;
     let not_yet = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 30 * 60_000);
     assert_eq!(actions.expire_profiles(not_yet).await.unwrap(), 0);
-    let after = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 2 * 3600_000);
+    let after = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 2 * 3_600_000);
     assert_eq!(actions.expire_profiles(after).await.unwrap(), 1);
     assert_eq!(actions.expire_profiles(after).await.unwrap(), 0, "reverted once");
 
     let cfg = snapshot(&app).await;
     assert_eq!(cfg["flags"]["recommendations.enabled"]["value"], json!(true), "{cfg}");
-    assert_eq!(cfg["flags"]["recommendations.enabled"].get("expires_at").cloned().unwrap_or(Value::Null), Value::Null);
+    assert_eq!(
+        cfg["flags"]["recommendations.enabled"].get("expires_at").cloned().unwrap_or(Value::Null),
+        Value::Null
+    );
     assert_eq!(cfg["faults"], json!([]));
     assert_eq!(cfg["breaker_overrides"][0]["state"], "forced_closed", "changed since: left as it is");
     let (_, _, list) = app.call(Method::GET, "/api/v1/environments/prod/profile-activations", None).await;

@@ -45,9 +45,7 @@ async fn four_eyes(app: TestApp) {
     assert!(b["detail"].as_str().unwrap().contains("need an approved change request"), "{b}");
 
     // Proposed; the diff is what the approver reviews.
-    let body = |v: bool| {
-        json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": v, "reason": "INC-3"})
-    };
+    let body = |v: bool| json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": v, "reason": "INC-3"});
     let (s, _, r) = app.call_as(&olivia, Method::POST, REQS, Some(body(false)), &[]).await;
     assert_eq!(s, StatusCode::CREATED, "{r}");
     assert_eq!(r["diff"], json!([{"path": "value", "op": "changed", "before": true, "after": false}]), "{r}");
@@ -56,21 +54,28 @@ async fn four_eyes(app: TestApp) {
 
     // The proposer cannot approve it.
     let approve = json!({"version": 1, "reason": "looks right"});
-    let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{url}/approve"), Some(approve.clone()), &[]).await;
+    let (s, h, b) =
+        app.call_as(&olivia, Method::POST, &format!("{url}/approve"), Some(approve.clone()), &[]).await;
     assert_problem(s, &h, &b, StatusCode::FORBIDDEN);
     assert!(b["detail"].as_str().unwrap().contains("someone else must approve it"), "{b}");
     // Applying before approval is refused.
-    let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
+    let (s, h, b) =
+        app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
     assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
 
     // Approved, then edited: the approval is void.
-    let (s, _, r) = app.call_as(&rita, Method::POST, &format!("{url}/approve"), Some(approve.clone()), &[]).await;
+    let (s, _, r) =
+        app.call_as(&rita, Method::POST, &format!("{url}/approve"), Some(approve.clone()), &[]).await;
     assert_eq!((s, r["state"].as_str()), (StatusCode::OK, Some("approved")), "{r}");
     let edited = json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": true, "reason": "changed my mind"});
     let (s, _, r) = app.call_as(&olivia, Method::PUT, &url, Some(edited), &[]).await;
     assert_eq!(s, StatusCode::OK, "{r}");
-    assert_eq!((r["state"].as_str(), r["version"].as_u64(), &r["approved_by"]), (Some("open"), Some(2), &Value::Null));
-    let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
+    assert_eq!(
+        (r["state"].as_str(), r["version"].as_u64(), &r["approved_by"]),
+        (Some("open"), Some(2), &Value::Null)
+    );
+    let (s, h, b) =
+        app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
     assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
     // An approval of the version reviewed before the edit is refused.
     let (s, h, b) = app.call_as(&rita, Method::POST, &format!("{url}/approve"), Some(approve), &[]).await;
@@ -83,11 +88,22 @@ async fn four_eyes(app: TestApp) {
     let (_, _, r) = app.call_as(&olivia, Method::PUT, &url, Some(body(false)), &[]).await;
     assert_eq!(r["version"], 3);
     let (s, _, r) = app
-        .call_as(&rita, Method::POST, &format!("{url}/approve"), Some(json!({"version": 3, "reason": "ok"})), &[])
+        .call_as(
+            &rita,
+            Method::POST,
+            &format!("{url}/approve"),
+            Some(json!({"version": 3, "reason": "ok"})),
+            &[],
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{r}");
-    let (s, _, r) = app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
-    assert_eq!((s, r["state"].as_str(), r["revision"].as_u64()), (StatusCode::OK, Some("applied"), Some(2)), "{r}");
+    let (s, _, r) =
+        app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
+    assert_eq!(
+        (s, r["state"].as_str(), r["revision"].as_u64()),
+        (StatusCode::OK, Some("applied"), Some(2)),
+        "{r}"
+    );
     let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
     assert_eq!(flag["value"], json!(false));
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=2", None).await;
@@ -97,7 +113,13 @@ async fn four_eyes(app: TestApp) {
 
     // Break-glass: applied at once, with a reason, audited as a bypass.
     let (s, h, b) = app
-        .call_as(&olivia, Method::PATCH, FLAG, Some(json!({"value": true, "reason": "x"})), &[("x-levee-break-glass", " ")])
+        .call_as(
+            &olivia,
+            Method::PATCH,
+            FLAG,
+            Some(json!({"value": true, "reason": "x"})),
+            &[("x-levee-break-glass", " ")],
+        )
         .await;
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(b["errors"][0]["path"], "break_glass", "{b}");
@@ -137,14 +159,24 @@ async fn an_approved_policy_whose_base_moved_is_a_conflict_not_applied() {
     let app = TestApp::spawn().await;
     app.seed().await;
     let (_, _, _) = app
-        .call(Method::PUT, "/api/v1/environments/prod/approval-rules", Some(json!({"kinds": ["policy"], "reason": "r"})))
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/approval-rules",
+            Some(json!({"kinds": ["policy"], "reason": "r"})),
+        )
         .await;
     let olivia = user(&app, "olivia").await;
     let (_, _, pol) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout/policy", None).await;
     let mut policy = pol.get("policy").cloned().unwrap_or(pol.clone());
     policy["default_deadline"] = json!("900ms");
     let (s, _, r) = app
-        .call_as(&olivia, Method::POST, REQS, Some(json!({"kind": "policy", "service": "checkout", "policy": policy, "reason": "slower"})), &[])
+        .call_as(
+            &olivia,
+            Method::POST,
+            REQS,
+            Some(json!({"kind": "policy", "service": "checkout", "policy": policy, "reason": "slower"})),
+            &[],
+        )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{r}");
     assert!(r["diff"].as_array().unwrap().iter().any(|d| d["path"] == "default_deadline"), "{r}");
@@ -166,9 +198,14 @@ async fn an_approved_policy_whose_base_moved_is_a_conflict_not_applied() {
         )
         .await;
     assert!(s.is_success(), "{b}");
-    let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{REQS}/{id}/apply"), Some(json!({"reason": "go"})), &[]).await;
+    let (s, h, b) = app
+        .call_as(&olivia, Method::POST, &format!("{REQS}/{id}/apply"), Some(json!({"reason": "go"})), &[])
+        .await;
     assert_problem(s, &h, &b, StatusCode::CONFLICT);
     let (_, _, r) = app.call(Method::GET, &format!("{REQS}/{id}"), None).await;
     assert_eq!(r["state"], "conflict", "{r}");
-    assert!(r["outcome"].as_str().unwrap().contains("policy of checkout changed since the request was proposed"), "{r}");
+    assert!(
+        r["outcome"].as_str().unwrap().contains("policy of checkout changed since the request was proposed"),
+        "{r}"
+    );
 }

@@ -85,7 +85,11 @@ async fn rescheduling_and_cancelling_leave_no_old_job() {
     let c = schedule_flip(&app, false, at(HOUR), None).await;
     let id = c["id"].as_i64().unwrap();
     let (s, _, moved) = app
-        .call(Method::PATCH, &format!("{SCHED}/{id}"), Some(json!({"run_at": at(3 * HOUR), "reason": "later"})))
+        .call(
+            Method::PATCH,
+            &format!("{SCHED}/{id}"),
+            Some(json!({"run_at": at(3 * HOUR), "reason": "later"})),
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{moved}");
     assert_eq!(run_due(&app, at(2 * HOUR)).await, 0, "the old time is gone");
@@ -98,17 +102,31 @@ async fn rescheduling_and_cancelling_leave_no_old_job() {
     assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
 
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout", None).await;
-    let actions: Vec<&str> = audit.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
-    assert_eq!(actions, ["schedule.cancel", "schedule.update", "schedule.create", "service.create"], "{audit}");
+    let actions: Vec<&str> =
+        audit.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions,
+        ["schedule.cancel", "schedule.update", "schedule.create", "service.create"],
+        "{audit}"
+    );
 
     // Bad times and kinds name their field.
     for (body, field) in [
-        (json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": false,
-                "run_at": at(-1000), "reason": "r"}), "run_at"),
-        (json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": false,
-                "run_at": at(HOUR), "revert_at": at(HOUR - 1), "reason": "r"}), "revert_at"),
-        (json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": 3,
-                "run_at": at(HOUR), "reason": "r"}), "value"),
+        (
+            json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": false,
+                "run_at": at(-1000), "reason": "r"}),
+            "run_at",
+        ),
+        (
+            json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": false,
+                "run_at": at(HOUR), "revert_at": at(HOUR - 1), "reason": "r"}),
+            "revert_at",
+        ),
+        (
+            json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": 3,
+                "run_at": at(HOUR), "reason": "r"}),
+            "value",
+        ),
         (json!({"kind": "flag", "service": "checkout", "run_at": at(HOUR), "reason": "r"}), "flag"),
         (json!({"kind": "dance", "run_at": at(HOUR), "reason": "r"}), "kind"),
         (json!({"kind": "profile", "profile": "p", "run_at": "tomorrow", "reason": "r"}), "run_at"),
@@ -126,18 +144,28 @@ async fn a_change_whose_target_moved_shows_the_conflict_and_is_not_applied() {
     app.seed().await;
     let c = schedule_flip(&app, false, at(HOUR), Some(at(2 * HOUR))).await;
     // Someone changes the flag after the change was scheduled.
-    let (s, _, _) =
-        app.call(Method::PATCH, FLAG, Some(json!({"value": true, "expires_at": at(5 * HOUR), "reason": "x"}))).await;
+    let (s, _, _) = app
+        .call(Method::PATCH, FLAG, Some(json!({"value": true, "expires_at": at(5 * HOUR), "reason": "x"})))
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(run_due(&app, at(HOUR + 1000)).await, 1);
     let id = c["id"].as_i64().unwrap();
     let (_, _, done) = app.call(Method::GET, &format!("{SCHED}/{id}"), None).await;
     assert_eq!(done["state"], "conflict", "{done}");
     let outcome = done["outcome"].as_str().unwrap();
-    assert!(outcome.contains("flag recommendations.enabled changed since the change was scheduled (at revision 1, now 2)"), "{outcome}");
+    assert!(
+        outcome.contains(
+            "flag recommendations.enabled changed since the change was scheduled (at revision 1, now 2)"
+        ),
+        "{outcome}"
+    );
     assert_eq!(flag(&app).await, json!(true));
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=2", None).await;
-    assert_eq!((&audit[0]["action"], &audit[0]["outcome"]), (&json!("schedule.run"), &json!("conflict")), "{audit}");
+    assert_eq!(
+        (&audit[0]["action"], &audit[0]["outcome"]),
+        (&json!("schedule.run"), &json!("conflict")),
+        "{audit}"
+    );
     assert_eq!(audit[1]["reason"], "x", "no flag.set was audited for the scheduled change");
     // No revert is scheduled for a change that was not applied.
     let (_, _, list) = app.call(Method::GET, SCHED, None).await;
@@ -185,6 +213,7 @@ async fn with_two_replicas_exactly_one_applies_a_due_change() {
     let id = c["id"].as_i64().unwrap();
     let (_, _, done) = b.call(Method::GET, &format!("{SCHED}/{id}"), None).await;
     assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
-    let (_, _, revs) = a.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
+    let (_, _, revs) =
+        a.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
     assert_eq!(revs.as_array().unwrap().len(), 2, "one revision made: {revs}");
 }

@@ -359,15 +359,30 @@ async fn profile_apply_and_revert_from_the_command_line() {
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.starts_with("prod: profile recs-down (version 1) applied to checkout until "), "{r:?}");
     let (_, _, active) = app.call(Method::GET, "/api/v1/environments/prod/active-profile", None).await;
-    assert_eq!((&active["applied_by"], &active["reason"]), (&json!("admin"), &json!("INC-7 recommendations down")));
+    assert_eq!(
+        (&active["applied_by"], &active["reason"]),
+        (&json!("admin"), &json!("INC-7 recommendations down"))
+    );
     let expires = levee_agent::policy::Timestamp::parse(active["expires_at"].as_str().unwrap()).unwrap();
     let left = expires.unix_ms() - levee_agent::policy::Timestamp::now().unix_ms();
     assert!((119 * 60_000..=120 * 60_000).contains(&left), "expires in {left} ms");
 
     // A second application is refused with the reason; a bad duration never reaches the server.
-    let r = levee(&app, home.path(), None, &["profile", "apply", "prod", "recs-down", "--for", "1h", "--reason", "again"]).await;
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["profile", "apply", "prod", "recs-down", "--for", "1h", "--reason", "again"],
+    )
+    .await;
     assert!(r.code == 1 && r.stderr.contains("is active in environment \"prod\""), "{r:?}");
-    let r = levee(&app, home.path(), None, &["profile", "apply", "prod", "recs-down", "--for", "soon", "--reason", "x"]).await;
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["profile", "apply", "prod", "recs-down", "--for", "soon", "--reason", "x"],
+    )
+    .await;
     assert!(r.code == 1 && r.stderr.contains("invalid duration \"soon\""), "{r:?}");
 
     let r = levee(&app, home.path(), None, &["profile", "revert", "prod", "--reason", "recovered"]).await;

@@ -18,7 +18,9 @@ async fn an_applied_profile_reaches_the_agent_and_expires_there_with_the_server_
     api.send(
         Method::PUT,
         "/environments/prod/profiles/recs-down",
-        Some(json!({"services": {"checkout": {"flags": {"recommendations.enabled": false}}}, "reason": "e2e"})),
+        Some(
+            json!({"services": {"checkout": {"flags": {"recommendations.enabled": false}}}, "reason": "e2e"}),
+        ),
     )
     .await;
     let token = api.agent_token("prod", &["checkout"]).await;
@@ -38,7 +40,8 @@ async fn an_applied_profile_reaches_the_agent_and_expires_there_with_the_server_
         )
         .await;
     assert_eq!(a["services"], json!(["checkout"]), "{a}");
-    wait_until("the agent to apply the profile", Duration::from_secs(2), || !recommendations.is_enabled()).await;
+    wait_until("the agent to apply the profile", Duration::from_secs(2), || !recommendations.is_enabled())
+        .await;
 
     // The server goes away for good; only the agent can end the profile now.
     app.server.take().unwrap().shutdown().await;

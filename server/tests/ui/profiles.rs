@@ -26,14 +26,25 @@ async fn an_operator_defines_applies_sees_and_reverts_a_profile() {
 
     // A bad definition comes back with the field named and the text kept.
     let bad = b
-        .post(PROFILES, &[("csrf", &csrf), ("name", "recs-down"), ("definition", r#"{"services": {"checkout": {"flags": {"nope": false}}}}"#), ("reason", "r")])
+        .post(
+            PROFILES,
+            &[
+                ("csrf", &csrf),
+                ("name", "recs-down"),
+                ("definition", r#"{"services": {"checkout": {"flags": {"nope": false}}}}"#),
+                ("reason", "r"),
+            ],
+        )
         .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     assert!(bad.body.contains("services.checkout.flags.nope"), "{}", bad.body);
     assert!(bad.body.contains("&#34;nope&#34;"), "the text typed is kept (escaped)");
 
     let saved = b
-        .post(PROFILES, &[("csrf", &csrf), ("name", "recs-down"), ("definition", DEFINITION), ("reason", RAW_SCRIPT)])
+        .post(
+            PROFILES,
+            &[("csrf", &csrf), ("name", "recs-down"), ("definition", DEFINITION), ("reason", RAW_SCRIPT)],
+        )
         .await;
     assert_eq!(saved.status, StatusCode::SEE_OTHER, "{}", saved.body);
     let page = b.get(saved.location()).await;
@@ -46,13 +57,17 @@ async fn an_operator_defines_applies_sees_and_reverts_a_profile() {
     assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
     assert!(confirm.body.contains("checkout: breaker payments FORCED_OPEN"), "{}", confirm.body);
     assert_eq!(app.kill_switch().await, true);
-    let no_reason = b.post(&format!("{PROFILES}/recs-down/apply"), &[("csrf", &csrf), ("for", "2h"), ("reason", " ")]).await;
+    let no_reason = b
+        .post(&format!("{PROFILES}/recs-down/apply"), &[("csrf", &csrf), ("for", "2h"), ("reason", " ")])
+        .await;
     assert_eq!(no_reason.status, StatusCode::BAD_REQUEST);
     assert!(no_reason.body.contains("a reason is required"));
     assert_eq!(app.kill_switch().await, true);
 
     let why = format!("INC-9 {RAW_SCRIPT}");
-    let done = b.post(&format!("{PROFILES}/recs-down/apply"), &[("csrf", &csrf), ("for", "2h"), ("reason", &why)]).await;
+    let done = b
+        .post(&format!("{PROFILES}/recs-down/apply"), &[("csrf", &csrf), ("for", "2h"), ("reason", &why)])
+        .await;
     assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
     assert_eq!(app.kill_switch().await, false);
     let audit = app.audit().await;
@@ -60,7 +75,13 @@ async fn an_operator_defines_applies_sees_and_reverts_a_profile() {
 
     // The service page says which profile, by whom, why, since and until when.
     let svc = b.get(SERVICE).await;
-    assert!(svc.body.contains("Emergency profile recs-down</strong> (version 1) is active in prod and changes this service"), "{}", svc.body);
+    assert!(
+        svc.body.contains(
+            "Emergency profile recs-down</strong> (version 1) is active in prod and changes this service"
+        ),
+        "{}",
+        svc.body
+    );
     assert!(svc.body.contains("by olivia"));
     assert!(svc.body.contains(&format!("INC-9 {ESCAPED_SCRIPT}")), "the reason is escaped");
     assert!(!svc.body.contains(RAW_SCRIPT));
@@ -86,12 +107,16 @@ async fn a_viewer_sees_profiles_but_cannot_change_them() {
     assert_eq!(page.status, StatusCode::OK);
     assert!(!page.body.contains("Save profile"));
     let csrf = page.csrf();
-    let r = b.post(PROFILES, &[("csrf", &csrf), ("name", "x"), ("definition", DEFINITION), ("reason", "r")]).await;
+    let r = b
+        .post(PROFILES, &[("csrf", &csrf), ("name", "x"), ("definition", DEFINITION), ("reason", "r")])
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     let r = b.post(&format!("{PROFILES}/revert"), &[("csrf", &csrf), ("reason", "r")]).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // Without the session's token, nothing happens either.
     let mut op = app.logged_in("admin").await;
-    let r = op.post(&format!("{PROFILES}/recs-down/apply"), &[("csrf", "forged"), ("for", "1h"), ("reason", "r")]).await;
+    let r = op
+        .post(&format!("{PROFILES}/recs-down/apply"), &[("csrf", "forged"), ("for", "1h"), ("reason", "r")])
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
 }
