@@ -17,6 +17,7 @@
 mod audit;
 mod changes;
 mod error;
+mod faults;
 mod fleet;
 mod login;
 mod overview;
@@ -63,6 +64,8 @@ pub fn router(state: AppState) -> Router {
         .route(svc, get(service::page))
         .route("/ui/environments/{env}/profiles", get(profiles::page).post(profiles::save))
         .route("/ui/environments/{env}/profiles/revert", post(profiles::revert))
+        .route("/ui/environments/{env}/faults", get(faults::page).post(faults::create))
+        .route("/ui/environments/{env}/faults/{svc}/{id}/end", post(faults::end))
         .route("/ui/environments/{env}/scheduled", get(review::scheduled).post(review::schedule))
         .route("/ui/environments/{env}/scheduled/{id}/cancel", post(review::cancel))
         .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))

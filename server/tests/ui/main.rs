@@ -6,4 +6,5 @@ mod helpers;
 mod login;
 mod pages;
 mod profiles;
+mod review;
 mod security;
