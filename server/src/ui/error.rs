@@ -80,6 +80,31 @@ impl From<ChangeError> for UiError {
     }
 }
 
+impl From<crate::actions::CreateError> for UiError {
+    fn from(e: crate::actions::CreateError) -> Self {
+        use crate::actions::CreateError as E;
+        match e {
+            E::Forbidden(f) => f.into(),
+            E::NotFound(m) => UiError::NotFound(m.to_string()),
+            E::AlreadyExists(x) => UiError::Conflict(x.to_string()),
+            e @ E::Invalid(_) => UiError::BadRequest(e.to_string()),
+            E::Storage(cause) => UiError::Internal(cause),
+        }
+    }
+}
+
+impl From<crate::actions::TokenError> for UiError {
+    fn from(e: crate::actions::TokenError) -> Self {
+        use crate::actions::TokenError as E;
+        match e {
+            E::Forbidden(f) => f.into(),
+            E::NotFound(m) => UiError::NotFound(m.to_string()),
+            e @ E::InvalidField(_) => UiError::BadRequest(e.to_string()),
+            E::Storage(cause) => UiError::Internal(cause),
+        }
+    }
+}
+
 impl From<LoginError> for UiError {
     fn from(e: LoginError) -> Self {
         match e {

@@ -14,6 +14,7 @@
 //! [`session::Posted`] checks before the handler runs. Every change asks for a
 //! confirmation and a reason first (see `changes.rs`).
 
+mod admin;
 mod audit;
 mod changes;
 mod error;
@@ -60,6 +61,10 @@ pub fn router(state: AppState) -> Router {
         .route("/logout", post(login::logout))
         .route("/static/levee.css", get(page::stylesheet))
         .route("/ui/audit", get(audit::page))
+        .route("/ui/admin", get(admin::page))
+        .route("/ui/admin/users", post(admin::create_user))
+        .route("/ui/admin/tokens", post(admin::mint))
+        .route("/ui/admin/tokens/revoke", post(admin::revoke))
         .route("/ui/environments/{env}", get(overview::services))
         .route(svc, get(service::page))
         .route("/ui/environments/{env}/profiles", get(profiles::page).post(profiles::save))

@@ -150,3 +150,71 @@ async fn a_flag_value_is_scheduled_and_cancelled_in_the_ui() {
     assert_eq!(list[0]["state"], "cancelled", "{list}");
     assert_eq!(app.kill_switch().await, true);
 }
+
+#[tokio::test]
+async fn an_admin_creates_a_user_and_mints_a_token_shown_once_then_revokes_it() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let mut b = app.logged_in("admin").await;
+    let page = b.get("/ui/admin").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("href=\"/ui/admin\""), "the nav links the page for an admin");
+    let csrf = page.csrf();
+    let r = b
+        .post(
+            "/ui/admin/users",
+            &[
+                ("csrf", &csrf),
+                ("username", "nora"),
+                ("password", "a-long-enough-password"),
+                ("role", "operator"),
+                ("reason", "new on-call"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let short = b
+        .post(
+            "/ui/admin/users",
+            &[("csrf", &csrf), ("username", "x"), ("password", "short"), ("role", "viewer"), ("reason", "r")],
+        )
+        .await;
+    assert_eq!(short.status, StatusCode::BAD_REQUEST);
+    assert!(short.body.contains("password"), "{}", short.body);
+
+    let minted = b
+        .post(
+            "/ui/admin/tokens",
+            &[
+                ("csrf", &csrf),
+                ("kind", "agent"),
+                ("name", "checkout-prod"),
+                ("role", "viewer"),
+                ("environment", "prod"),
+                ("services", "checkout"),
+                ("expires_in", "30d"),
+                ("reason", "deploy"),
+            ],
+        )
+        .await;
+    assert_eq!(minted.status, StatusCode::OK, "{}", minted.body);
+    let start = minted.body.find("<pre>").unwrap() + 5;
+    let secret = &minted.body[start..start + minted.body[start..].find("</pre>").unwrap()];
+    assert!(secret.len() > 40, "{secret}");
+    let again = b.get("/ui/admin").await;
+    assert!(again.body.contains("checkout-prod"));
+    assert!(!again.body.contains(secret), "a secret is shown once");
+
+    let (_, _, tokens) = app.api(Method::GET, "/tokens", None).await;
+    let id = tokens[0]["id"].as_str().unwrap().to_string();
+    let r = b.post("/ui/admin/tokens/revoke", &[("csrf", &csrf), ("id", &id), ("reason", "rotated")]).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let (_, _, tokens) = app.api(Method::GET, "/tokens", None).await;
+    assert!(tokens[0]["revoked_at"].is_string(), "{tokens}");
+
+    // Not for operators.
+    let mut n = app.logged_in("nora").await;
+    let r = n.get("/ui/admin").await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert!(!n.get("/").await.body.contains("href=\"/ui/admin\""));
+}
