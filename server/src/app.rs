@@ -123,6 +123,8 @@ pub struct Server {
     pub store: Store,
     /// This replica's fan-out to its agent streams.
     pub hub: Hub,
+    /// The domain actions of this replica (tests run due jobs with them explicitly).
+    pub actions: crate::actions::Actions,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -297,7 +299,7 @@ impl Server {
             })),
         }
 
-        tasks.push(tokio::spawn(crate::sweeper::run(actions, shutdown_rx.clone())));
+        tasks.push(tokio::spawn(crate::sweeper::run(actions.clone(), shutdown_rx.clone())));
         tasks.push(tokio::spawn(crate::listener::follow_revocations(
             store.clone(),
             hub.clone(),
@@ -312,7 +314,7 @@ impl Server {
             )));
         }
 
-        Ok(Server { http_addr, grpc_addr, generated_admin_password, store, hub, shutdown, tasks })
+        Ok(Server { http_addr, grpc_addr, generated_admin_password, store, hub, actions, shutdown, tasks })
     }
 
     /// Stops gracefully: agents are told to reconnect elsewhere, HTTP drains.

@@ -21,6 +21,14 @@ pub async fn run(actions: Actions, mut shutdown: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stopped(&mut shutdown) => return,
         }
+        // Profiles first: their revert restores what their entries replaced, which the
+        // expiry of single entries would otherwise just remove.
+        if let Err(e) = actions.expire_profiles(Timestamp::now()).await {
+            tracing::warn!(error = ?e, "profile expiry query failed");
+        }
+        if let Err(e) = actions.run_due_changes(Timestamp::now()).await {
+            tracing::warn!(error = ?e, "scheduled changes query failed");
+        }
         if let Err(e) = actions.expire(Timestamp::now()).await {
             tracing::warn!(error = ?e, "expiry sweep query failed");
         }

@@ -44,23 +44,43 @@ pub struct Actor {
     pub via: Via,
     /// The request's `x-request-id`, recorded in the audit log; empty outside a request.
     pub request_id: String,
+    /// Whether this change applies an approved request or breaks the glass (four-eyes).
+    pub approval: super::Approval,
 }
 
 impl Actor {
     /// The authenticated caller of a request.
     pub fn new(principal: &Principal, via: Via, request_id: impl Into<String>) -> Actor {
-        Actor { name: principal.actor.clone(), role: principal.role, via, request_id: request_id.into() }
+        Actor {
+            name: principal.actor.clone(),
+            role: principal.role,
+            via,
+            request_id: request_id.into(),
+            approval: super::Approval::None,
+        }
     }
 
     /// The server acting on its own (recorded as `levee` via `server`).
     pub fn server() -> Actor {
-        Actor { name: "levee".into(), role: Role::Admin, via: Via::Server, request_id: String::new() }
+        Actor {
+            name: "levee".into(),
+            role: Role::Admin,
+            via: Via::Server,
+            request_id: String::new(),
+            approval: super::Approval::None,
+        }
     }
 
     /// Someone at the server's host with access to its database (`levee users set`),
     /// recorded as `name` (the operating-system user when known) via `local`.
     pub fn local(name: impl Into<String>) -> Actor {
-        Actor { name: name.into(), role: Role::Admin, via: Via::Local, request_id: String::new() }
+        Actor {
+            name: name.into(),
+            role: Role::Admin,
+            via: Via::Local,
+            request_id: String::new(),
+            approval: super::Approval::None,
+        }
     }
 
     /// Refuses unless this actor's role is at least the one `action` needs.
@@ -119,6 +139,36 @@ pub enum Action {
     ServiceApply,
     /// Deletes a service (its history stays).
     ServiceDelete,
+    /// Creates or replaces an emergency profile (a new version).
+    ProfileSet,
+    /// Deletes an emergency profile (its versions stay).
+    ProfileDelete,
+    /// Applies an emergency profile to its environment until an expiry.
+    ProfileApply,
+    /// Reverts the active emergency profile (by hand or at its expiry).
+    ProfileRevert,
+    /// Schedules a change (flag value, policy, profile application) for a time.
+    ScheduleCreate,
+    /// Moves a scheduled change to another time.
+    ScheduleUpdate,
+    /// Cancels a scheduled change.
+    ScheduleCancel,
+    /// A scheduled change that came due and was not applied (conflict, failure).
+    ScheduleRun,
+    /// Sets which kinds of change need an approved change request in an environment.
+    ApprovalRules,
+    /// A change applied without the approval its kind needs (break-glass).
+    ApprovalBypass,
+    /// Proposes a change for review.
+    RequestCreate,
+    /// Edits a proposed change (voids its approval).
+    RequestUpdate,
+    /// Approves a change proposed by someone else.
+    RequestApprove,
+    /// Rejects (or withdraws) a proposed change.
+    RequestReject,
+    /// Applies an approved change.
+    RequestApply,
 }
 
 impl Action {
@@ -142,6 +192,21 @@ impl Action {
             Action::UserUpdate => "user.update",
             Action::ServiceApply => "service.apply",
             Action::ServiceDelete => "service.delete",
+            Action::ProfileSet => "profile.set",
+            Action::ProfileDelete => "profile.delete",
+            Action::ProfileApply => "profile.apply",
+            Action::ProfileRevert => "profile.revert",
+            Action::ScheduleCreate => "schedule.create",
+            Action::ScheduleUpdate => "schedule.update",
+            Action::ScheduleCancel => "schedule.cancel",
+            Action::ScheduleRun => "schedule.run",
+            Action::ApprovalRules => "approval.rules",
+            Action::ApprovalBypass => "approval.bypass",
+            Action::RequestCreate => "request.create",
+            Action::RequestUpdate => "request.update",
+            Action::RequestApprove => "request.approve",
+            Action::RequestReject => "request.reject",
+            Action::RequestApply => "request.apply",
         }
     }
 
@@ -159,13 +224,28 @@ impl Action {
             | Action::FaultSet
             | Action::FaultDelete
             | Action::ServiceApply
-            | Action::ServiceDelete => Role::Operator,
+            | Action::ServiceDelete
+            | Action::ProfileSet
+            | Action::ProfileDelete
+            | Action::ProfileApply
+            | Action::ProfileRevert
+            | Action::ScheduleCreate
+            | Action::ScheduleUpdate
+            | Action::ScheduleCancel
+            | Action::ScheduleRun
+            | Action::ApprovalBypass
+            | Action::RequestCreate
+            | Action::RequestUpdate
+            | Action::RequestApprove
+            | Action::RequestReject
+            | Action::RequestApply => Role::Operator,
             Action::EnvironmentCreate
             | Action::Expiry
             | Action::TokenCreate
             | Action::TokenRevoke
             | Action::UserCreate
-            | Action::UserUpdate => Role::Admin,
+            | Action::UserUpdate
+            | Action::ApprovalRules => Role::Admin,
         }
     }
 }

@@ -42,6 +42,18 @@ pub enum Missing {
         /// The username asked for.
         name: String,
     },
+    /// An emergency profile of an environment.
+    #[error("no profile {name:?} in environment {env:?}")]
+    Profile { env: String, name: String },
+    /// A change request that is not in a state for this step.
+    #[error("no change request {id} in a state for this (open, or approved to apply)")]
+    ChangeRequest { id: i64 },
+    /// A pending scheduled change.
+    #[error("no pending scheduled change {id}")]
+    ScheduledChange { id: i64 },
+    /// An active emergency profile in an environment.
+    #[error("no profile is active in environment {env:?}")]
+    ActiveProfile { env: String },
 }
 
 /// What a create action found already there.
@@ -87,6 +99,21 @@ pub enum ChangeError {
     /// A fault rule in an environment that does not allow fault injection.
     #[error("environment {env:?} does not allow fault injection (allow_faults is false)")]
     FaultsNotAllowed { env: String },
+    /// The kind of change needs an approved change request in the environment.
+    #[error(
+        "{kind} changes in environment {env:?} need an approved change request (POST \
+         /api/v1/environments/{env}/change-requests), or break-glass with a reason"
+    )]
+    ApprovalRequired { env: String, kind: String },
+    /// Only the proposer edits a change request.
+    #[error("only {proposer} (who proposed change request {id}) may edit it")]
+    NotProposer { id: i64, proposer: String },
+    /// The proposer of a change request cannot approve it.
+    #[error("you proposed change request {id}: someone else must approve it")]
+    SelfApproval { id: i64 },
+    /// Another emergency profile is active in the environment: revert it first.
+    #[error("profile {active:?} is active in environment {env:?}: revert it before applying another")]
+    ProfileActive { env: String, active: String },
     /// The database failed; the cause is for the log only.
     #[error("storage failed")]
     Storage(#[source] anyhow::Error),

@@ -21,6 +21,7 @@ impl Actions {
         by.may(Action::FlagSet)?;
         flag.validate().map_err(ChangeError::Invalid)?;
         let target = format!("flag {key}");
+        self.gate(by, &at.env, "flag", &target).await?;
         let key = key.as_str().to_string();
         self.write(by, reason, Action::FlagSet, at, &target, move |p| {
             let diff = AuditDiff::of(p.flags.get(&key), Some(&flag));
@@ -46,6 +47,7 @@ impl Actions {
         expires_at: Option<Timestamp>,
     ) -> Result<Written, ChangeError> {
         let target = format!("flag {key}");
+        self.gate(by, &at.env, "flag", &target).await?;
         self.write(by, reason, Action::FlagSet, at, &target, |p| {
             let flag = p.flags.get_mut(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })
@@ -80,6 +82,7 @@ impl Actions {
         key: &str,
     ) -> Result<Written, ChangeError> {
         let target = format!("flag {key}");
+        self.gate(by, &at.env, "flag", &target).await?;
         self.write(by, reason, Action::FlagDelete, at, &target, |p| {
             let old = p.flags.remove(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })

@@ -33,6 +33,9 @@ mod faults;
 mod flags;
 mod input;
 mod overrides;
+mod profiles;
+mod requests;
+mod schedule;
 mod service;
 
 pub use access::{MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser, UserChange};
@@ -42,6 +45,12 @@ pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use faults::NewFaultRule;
 pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
 pub use overrides::NewOverride;
+pub use profiles::{
+    MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec,
+    activation_services,
+};
+pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
+pub use schedule::{NewSchedule, Planned, describe};
 pub use service::{Declared, NewService};
 
 use levee_agent::policy::{Lint, ServiceConfig, lint};

@@ -140,6 +140,7 @@ impl Actions {
         policy: Policy,
     ) -> Result<Written, ChangeError> {
         by.may(Action::PolicyUpdate)?;
+        self.gate(by, &at.env, "policy", &format!("policy of {}", at.service)).await?;
         policy.validate().map_err(|v| ChangeError::Invalid(under("policy", v)))?;
         self.write(by, reason, Action::PolicyUpdate, at, "policy", move |p| {
             let diff = AuditDiff::of(Some(&p.policy), Some(&policy));
@@ -165,6 +166,7 @@ impl Actions {
         declared: Declared,
     ) -> Result<Written, ChangeError> {
         by.may(Action::ServiceApply)?;
+        self.gate(by, &at.env, "policy", &format!("service {}", at.service)).await?;
         let Declared { description, policy, flags } = declared;
         let current = self.store.service(&at.env, &at.service).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
@@ -245,6 +247,7 @@ impl Actions {
         to: u64,
     ) -> Result<Written, ChangeError> {
         by.may(Action::Rollback)?;
+        self.gate(by, &at.env, "policy", &format!("rollback of {}", at.service)).await?;
         let old = self.store.revision(&at.env, &at.service, to).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Revision {
                 env: at.env.clone(),

@@ -214,6 +214,10 @@ impl From<ChangeError> for ApiError {
             ChangeError::Invalid(v) => ApiError::invalid(v),
             ChangeError::InvalidField(f) => ApiError::invalid_field(f),
             e @ ChangeError::FaultsNotAllowed { .. } => ApiError::Forbidden(e.to_string()),
+            e @ ChangeError::ProfileActive { .. } => ApiError::AlreadyExists(e.to_string()),
+            e @ (ChangeError::ApprovalRequired { .. }
+            | ChangeError::NotProposer { .. }
+            | ChangeError::SelfApproval { .. }) => ApiError::Forbidden(e.to_string()),
             ChangeError::Storage(cause) => ApiError::storage(cause),
         }
     }

@@ -19,7 +19,13 @@ pub struct Auth {
     /// [`Via::Cli`] when the request says `x-levee-client: cli`, [`Via::Ui`] for the
     /// session cookie, else [`Via::Api`].
     pub via: Via,
+    /// The reason in the `X-Levee-Break-Glass` header: apply at once a change whose kind
+    /// needs an approved change request (audited as a bypass).
+    pub break_glass: Option<String>,
 }
+
+/// The header that breaks the glass: its value is the reason for bypassing review.
+pub const BREAK_GLASS_HEADER: &str = "x-levee-break-glass";
 
 impl Auth {
     /// Refuses with 403 unless the caller has at least `role`.
@@ -30,7 +36,10 @@ impl Auth {
     /// The caller as the actor of `action`, refused with 403 unless its role allows the
     /// action (checked before the request's other parts, as the action checks it again).
     pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, ApiError> {
-        let actor = Actor::new(&self.principal, self.via, request.0.clone());
+        let mut actor = Actor::new(&self.principal, self.via, request.0.clone());
+        if let Some(why) = &self.break_glass {
+            actor.approval = crate::actions::Approval::BreakGlass(why.clone());
+        }
         actor.may(action)?;
         Ok(actor)
     }
@@ -86,7 +95,9 @@ impl FromRequestParts<AppState> for Auth {
             AuthError::Invalid(_) => ApiError::Unauthorized("invalid token".into()),
             AuthError::Unavailable(cause) => ApiError::unavailable(cause),
         })?;
-        Ok(Auth { principal, via })
+        let break_glass =
+            parts.headers.get(BREAK_GLASS_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        Ok(Auth { principal, via, break_glass })
     }
 }
 

@@ -19,6 +19,9 @@ mod fleet;
 mod openapi;
 mod overrides;
 mod plan;
+mod profiles;
+mod requests;
+mod schedule;
 mod services;
 mod tokens;
 
@@ -77,6 +80,26 @@ pub fn router(state: AppState) -> Router {
         .route("/environments/{env}/services/{svc}/agents", get(fleet::agents))
         .route("/environments/{env}/services/{svc}/nacks", get(fleet::nacks))
         .route("/sync/{env}/{svc}", get(agent_sync::poll))
+        .route("/environments/{env}/profiles", get(profiles::list))
+        .route(
+            "/environments/{env}/profiles/{name}",
+            get(profiles::get_one).put(profiles::put).delete(profiles::delete),
+        )
+        .route("/environments/{env}/profiles/{name}/apply", post(profiles::apply))
+        .route("/environments/{env}/active-profile", get(profiles::active))
+        .route("/environments/{env}/active-profile/revert", post(profiles::revert))
+        .route("/environments/{env}/profile-activations", get(profiles::activations))
+        .route("/environments/{env}/scheduled-changes", get(schedule::list).post(schedule::create))
+        .route(
+            "/environments/{env}/scheduled-changes/{id}",
+            get(schedule::get_one).patch(schedule::reschedule).delete(schedule::cancel),
+        )
+        .route("/environments/{env}/approval-rules", get(requests::get_rules).put(requests::put_rules))
+        .route("/environments/{env}/change-requests", get(requests::list).post(requests::create))
+        .route("/environments/{env}/change-requests/{id}", get(requests::get_one).put(requests::edit))
+        .route("/environments/{env}/change-requests/{id}/approve", post(requests::approve))
+        .route("/environments/{env}/change-requests/{id}/reject", post(requests::reject))
+        .route("/environments/{env}/change-requests/{id}/apply", post(requests::apply))
         .route("/audit", get(audit::list))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))

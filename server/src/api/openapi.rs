@@ -6,7 +6,10 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
-use super::{agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, services, tokens};
+use super::{
+    agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule, services,
+    tokens,
+};
 
 struct BearerAuth;
 
@@ -128,6 +131,11 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,
+        profiles::list, profiles::get_one, profiles::put, profiles::delete, profiles::apply,
+        profiles::active, profiles::activations, profiles::revert,
+        schedule::list, schedule::get_one, schedule::create, schedule::reschedule, schedule::cancel,
+        requests::get_rules, requests::put_rules, requests::list, requests::get_one, requests::create,
+        requests::edit, requests::approve, requests::reject, requests::apply,
         tokens::update_user, document,
     ),
     modifiers(&BearerAuth, &ProblemResponses),

@@ -1,5 +1,5 @@
 //! The `levee` command line as a client of the HTTP API: `login`, `get`, `export`,
-//! `apply` and `flip`. It never opens the database; everything goes through `/api/v1`
+//! `apply`, `flip` and `profile`. It never opens the database; everything goes through `/api/v1`
 //! with a bearer token, and every write sends `If-Match` with the revision it was based
 //! on and a reason.
 //!
@@ -8,6 +8,7 @@
 //! inside it and what is allowed).
 
 mod apply;
+mod profile;
 mod session;
 
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 pub use apply::ApplyArgs;
+pub use profile::ProfileCommand;
 pub use session::{Api, CliError, Credentials, DEFAULT_SERVER, credentials_path};
 
 use crate::manifest::{self, ServiceManifest};
@@ -79,6 +81,13 @@ pub enum ClientCommand {
     /// `levee flip prod/checkout recommendations.enabled false --reason "…"`: the value is
     /// read as the flag's type and written with If-Match (the revision read).
     Flip(FlipArgs),
+    /// Applies or reverts an emergency profile of an environment.
+    ///
+    /// `levee profile apply prod payments-down --for 2h --reason "…"` applies it until then
+    /// (it reverts by itself, in every agent too); `levee profile revert prod --reason "…"`
+    /// reverts the active one now.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
 }
 
 /// `levee login`.
@@ -141,6 +150,7 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
         ClientCommand::Export(a) => get(&a.get, a.dir.as_deref()).await,
         ClientCommand::Apply(a) => apply::run(a).await,
         ClientCommand::Flip(a) => flip(a).await,
+        ClientCommand::Profile(c) => profile::run(c).await,
     };
     match result {
         Ok(code) => code,

@@ -12,10 +12,16 @@
 //! (not found, conflict, invalid, the caller's own refusal, database failure).
 
 mod mutate;
+mod profiles;
+mod requests;
 mod rows;
+mod schedule;
 
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, MutateError, Parts};
+pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
+pub use requests::RequestRow;
 pub use rows::*;
+pub use schedule::ScheduledRow;
 
 use std::str::FromStr;
 use std::time::Duration;

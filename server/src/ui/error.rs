@@ -68,10 +68,39 @@ impl From<ChangeError> for UiError {
                  and repeat the action if it is still needed."
             )),
             e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
+            e @ ChangeError::ProfileActive { .. } => UiError::Conflict(e.to_string()),
+            e @ (ChangeError::ApprovalRequired { .. }
+            | ChangeError::NotProposer { .. }
+            | ChangeError::SelfApproval { .. }) => UiError::Forbidden(e.to_string()),
             ChangeError::Storage(cause) => UiError::Internal(cause),
             e @ (ChangeError::Invalid(_) | ChangeError::InvalidField(_)) => {
                 UiError::BadRequest(e.to_string())
             }
+        }
+    }
+}
+
+impl From<crate::actions::CreateError> for UiError {
+    fn from(e: crate::actions::CreateError) -> Self {
+        use crate::actions::CreateError as E;
+        match e {
+            E::Forbidden(f) => f.into(),
+            E::NotFound(m) => UiError::NotFound(m.to_string()),
+            E::AlreadyExists(x) => UiError::Conflict(x.to_string()),
+            e @ E::Invalid(_) => UiError::BadRequest(e.to_string()),
+            E::Storage(cause) => UiError::Internal(cause),
+        }
+    }
+}
+
+impl From<crate::actions::TokenError> for UiError {
+    fn from(e: crate::actions::TokenError) -> Self {
+        use crate::actions::TokenError as E;
+        match e {
+            E::Forbidden(f) => f.into(),
+            E::NotFound(m) => UiError::NotFound(m.to_string()),
+            e @ E::InvalidField(_) => UiError::BadRequest(e.to_string()),
+            E::Storage(cause) => UiError::Internal(cause),
         }
     }
 }

@@ -14,13 +14,17 @@
 //! [`session::Posted`] checks before the handler runs. Every change asks for a
 //! confirmation and a reason first (see `changes.rs`).
 
+mod admin;
 mod audit;
 mod changes;
 mod error;
+mod faults;
 mod fleet;
 mod login;
 mod overview;
 mod page;
+mod profiles;
+mod review;
 mod service;
 mod session;
 
@@ -57,8 +61,22 @@ pub fn router(state: AppState) -> Router {
         .route("/logout", post(login::logout))
         .route("/static/levee.css", get(page::stylesheet))
         .route("/ui/audit", get(audit::page))
+        .route("/ui/admin", get(admin::page))
+        .route("/ui/admin/users", post(admin::create_user))
+        .route("/ui/admin/tokens", post(admin::mint))
+        .route("/ui/admin/tokens/revoke", post(admin::revoke))
         .route("/ui/environments/{env}", get(overview::services))
         .route(svc, get(service::page))
+        .route("/ui/environments/{env}/profiles", get(profiles::page).post(profiles::save))
+        .route("/ui/environments/{env}/profiles/revert", post(profiles::revert))
+        .route("/ui/environments/{env}/faults", get(faults::page).post(faults::create))
+        .route("/ui/environments/{env}/faults/{svc}/{id}/end", post(faults::end))
+        .route("/ui/environments/{env}/scheduled", get(review::scheduled).post(review::schedule))
+        .route("/ui/environments/{env}/scheduled/{id}/cancel", post(review::cancel))
+        .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))
+        .route("/ui/environments/{env}/requests/{id}", post(review::decide))
+        .route("/ui/environments/{env}/profiles/{name}/confirm", post(profiles::confirm))
+        .route("/ui/environments/{env}/profiles/{name}/apply", post(profiles::apply))
         .route(&format!("{svc}/flags/{{key}}/confirm"), post(changes::confirm_flag))
         .route(&format!("{svc}/flags/{{key}}"), post(changes::apply_flag))
         .route(&format!("{svc}/breakers/confirm"), post(changes::confirm_override))

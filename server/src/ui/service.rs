@@ -321,6 +321,8 @@ struct ServicePage {
     overrides: Vec<OverrideView>,
     agents: Vec<AgentView>,
     nacks: Vec<NackView>,
+    /// The emergency profile active in the environment, if any.
+    profile: Option<super::profiles::ActiveView>,
 }
 
 /// `GET /ui/environments/{env}/services/{svc}`.
@@ -336,7 +338,9 @@ pub async fn page(
     let nacks = s.store.nacks(&env, &svc).await?;
     let change =
         q.changed.as_deref().and_then(|c| c.parse::<u64>().ok()).map(|r| propagation(r, &agents, &nacks));
+    let profile = s.store.active_profile(&env).await?.as_ref().map(super::profiles::ActiveView::of);
     let page = ServicePage {
+        profile,
         layout: user.layout(),
         can_operate: user.can_operate(),
         csrf: user.csrf.clone(),

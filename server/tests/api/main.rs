@@ -13,5 +13,8 @@ mod history;
 mod kill_switch_refs;
 mod openapi_routes;
 mod policy;
+mod profiles;
+mod requests;
 mod router;
+mod schedule;
 mod times;

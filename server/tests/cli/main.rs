@@ -339,3 +339,64 @@ async fn flip_reads_the_flag_type_and_writes_with_if_match() {
     assert_eq!((&audit[0]["via"], &audit[0]["reason"]), (&json!("cli"), &json!("incident 12")), "{audit}");
     let _: Value = audit;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_apply_and_revert_from_the_command_line() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, _, b) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/profiles/recs-down",
+            Some(json!({"services": {"checkout": {"flags": {"recommendations.enabled": false}}}, "reason": "agreed"})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let home = tempfile::tempdir().unwrap();
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["profile", "apply", "prod", "recs-down", "--for", "2h", "--reason", "INC-7 recommendations down"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.starts_with("prod: profile recs-down (version 1) applied to checkout until "), "{r:?}");
+    let (_, _, active) = app.call(Method::GET, "/api/v1/environments/prod/active-profile", None).await;
+    assert_eq!(
+        (&active["applied_by"], &active["reason"]),
+        (&json!("admin"), &json!("INC-7 recommendations down"))
+    );
+    let expires = levee_agent::policy::Timestamp::parse(active["expires_at"].as_str().unwrap()).unwrap();
+    let left = expires.unix_ms() - levee_agent::policy::Timestamp::now().unix_ms();
+    assert!((119 * 60_000..=120 * 60_000).contains(&left), "expires in {left} ms");
+
+    // A second application is refused with the reason; a bad duration never reaches the server.
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["profile", "apply", "prod", "recs-down", "--for", "1h", "--reason", "again"],
+    )
+    .await;
+    assert!(r.code == 1 && r.stderr.contains("is active in environment \"prod\""), "{r:?}");
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["profile", "apply", "prod", "recs-down", "--for", "soon", "--reason", "x"],
+    )
+    .await;
+    assert!(r.code == 1 && r.stderr.contains("invalid duration \"soon\""), "{r:?}");
+
+    let r = levee(&app, home.path(), None, &["profile", "revert", "prod", "--reason", "recovered"]).await;
+    assert_eq!((r.code, r.stdout.trim()), (0, "prod: profile recs-down reverted in checkout"), "{r:?}");
+    let (_, _, flag) = app
+        .call(Method::GET, "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled", None)
+        .await;
+    assert_eq!(flag["value"], true);
+    let r = levee(&app, home.path(), None, &["profile", "revert", "prod", "--reason", "again"]).await;
+    assert!(r.code == 1 && r.stderr.contains("no profile is active"), "{r:?}");
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=1", None).await;
+    assert_eq!((&audit[0]["action"], &audit[0]["via"]), (&json!("profile.revert"), &json!("cli")), "{audit}");
+}

@@ -23,6 +23,7 @@ mod kill_switch;
 mod leases;
 mod logs;
 mod metrics;
+mod profiles;
 mod resilience;
 mod security;
 mod shutdown;

@@ -9,4 +9,6 @@ mod changes;
 mod helpers;
 mod login;
 mod pages;
+mod profiles;
+mod review;
 mod security;

@@ -1,0 +1,623 @@
+//! Emergency profiles: named, pre-agreed sets of overrides per environment (flag values and
+//! kill switches, forced breakers, fault rules, read-only mode), versioned and audited,
+//! applied or reverted in one action.
+//!
+//! Applying a profile writes one revision per service it names. Every entry it sets carries
+//! the profile's expiry as its `expires_at` (flags, breaker overrides and fault rules all
+//! have one), so an agent drops the entries by itself at that instant even while the server
+//! is unreachable (the agent's one wall-clock conversion, `applied::wall_to_monotonic`).
+//! What each entry replaced is kept with the activation; a revert — by hand, or by the
+//! sweeper at the expiry ([`Actions::expire_profiles`], which runs before the expiry of
+//! single entries) — restores it, unless someone changed that entry since.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use levee_agent::policy::{
+    BreakerOverride, BreakerOverrideState, FaultAction, FaultRule, FieldError, Flag, FlagType, ServiceConfig,
+    StalePolicy, Timestamp, ValidationErrors, check_name,
+};
+use serde::{Deserialize, Serialize};
+
+use super::overrides::in_future;
+use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, audit_row};
+use crate::db::{ActivationRow, AuditDiff, AuditRow, Parts, ProfileRow, now_ms};
+
+/// The longest a profile may stay applied: it must be renewed (applied again) after that.
+pub const MAX_PROFILE_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What an emergency profile sets, per service of its environment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileSpec {
+    /// What the profile is for and when to use it.
+    #[serde(default)]
+    pub description: String,
+    /// What it sets, by service name.
+    pub services: BTreeMap<String, ProfileService>,
+}
+
+/// What a profile sets in one service. Every entry ends with the profile (its expiry or
+/// its revert).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileService {
+    /// Values of existing flags by key: a kill switch is switched off with `false`.
+    #[schema(value_type = Object)]
+    pub flags: BTreeMap<String, serde_json::Value>,
+    /// Breakers forced.
+    pub breakers: Vec<ProfileBreaker>,
+    /// Fault rules (only where the environment allows faults).
+    pub faults: Vec<ProfileFault>,
+    /// Turns on the flag named by the policy's `inbound.read_only_flag` (routes marked
+    /// `mutating` answer 503).
+    pub read_only: bool,
+}
+
+/// A breaker a profile forces.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileBreaker {
+    /// Dependency whose breaker is forced.
+    pub dependency: String,
+    /// Operation; omit for the dependency-level breaker.
+    #[serde(default)]
+    pub operation: Option<String>,
+    /// The forced state.
+    pub state: BreakerOverrideState,
+}
+
+/// A fault rule a profile sets; it expires with the profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFault {
+    /// Identifier, unique within the service.
+    pub id: String,
+    /// Dependency whose calls are affected.
+    pub dependency: String,
+    /// Operation; omit for every operation of the dependency.
+    #[serde(default)]
+    pub operation: Option<String>,
+    /// What happens to an affected attempt.
+    pub action: FaultAction,
+    /// Share of attempts affected, in percent.
+    pub percent: f64,
+}
+
+/// One entry a profile set: its key, what it replaced (`None`: nothing) and what it set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Swap<K, T> {
+    key: K,
+    before: Option<T>,
+    set: T,
+}
+
+/// What a profile set in one service, and what it replaced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct Saved {
+    flags: Vec<Swap<String, Flag>>,
+    breakers: Vec<Swap<(String, String), BreakerOverride>>,
+    faults: Vec<Swap<String, FaultRule>>,
+}
+
+/// A stored profile with its decoded definition.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub row: ProfileRow,
+    pub spec: ProfileSpec,
+}
+
+impl Profile {
+    /// Decodes a stored row.
+    ///
+    /// # Errors
+    /// A row that does not decode (written by a newer server) is a storage error.
+    pub fn of(row: ProfileRow) -> Result<Profile, ChangeError> {
+        let spec = serde_json::from_str(&row.body).map_err(|e| ChangeError::Storage(e.into()))?;
+        Ok(Profile { row, spec })
+    }
+}
+
+/// The services an application of a profile changed (so far, while it is being applied).
+pub fn activation_services(a: &ActivationRow) -> Vec<String> {
+    serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&a.saved)
+        .map(|m| m.into_keys().collect())
+        .unwrap_or_default()
+}
+
+/// Prefixes every error path with `prefix.`.
+fn under(prefix: &str, e: ValidationErrors) -> ValidationErrors {
+    ValidationErrors(
+        e.0.into_iter().map(|f| FieldError { path: format!("{prefix}.{}", f.path), ..f }).collect(),
+    )
+}
+
+fn field(path: String, value: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError { path, value: value.into(), message: message.into() }
+}
+
+/// Sets what `svc` of profile `profile` says in `p`, every entry expiring at `expires`, and
+/// returns what it replaced. `path` is where the service's definition is (`services.NAME`).
+fn apply_to(
+    p: &mut Parts,
+    svc: &ProfileService,
+    profile: &str,
+    reason: &str,
+    expires: Timestamp,
+    path: &str,
+) -> Result<Saved, ChangeError> {
+    let mut errors = Vec::new();
+    let mut saved = Saved::default();
+    let mut set_flag =
+        |p: &mut Parts, key: &str, value: &serde_json::Value, fpath: String, errors: &mut Vec<_>| {
+            let before = p.flags.get(key).cloned();
+            let set = match &before {
+                Some(f) if !f.kind.accepts(value) => {
+                    errors.push(field(
+                        fpath,
+                        value.to_string(),
+                        format!("must be a {} value, as the flag's type says", f.kind.as_str()),
+                    ));
+                    return;
+                }
+                Some(f) => {
+                    Flag { value: value.clone(), expires_at: Some(expires), rollout: None, ..f.clone() }
+                }
+                None => Flag {
+                    kind: FlagType::Bool,
+                    value: value.clone(),
+                    description: format!("read-only mode, set by profile {profile}"),
+                    owner: String::new(),
+                    expires_at: Some(expires),
+                    stale: StalePolicy::Hold,
+                    rollout: None,
+                },
+            };
+            p.flags.insert(key.to_string(), set.clone());
+            saved.flags.push(Swap { key: key.to_string(), before, set });
+        };
+    for (key, value) in &svc.flags {
+        let fpath = format!("{path}.flags.{key}");
+        if !p.flags.contains_key(key) {
+            errors.push(field(fpath, format!("{key:?}"), "no such flag in the service"));
+            continue;
+        }
+        set_flag(p, key, value, fpath, &mut errors);
+    }
+    if svc.read_only {
+        match p.policy.inbound.read_only_flag.clone() {
+            Some(key) => {
+                set_flag(p, &key, &serde_json::Value::Bool(true), format!("{path}.read_only"), &mut errors)
+            }
+            None => errors.push(field(
+                format!("{path}.read_only"),
+                "true",
+                "the service's policy names no inbound.read_only_flag",
+            )),
+        }
+    }
+    for b in &svc.breakers {
+        let key = (b.dependency.clone(), b.operation.clone().unwrap_or_default());
+        let set = BreakerOverride {
+            dependency: b.dependency.clone(),
+            operation: b.operation.clone(),
+            state: b.state,
+            expires_at: Some(expires),
+            reason: format!("profile {profile}: {reason}"),
+        };
+        let before = p.overrides.insert(key.clone(), set.clone());
+        saved.breakers.push(Swap { key, before, set });
+    }
+    if !svc.faults.is_empty() && !p.faults_allowed {
+        errors.push(field(format!("{path}.faults"), "", "the environment does not allow fault injection"));
+    }
+    for f in &svc.faults {
+        let set = FaultRule {
+            id: f.id.clone(),
+            dependency: f.dependency.clone(),
+            operation: f.operation.clone(),
+            action: f.action.clone(),
+            percent: f.percent,
+            expires_at: expires,
+        };
+        let before = p.faults.insert(f.id.clone(), set.clone());
+        saved.faults.push(Swap { key: f.id.clone(), before, set });
+    }
+    if !errors.is_empty() {
+        return Err(ChangeError::Invalid(ValidationErrors(errors)));
+    }
+    // The whole configuration must still validate (a dependency the breaker or fault names,
+    // percent ranges…); its paths are reported under the service's definition.
+    p.config().validate().map_err(|e| ChangeError::Invalid(under(path, e)))?;
+    Ok(saved)
+}
+
+/// Restores what `saved` replaced, entry by entry, unless the entry was changed since the
+/// profile set it (then it is left as it is and named in the notes).
+fn restore(p: &mut Parts, saved: &Saved) -> Vec<String> {
+    fn back<K: Ord + Clone, T: PartialEq + Clone>(
+        map: &mut BTreeMap<K, T>,
+        swap: &Swap<K, T>,
+        what: String,
+        notes: &mut Vec<String>,
+    ) {
+        // An entry that expired on the server (gone) is restored too.
+        if map.get(&swap.key).is_none_or(|now| *now == swap.set) {
+            match &swap.before {
+                Some(b) => map.insert(swap.key.clone(), b.clone()),
+                None => map.remove(&swap.key),
+            };
+            notes.push(format!("{what} restored"));
+        } else {
+            notes.push(format!("{what} changed since the profile set it; left as it is"));
+        }
+    }
+    let mut notes = Vec::new();
+    for s in &saved.flags {
+        back(&mut p.flags, s, format!("flag {}", s.key), &mut notes);
+    }
+    for s in &saved.breakers {
+        back(&mut p.overrides, s, format!("breaker override {}", s.key.0), &mut notes);
+    }
+    for s in &saved.faults {
+        back(&mut p.faults, s, format!("fault {}", s.key), &mut notes);
+    }
+    notes
+}
+
+impl ProfileSpec {
+    /// Checks the definition against the environment as it is now: each service exists,
+    /// each flag exists and takes the value, and applying it would make a valid
+    /// configuration of every service. Reports every bad field, with its path.
+    async fn check(&self, actions: &Actions, env: &str) -> Result<(), ChangeError> {
+        let mut errors = Vec::new();
+        let far = Timestamp::from_unix_ms(now_ms() + MAX_PROFILE_DURATION.as_millis() as i64);
+        let environment = actions
+            .store
+            .environment(env)
+            .await?
+            .ok_or_else(|| ChangeError::NotFound(Missing::Environment { env: env.to_string() }))?;
+        if let Err(m) = super::check_text("description", &self.description) {
+            errors.push(m.0);
+        }
+        for (name, svc) in &self.services {
+            let path = format!("services.{name}");
+            if let Err(m) = check_name(name) {
+                errors.push(field(path, format!("{name:?}"), m));
+                continue;
+            }
+            let Some(snap) = actions.store.latest_snapshot(env, name).await? else {
+                errors.push(field(
+                    path,
+                    format!("{name:?}"),
+                    format!("no service {name:?} in environment {env:?}"),
+                ));
+                continue;
+            };
+            if actions.store.service(env, name).await?.is_none() {
+                errors.push(field(
+                    path,
+                    format!("{name:?}"),
+                    format!("no service {name:?} in environment {env:?}"),
+                ));
+                continue;
+            }
+            let cfg: ServiceConfig =
+                serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+            let mut parts = Parts::from_config(cfg, environment.allow_faults);
+            match apply_to(&mut parts, svc, "check", "check", far, &path) {
+                Ok(_) => {}
+                Err(ChangeError::Invalid(v)) => errors.extend(v.0),
+                Err(e) => return Err(e),
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(ChangeError::Invalid(ValidationErrors(errors))) }
+    }
+}
+
+impl Actions {
+    /// Creates or replaces profile `name` of `env` as its next version (audited as
+    /// `profile.set`). `base` is the version the caller read (0: must not exist yet).
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`ChangeError::Invalid`] with every bad field of the definition;
+    /// [`ChangeError::Conflict`] with the current version when `base` is not it.
+    pub async fn put_profile(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        name: &Name,
+        spec: &ProfileSpec,
+        base: Option<u64>,
+    ) -> Result<Profile, ChangeError> {
+        by.may(Action::ProfileSet)?;
+        spec.check(self, env).await?;
+        let before = self.store.profile(env, name.as_str()).await?;
+        let body = serde_json::to_string(spec).map_err(|e| ChangeError::Storage(e.into()))?;
+        let mut audit = audit_row(by, reason, Action::ProfileSet, format!("profile {name}"));
+        audit.environment = Some(env.to_string());
+        audit.before = before.map(|b| b.body);
+        audit.after = Some(body.clone());
+        match self.store.put_profile(env, name.as_str(), &body, base, &audit).await? {
+            Ok(row) => Ok(Profile { row, spec: spec.clone() }),
+            Err(moved) => Err(ChangeError::Conflict { expected: base.unwrap_or(0), current: moved.current }),
+        }
+    }
+
+    /// Deletes profile `name` of `env` (audited as `profile.delete`; its versions stay).
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::Profile`].
+    pub async fn delete_profile(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        name: &str,
+    ) -> Result<(), ChangeError> {
+        by.may(Action::ProfileDelete)?;
+        let before = self.store.profile(env, name).await?;
+        let missing =
+            || ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() });
+        let before = before.ok_or_else(missing)?;
+        let mut audit = audit_row(by, reason, Action::ProfileDelete, format!("profile {name}"));
+        audit.environment = Some(env.to_string());
+        audit.before = Some(before.body);
+        if self.store.delete_profile(env, name, &audit).await? { Ok(()) } else { Err(missing()) }
+    }
+
+    /// Applies profile `name` to `env` until `expires_at` (audited as `profile.apply`: one
+    /// revision per service it names, and a row for the environment). At most one profile
+    /// is active per environment.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::Profile`]; [`ChangeError::ProfileActive`];
+    /// [`ChangeError::InvalidField`] on `expires_at` when it is not in the future or further
+    /// than [`MAX_PROFILE_DURATION`]; a service refusing its part (nothing stays applied).
+    pub async fn apply_profile(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        name: &str,
+        expires_at: Timestamp,
+    ) -> Result<ActivationRow, ChangeError> {
+        by.may(Action::ProfileApply)?;
+        self.gate(by, env, "profile", &format!("profile {name}")).await?;
+        in_future("expires_at", expires_at)?;
+        let max = now_ms() + MAX_PROFILE_DURATION.as_millis() as i64;
+        if expires_at.unix_ms() > max {
+            return Err(ChangeError::InvalidField(field(
+                "expires_at".into(),
+                expires_at.to_string(),
+                "must be at most 7 days ahead; apply the profile again to extend it",
+            )));
+        }
+        let profile = self.store.profile(env, name).await?.ok_or_else(|| {
+            ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() })
+        })?;
+        let profile = Profile::of(profile)?;
+        let mut row = ActivationRow {
+            id: 0,
+            environment: env.to_string(),
+            profile: name.to_string(),
+            version: profile.row.version,
+            applied_at: now_ms(),
+            applied_by: by.name.clone(),
+            reason: reason.as_str().to_string(),
+            expires_at: expires_at.unix_ms(),
+            saved: String::new(),
+            reverted_at: None,
+            reverted_by: None,
+            revert_reason: None,
+        };
+        let Some(id) = self.store.start_activation(&row).await? else {
+            let active = self.store.active_profile(env).await?.map(|a| a.profile).unwrap_or_default();
+            return Err(ChangeError::ProfileActive { env: env.to_string(), active });
+        };
+        row.id = id;
+        let target = format!("profile {name}");
+        let mut saved: BTreeMap<String, Saved> = BTreeMap::new();
+        for (svc, spec) in &profile.spec.services {
+            let path = format!("services.{svc}");
+            let mut out = None;
+            let at = ServiceAt::new(env, svc.clone(), None);
+            let res = self
+                .write(by, reason, Action::ProfileApply, &at, &target, |p| {
+                    let s = apply_to(p, spec, name, reason.as_str(), expires_at, &path)?;
+                    let diff = AuditDiff { before: None, after: serde_json::to_string(&s).ok() };
+                    out = Some(s);
+                    Ok(diff)
+                })
+                .await;
+            let res = res.and_then(|_| {
+                let s = out.take().expect("the edit ran");
+                saved.insert(svc.clone(), s);
+                serde_json::to_string(&saved).map_err(|e| ChangeError::Storage(e.into()))
+            });
+            let res = match res {
+                Ok(json) => self.store.save_activation(id, &json, None).await.map_err(ChangeError::Storage),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = res {
+                // Nothing of the profile stays: undo the services already written.
+                let undo = Reason::by_server(format!("applying profile {name} failed in service {svc}: {e}"));
+                row.saved = serde_json::to_string(&saved).unwrap_or_default();
+                if let Err(u) = self.undo(by, &undo, &row, None).await {
+                    tracing::error!(error = %u, environment = env, profile = name, "undoing a failed profile application");
+                }
+                return Err(e);
+            }
+        }
+        row.saved = serde_json::to_string(&saved).map_err(|e| ChangeError::Storage(e.into()))?;
+        let mut audit = audit_row(by, reason, Action::ProfileApply, target);
+        audit.environment = Some(env.to_string());
+        audit.after = Some(
+            serde_json::json!({
+                "profile": name,
+                "version": profile.row.version,
+                "expires_at": expires_at.to_string(),
+                "services": profile.spec.services.keys().collect::<Vec<_>>(),
+            })
+            .to_string(),
+        );
+        self.store.save_activation(id, &row.saved, Some(&audit)).await?;
+        Ok(row)
+    }
+
+    /// Reverts the profile active in `env` (audited as `profile.revert`): every entry it set
+    /// is restored to what it replaced, unless changed since.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::ActiveProfile`].
+    pub async fn revert_profile(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+    ) -> Result<ActivationRow, ChangeError> {
+        by.may(Action::ProfileRevert)?;
+        let missing = || ChangeError::NotFound(Missing::ActiveProfile { env: env.to_string() });
+        let active = self.store.active_profile(env).await?.ok_or_else(missing)?;
+        let mut audit = audit_row(by, reason, Action::ProfileRevert, format!("profile {}", active.profile));
+        audit.environment = Some(env.to_string());
+        self.undo(by, reason, &active, Some(&audit)).await?.ok_or_else(missing)
+    }
+
+    /// Reverts every profile whose expiry is at or before `now` (by `levee` via `server`,
+    /// audited as `profile.revert`). With several replicas, one claims each. Returns how
+    /// many were reverted.
+    ///
+    /// # Errors
+    /// [`ChangeError::Storage`] when the expired profiles cannot be listed.
+    pub async fn expire_profiles(&self, now: Timestamp) -> Result<usize, ChangeError> {
+        let by = Actor::server();
+        let mut n = 0;
+        for a in self.store.expired_activations(now.unix_ms()).await? {
+            let reason = Reason::by_server(format!(
+                "profile {} expired at {}",
+                a.profile,
+                Timestamp::from_unix_ms(a.expires_at)
+            ));
+            let mut audit = audit_row(&by, &reason, Action::ProfileRevert, format!("profile {}", a.profile));
+            audit.environment = Some(a.environment.clone());
+            match self.undo(&by, &reason, &a, Some(&audit)).await {
+                Ok(Some(_)) => n += 1,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, environment = %a.environment, profile = %a.profile, "profile expiry failed")
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Claims the revert of `a` (`None`: another caller or replica already did) and
+    /// restores each service. A service that fails is logged: what the profile set expires
+    /// there by itself.
+    async fn undo(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        a: &ActivationRow,
+        audit: Option<&AuditRow>,
+    ) -> Result<Option<ActivationRow>, ChangeError> {
+        let Some(claimed) = self.store.claim_revert(a.id, &by.name, reason.as_str(), audit).await? else {
+            return Ok(None);
+        };
+        // What this caller knows was saved (a failed application passes it in `a`).
+        let json = if a.saved.is_empty() { &claimed.saved } else { &a.saved };
+        let saved: BTreeMap<String, Saved> = serde_json::from_str(json).unwrap_or_default();
+        let target = format!("profile {}", a.profile);
+        for (svc, s) in &saved {
+            let at = ServiceAt::new(&a.environment, svc.clone(), None);
+            let res = self
+                .write(by, reason, Action::ProfileRevert, &at, &target, |p| {
+                    let notes = restore(p, s);
+                    Ok(AuditDiff { before: None, after: serde_json::to_string(&notes).ok() })
+                })
+                .await;
+            if let Err(e) = res {
+                tracing::warn!(error = %e, environment = %a.environment, service = %svc, profile = %a.profile,
+                    "reverting a profile in a service failed; its entries expire by themselves");
+            }
+        }
+        Ok(Some(claimed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use levee_agent::policy::ServiceConfig;
+
+    use super::*;
+
+    fn parts() -> Parts {
+        let cfg: ServiceConfig = serde_json::from_str(
+            r#"{"policy": {"dependencies": {"pay": {"enabled_flag": "pay.enabled"}},
+                           "inbound": {"read_only_flag": "ro"}},
+                "flags": {"pay.enabled": {"type": "bool", "value": true}}}"#,
+        )
+        .unwrap();
+        Parts::from_config(cfg, false)
+    }
+
+    fn spec() -> ProfileService {
+        serde_json::from_str(
+            r#"{"flags": {"pay.enabled": false}, "read_only": true,
+                "breakers": [{"dependency": "pay", "state": "forced_open"}]}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn applying_sets_every_entry_with_the_expiry_and_restoring_undoes_it() {
+        let mut p = parts();
+        let orig = p.clone();
+        let exp = Timestamp::from_unix_ms(now_ms() + 60_000);
+        let saved = apply_to(&mut p, &spec(), "storm", "why", exp, "services.shop").unwrap();
+        assert_eq!(p.flags["pay.enabled"].value, serde_json::json!(false));
+        assert_eq!(p.flags["pay.enabled"].expires_at, Some(exp));
+        assert_eq!(p.flags["ro"].value, serde_json::json!(true));
+        assert_eq!(p.overrides[&("pay".to_string(), String::new())].expires_at, Some(exp));
+        let notes = restore(&mut p, &saved);
+        assert_eq!(p, orig, "{notes:?}");
+    }
+
+    #[test]
+    fn an_entry_changed_since_is_left_and_one_expired_is_restored() {
+        let mut p = parts();
+        let exp = Timestamp::from_unix_ms(now_ms() + 60_000);
+        let saved = apply_to(&mut p, &spec(), "storm", "why", exp, "services.shop").unwrap();
+        p.flags.get_mut("pay.enabled").unwrap().value = serde_json::json!(true);
+        p.flags.get_mut("pay.enabled").unwrap().expires_at = None;
+        p.overrides.clear(); // expired on the server
+        let notes = restore(&mut p, &saved);
+        assert!(
+            notes.iter().any(|n| n == "flag pay.enabled changed since the profile set it; left as it is"),
+            "{notes:?}"
+        );
+        assert!(p.overrides.is_empty());
+        assert!(!p.flags.contains_key("ro"));
+    }
+
+    #[test]
+    fn bad_entries_are_named_by_their_path() {
+        let mut p = parts();
+        let bad: ProfileService = serde_json::from_str(
+            r#"{"flags": {"nope": true, "pay.enabled": 3},
+                "faults": [{"id": "f", "dependency": "pay", "action": {"type": "connection_error"}, "percent": 5}]}"#,
+        )
+        .unwrap();
+        let exp = Timestamp::from_unix_ms(now_ms() + 60_000);
+        let Err(ChangeError::Invalid(v)) = apply_to(&mut p, &bad, "x", "y", exp, "services.shop") else {
+            panic!()
+        };
+        let paths: Vec<_> = v.0.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["services.shop.flags.nope", "services.shop.flags.pay.enabled", "services.shop.faults"]
+        );
+    }
+}

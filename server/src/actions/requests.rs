@@ -1,0 +1,514 @@
+//! Four-eyes: per environment an admin chooses which kinds of change — `policy` (policy
+//! edits, whole-service applies, rollbacks), `flag` (flag values), `profile` (profile
+//! applications) — need an approved change request.
+//!
+//! While a kind needs approval, the direct action is refused ([`ChangeError::ApprovalRequired`])
+//! unless it is the application of an approved request, or break-glass: the actor gives a
+//! reason for bypassing review ([`Approval::BreakGlass`]), and the change is applied at once
+//! and audited twice — as itself and as `approval.bypass` with outcome `bypass`, which the
+//! audit page highlights.
+//!
+//! A request records the change and what its target looked like when it was proposed. The
+//! proposer cannot approve it; an approval names the version approved, and any edit makes a
+//! new version and voids the approval; applying requires the approved version and an
+//! unchanged target (else the request ends as `conflict`), so what is applied is exactly
+//! what was reviewed.
+
+use std::time::Duration;
+
+use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
+use serde_json::{Value, json};
+
+use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
+use crate::db::{AuditRow, RequestRow, now_ms};
+
+/// The kinds of change that can require approval.
+pub const APPROVAL_KINDS: [&str; 3] = ["policy", "flag", "profile"];
+
+/// How an actor's change relates to four-eyes review.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Approval {
+    /// An ordinary change: refused where its kind needs approval.
+    #[default]
+    None,
+    /// The application of approved change request `id`.
+    Request(i64),
+    /// Break-glass: applied at once without review, for this reason (audited as a bypass).
+    BreakGlass(String),
+}
+
+/// A proposed change.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Proposal {
+    /// A new value of an existing flag.
+    Flag { service: String, key: String, value: Value },
+    /// A new policy.
+    Policy { service: String, policy: Box<Policy> },
+    /// Applying a profile for a duration.
+    Profile { name: String, lasts: Duration },
+}
+
+impl Actions {
+    /// Refuses `by`'s change of `kind` in `env` when that kind needs approval there, unless
+    /// it applies an approved request or breaks the glass (audited as `approval.bypass`).
+    pub(super) async fn gate(
+        &self,
+        by: &Actor,
+        env: &str,
+        kind: &str,
+        target: &str,
+    ) -> Result<(), ChangeError> {
+        if by.via == super::Via::Server || matches!(by.approval, Approval::Request(_)) {
+            return Ok(());
+        }
+        if !self.store.approval_kinds(env).await?.iter().any(|k| k == kind) {
+            return Ok(());
+        }
+        let Approval::BreakGlass(why) = &by.approval else {
+            return Err(ChangeError::ApprovalRequired { env: env.to_string(), kind: kind.to_string() });
+        };
+        let why = Reason::parse(why).map_err(|e| {
+            ChangeError::InvalidField(FieldError {
+                path: "break_glass".into(),
+                value: String::new(),
+                message: format!("break-glass needs a reason: {e}"),
+            })
+        })?;
+        let mut audit = audit_row(by, &why, Action::ApprovalBypass, format!("{kind}: {target}"));
+        audit.environment = Some(env.to_string());
+        audit.outcome = "bypass".into();
+        self.store.append_audit(&audit).await?;
+        tracing::warn!(actor = %by.name, environment = env, kind, target, "break-glass: change applied without approval");
+        Ok(())
+    }
+
+    /// Sets the kinds of change that need approval in `env` (admin; audited as
+    /// `approval.rules`).
+    ///
+    /// # Errors
+    /// [`ChangeError`]: an unknown kind is refused naming it.
+    pub async fn set_approval_rules(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        kinds: Vec<String>,
+    ) -> Result<Vec<String>, ChangeError> {
+        by.may(Action::ApprovalRules)?;
+        self.store
+            .environment(env)
+            .await?
+            .ok_or_else(|| ChangeError::NotFound(Missing::Environment { env: env.to_string() }))?;
+        let mut kinds = kinds;
+        kinds.sort();
+        kinds.dedup();
+        for (i, k) in kinds.iter().enumerate() {
+            if !APPROVAL_KINDS.contains(&k.as_str()) {
+                return Err(ChangeError::InvalidField(FieldError {
+                    path: format!("kinds[{i}]"),
+                    value: format!("{k:?}"),
+                    message: "must be one of policy, flag, profile".into(),
+                }));
+            }
+        }
+        let mut audit = audit_row(by, reason, Action::ApprovalRules, "approval rules".into());
+        audit.environment = Some(env.to_string());
+        audit.before = Some(json!(self.store.approval_kinds(env).await?).to_string());
+        audit.after = Some(json!(kinds).to_string());
+        self.store.set_approval_kinds(env, &kinds, &audit).await?;
+        Ok(kinds)
+    }
+
+    /// The target of a proposal as it is now: (JSON of it, the service's revision).
+    async fn target_now(
+        &self,
+        env: &str,
+        kind: &str,
+        service: Option<&str>,
+        target: &str,
+    ) -> Result<(Option<String>, Option<u64>), ChangeError> {
+        let Some(svc) = service else { return Ok((None, None)) };
+        let snap = self.store.latest_snapshot(env, svc).await?;
+        let (Some(snap), Some(_)) = (snap, self.store.service(env, svc).await?) else {
+            return Err(ChangeError::NotFound(Missing::Service { env: env.into(), service: svc.into() }));
+        };
+        let cfg: ServiceConfig =
+            serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+        let json = match kind {
+            "flag" => cfg.flags.get(target).map(|f| json!(f).to_string()),
+            _ => Some(json!(cfg.policy).to_string()),
+        };
+        Ok((json, Some(snap.revision)))
+    }
+
+    /// Checks `p` as it would be applied now; returns (kind, service, target, payload JSON).
+    async fn check_proposal(
+        &self,
+        env: &str,
+        p: &Proposal,
+    ) -> Result<(String, Option<String>, String, String), ChangeError> {
+        match p {
+            Proposal::Flag { service, key, value } => {
+                let (flag, _) = self.target_now(env, "flag", Some(service), key).await?;
+                let flag: levee_agent::policy::Flag =
+                    flag.and_then(|f| serde_json::from_str(&f).ok()).ok_or_else(|| {
+                        ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
+                    })?;
+                if !flag.kind.accepts(value) {
+                    return Err(ChangeError::InvalidField(FieldError {
+                        path: "value".into(),
+                        value: value.to_string(),
+                        message: format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
+                    }));
+                }
+                Ok(("flag".into(), Some(service.clone()), key.clone(), value.to_string()))
+            }
+            Proposal::Policy { service, policy } => {
+                let snap = self.store.latest_snapshot(env, service).await?.ok_or_else(|| {
+                    ChangeError::NotFound(Missing::Service { env: env.into(), service: service.clone() })
+                })?;
+                let cfg: ServiceConfig =
+                    serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+                ServiceConfig { policy: (**policy).clone(), ..cfg }
+                    .validate()
+                    .map_err(ChangeError::Invalid)?;
+                Ok(("policy".into(), Some(service.clone()), "policy".into(), json!(policy).to_string()))
+            }
+            Proposal::Profile { name, lasts } => {
+                self.store.profile(env, name).await?.ok_or_else(|| {
+                    ChangeError::NotFound(Missing::Profile { env: env.into(), name: name.clone() })
+                })?;
+                if lasts.is_zero() || *lasts > super::MAX_PROFILE_DURATION {
+                    return Err(ChangeError::InvalidField(FieldError {
+                        path: "expires_in".into(),
+                        value: format!("{lasts:?}"),
+                        message: "must be more than 0 and at most 7 days".into(),
+                    }));
+                }
+                Ok((
+                    "profile".into(),
+                    None,
+                    name.clone(),
+                    json!({"expires_in_ms": lasts.as_millis() as u64}).to_string(),
+                ))
+            }
+        }
+    }
+
+    /// Proposes a change (audited as `request.create`); its author needs the role of the
+    /// change itself.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: what it refers to missing; an invalid value or policy.
+    pub async fn propose(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        p: Proposal,
+    ) -> Result<RequestRow, ChangeError> {
+        by.may(Action::RequestCreate)?;
+        by.may(underlying(&p))?;
+        let (kind, service, target, payload) = self.check_proposal(env, &p).await?;
+        let (expected, base_revision) = self.target_now(env, &kind, service.as_deref(), &target).await?;
+        let mut row = RequestRow {
+            environment: env.to_string(),
+            service,
+            kind,
+            target,
+            payload,
+            expected,
+            base_revision,
+            version: 1,
+            state: "open".into(),
+            proposed_by: by.name.clone(),
+            proposed_at: now_ms(),
+            reason: reason.as_str().into(),
+            ..Default::default()
+        };
+        let mut audit = audit_row(by, reason, Action::RequestCreate, describe_request(&row));
+        audit.environment = Some(env.to_string());
+        audit.service = row.service.clone();
+        audit.after = Some(row.payload.clone());
+        row.id = self.store.create_request(&row, &audit).await?;
+        Ok(row)
+    }
+
+    fn request_missing(id: i64) -> ChangeError {
+        ChangeError::NotFound(Missing::ChangeRequest { id })
+    }
+
+    async fn transition(
+        &self,
+        old: &RequestRow,
+        next: RequestRow,
+        mut audit: AuditRow,
+    ) -> Result<RequestRow, ChangeError> {
+        audit.environment = Some(old.environment.clone());
+        audit.service = old.service.clone();
+        audit.target = format!("{} (change request {})", describe_request(old), old.id);
+        if !self.store.update_request(old.id, old.version, &old.state, &next, &audit).await? {
+            let now = self.store.request(old.id).await?.ok_or_else(|| Self::request_missing(old.id))?;
+            return Err(ChangeError::Conflict { expected: old.version, current: now.version });
+        }
+        Ok(next)
+    }
+
+    /// Replaces what request `id` proposes (its proposer only; audited as
+    /// `request.update`): a new version, against the target as it is now; an approval it
+    /// had is void.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::ChangeRequest`] unless open or approved;
+    /// [`ChangeError::NotProposer`].
+    pub async fn edit_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+        p: Proposal,
+    ) -> Result<RequestRow, ChangeError> {
+        by.may(Action::RequestUpdate)?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "open" || r.state == "approved")
+            .ok_or_else(|| Self::request_missing(id))?;
+        if old.proposed_by != by.name {
+            return Err(ChangeError::NotProposer { id, proposer: old.proposed_by });
+        }
+        let (kind, service, target, payload) = self.check_proposal(&old.environment, &p).await?;
+        if (kind.as_str(), service.as_deref(), target.as_str())
+            != (old.kind.as_str(), old.service.as_deref(), old.target.as_str())
+        {
+            return Err(ChangeError::InvalidField(FieldError {
+                path: "kind".into(),
+                value: kind,
+                message: format!(
+                    "a request keeps its target ({}); propose a new one instead",
+                    describe_request(&old)
+                ),
+            }));
+        }
+        let (expected, base_revision) =
+            self.target_now(&old.environment, &kind, service.as_deref(), &target).await?;
+        let next = RequestRow {
+            payload,
+            expected,
+            base_revision,
+            version: old.version + 1,
+            state: "open".into(),
+            approved_by: None,
+            approved_at: None,
+            approved_version: None,
+            decided_reason: None,
+            ..old.clone()
+        };
+        let mut audit = audit_row(by, reason, Action::RequestUpdate, String::new());
+        audit.before =
+            Some(json!({"version": old.version, "state": old.state, "payload": old.payload}).to_string());
+        audit.after = Some(json!({"version": next.version, "approval_voided": old.state == "approved", "payload": next.payload}).to_string());
+        self.transition(&old, next, audit).await
+    }
+
+    /// Approves version `version` of request `id` (anyone with the change's role but its
+    /// proposer; audited as `request.approve`).
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`ChangeError::SelfApproval`]; [`ChangeError::Conflict`] when the
+    /// request is at another version than the one reviewed.
+    pub async fn approve_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+        version: u64,
+    ) -> Result<RequestRow, ChangeError> {
+        by.may(Action::RequestApprove)?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "open")
+            .ok_or_else(|| Self::request_missing(id))?;
+        by.may(underlying_kind(&old.kind))?;
+        if old.proposed_by == by.name {
+            return Err(ChangeError::SelfApproval { id });
+        }
+        if old.version != version {
+            return Err(ChangeError::Conflict { expected: version, current: old.version });
+        }
+        let next = RequestRow {
+            state: "approved".into(),
+            approved_by: Some(by.name.clone()),
+            approved_at: Some(now_ms()),
+            approved_version: Some(version),
+            decided_reason: Some(reason.as_str().into()),
+            ..old.clone()
+        };
+        let mut audit = audit_row(by, reason, Action::RequestApprove, String::new());
+        audit.after = Some(json!({"version": version, "payload": old.payload}).to_string());
+        self.transition(&old, next, audit).await
+    }
+
+    /// Rejects request `id` (audited as `request.reject`); its proposer may withdraw it so.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::ChangeRequest`] unless open or approved.
+    pub async fn reject_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+    ) -> Result<RequestRow, ChangeError> {
+        by.may(Action::RequestReject)?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "open" || r.state == "approved")
+            .ok_or_else(|| Self::request_missing(id))?;
+        let next = RequestRow {
+            state: "rejected".into(),
+            decided_reason: Some(reason.as_str().into()),
+            ..old.clone()
+        };
+        self.transition(&old, next, audit_row(by, reason, Action::RequestReject, String::new())).await
+    }
+
+    /// Applies approved request `id` exactly as approved (audited as the change itself, and
+    /// as `request.apply`). A target changed since the proposal ends the request as
+    /// `conflict`, unapplied.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::ChangeRequest`] unless approved;
+    /// [`ChangeError::Conflict`] when the target moved (the request is then `conflict`).
+    pub async fn apply_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+    ) -> Result<RequestRow, ChangeError> {
+        by.may(Action::RequestApply)?;
+        let old = self
+            .store
+            .request(id)
+            .await?
+            .filter(|r| r.state == "approved")
+            .ok_or_else(|| Self::request_missing(id))?;
+        by.may(underlying_kind(&old.kind))?;
+        if old.approved_version != Some(old.version) {
+            return Err(Self::request_missing(id)); // cannot happen: an edit reopens it
+        }
+        let env = old.environment.clone();
+        let (now, rev) = self.target_now(&env, &old.kind, old.service.as_deref(), &old.target).await?;
+        if now != old.expected {
+            let outcome = format!(
+                "{} changed since the request was proposed (at revision {}, now {}): not applied",
+                describe_request(&old),
+                old.base_revision.unwrap_or(0),
+                rev.unwrap_or(0)
+            );
+            let next = RequestRow { state: "conflict".into(), outcome: Some(outcome), ..old.clone() };
+            let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
+            audit.outcome = "conflict".into();
+            self.transition(&old, next, audit).await?;
+            return Err(ChangeError::Conflict {
+                expected: old.base_revision.unwrap_or(0),
+                current: rev.unwrap_or(0),
+            });
+        }
+        let applier = Actor { approval: Approval::Request(id), ..by.clone() };
+        let why = Reason::by_server(format!(
+            "{} (change request {id}, approved by {})",
+            old.reason,
+            old.approved_by.clone().unwrap_or_default()
+        ));
+        let payload: Value =
+            serde_json::from_str(&old.payload).map_err(|e| ChangeError::Storage(e.into()))?;
+        let revision = match old.kind.as_str() {
+            "flag" => {
+                let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
+                Some(
+                    self.set_flag_value(&applier, &why, &at, &old.target, payload, None)
+                        .await?
+                        .snapshot
+                        .revision,
+                )
+            }
+            "policy" => {
+                let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
+                let policy: Policy =
+                    serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
+                Some(self.update_policy(&applier, &why, &at, policy).await?.snapshot.revision)
+            }
+            _ => {
+                let ms = payload["expires_in_ms"].as_i64().unwrap_or(0);
+                let until = Timestamp::from_unix_ms(now_ms().saturating_add(ms));
+                self.apply_profile(&applier, &why, &env, &old.target, until).await?;
+                None
+            }
+        };
+        let next = RequestRow {
+            state: "applied".into(),
+            applied_by: Some(by.name.clone()),
+            applied_at: Some(now_ms()),
+            revision,
+            outcome: Some(match revision {
+                Some(r) => format!("applied as revision {r}"),
+                None => "applied".into(),
+            }),
+            ..old.clone()
+        };
+        let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
+        audit.revision = revision.map(|r| r as i64);
+        self.transition(&old, next, audit).await
+    }
+}
+
+/// The action a proposal would take.
+fn underlying(p: &Proposal) -> Action {
+    match p {
+        Proposal::Flag { .. } => Action::FlagSet,
+        Proposal::Policy { .. } => Action::PolicyUpdate,
+        Proposal::Profile { .. } => Action::ProfileApply,
+    }
+}
+
+fn underlying_kind(kind: &str) -> Action {
+    match kind {
+        "flag" => Action::FlagSet,
+        "profile" => Action::ProfileApply,
+        _ => Action::PolicyUpdate,
+    }
+}
+
+/// What a request targets, in words: `flag KEY of SERVICE`, `policy of SERVICE`, `profile NAME`.
+pub fn describe_request(r: &RequestRow) -> String {
+    let svc = r.service.as_deref().unwrap_or_default();
+    match r.kind.as_str() {
+        "flag" => format!("flag {} of {svc}", r.target),
+        "profile" => format!("profile {}", r.target),
+        _ => format!("policy of {svc}"),
+    }
+}
+
+/// The target of a request before and after it, as JSON, for the reviewer's diff: the flag
+/// or policy as it was when proposed and as it would be; a profile's application.
+pub fn request_sides(r: &RequestRow) -> (Value, Value) {
+    let before: Value =
+        r.expected.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or(Value::Null);
+    let payload: Value = serde_json::from_str(&r.payload).unwrap_or(Value::Null);
+    match r.kind.as_str() {
+        "flag" => {
+            let mut after = before.clone();
+            if let Some(o) = after.as_object_mut() {
+                o.insert("value".into(), payload);
+            }
+            (before, after)
+        }
+        "profile" => (Value::Null, json!({"profile": r.target, "expires_in_ms": payload["expires_in_ms"]})),
+        _ => (before, payload),
+    }
+}

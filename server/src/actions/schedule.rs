@@ -1,0 +1,348 @@
+//! Scheduled changes: a flag value, a policy or a profile application, due at a time, with
+//! an optional automatic revert.
+//!
+//! A change is stored (it survives a restart) with what its target looked like when it was
+//! scheduled. When it is due, one replica claims it ([`Store::claim_change`], a conditional
+//! UPDATE) and runs it as its author (via `server`): if the target changed since it was
+//! scheduled, the change is not applied and its conflict is recorded and audited instead;
+//! otherwise it is applied through the ordinary action (so the audit log lists it as that
+//! action, applied). A revert is itself a scheduled change, created when the change is
+//! applied, expecting the value the change set; a profile's revert is its expiry.
+//! Rescheduling or cancelling changes the stored job itself, so the old time no longer
+//! exists anywhere.
+//!
+//! [`Store::claim_change`]: crate::db::Store::claim_change
+
+use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
+use serde_json::{Value, json};
+
+use super::overrides::in_future;
+use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
+use crate::db::{AuditRow, Role, ScheduledRow, now_ms};
+
+/// What a scheduled change does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Planned {
+    /// Sets the value of an existing flag of a service.
+    Flag { service: String, key: String, value: Value },
+    /// Replaces the policy of a service.
+    Policy { service: String, policy: Box<Policy> },
+    /// Applies a profile of the environment until the change's `revert_at` (required).
+    Profile { name: String },
+}
+
+/// A change to schedule.
+#[derive(Clone, Debug)]
+pub struct NewSchedule {
+    pub env: String,
+    pub change: Planned,
+    /// When it is applied (in the future).
+    pub run_at: Timestamp,
+    /// When what it replaced is put back (after `run_at`); required for a profile.
+    pub revert_at: Option<Timestamp>,
+}
+
+fn bad(path: &str, value: impl Into<String>, message: impl Into<String>) -> ChangeError {
+    ChangeError::InvalidField(FieldError { path: path.into(), value: value.into(), message: message.into() })
+}
+
+/// How a run ended: the state recorded, what happened, the revision made.
+struct Ran {
+    state: &'static str,
+    outcome: String,
+    revision: Option<u64>,
+}
+
+impl Ran {
+    fn failed(e: &ChangeError) -> Ran {
+        let state = match e {
+            ChangeError::Conflict { .. } | ChangeError::ProfileActive { .. } => "conflict",
+            _ => "failed",
+        };
+        Ran { state, outcome: e.to_string(), revision: None }
+    }
+}
+
+impl Actions {
+    async fn current(&self, env: &str, svc: &str) -> Result<(u64, ServiceConfig), ChangeError> {
+        let snap = self.store.latest_snapshot(env, svc).await?;
+        let svc_row = self.store.service(env, svc).await?;
+        match (snap, svc_row) {
+            (Some(s), Some(_)) => {
+                let cfg = serde_json::from_str(&s.body).map_err(|e| ChangeError::Storage(e.into()))?;
+                Ok((s.revision, cfg))
+            }
+            _ => Err(ChangeError::NotFound(Missing::Service { env: env.into(), service: svc.into() })),
+        }
+    }
+
+    /// Schedules `new` (audited as `schedule.create`): checked now as it would be applied,
+    /// stored with what its target looks like now.
+    ///
+    /// # Errors
+    /// [`ChangeError`]: the role of the change itself; [`ChangeError::InvalidField`] on
+    /// `run_at` / `revert_at`; what the change refers to missing; an invalid value.
+    pub async fn schedule_change(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        new: NewSchedule,
+    ) -> Result<ScheduledRow, ChangeError> {
+        by.may(Action::ScheduleCreate)?;
+        in_future("run_at", new.run_at)?;
+        if let Some(r) = new.revert_at
+            && r <= new.run_at
+        {
+            return Err(bad("revert_at", r.to_string(), "must be after run_at"));
+        }
+        let env = new.env.clone();
+        let mut row = ScheduledRow {
+            environment: env.clone(),
+            run_at: new.run_at.unix_ms(),
+            revert_at: new.revert_at.map(|t| t.unix_ms()),
+            state: "pending".into(),
+            created_by: by.name.clone(),
+            created_role: by.role.as_str().into(),
+            created_at: now_ms(),
+            reason: reason.as_str().into(),
+            ..Default::default()
+        };
+        match &new.change {
+            Planned::Flag { service, key, value } => {
+                by.may(Action::FlagSet)?;
+                self.gate(by, &env, "flag", &format!("flag {key}")).await?;
+                let (rev, cfg) = self.current(&env, service).await?;
+                let flag = cfg.flags.get(key).ok_or_else(|| {
+                    ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
+                })?;
+                if !flag.kind.accepts(value) {
+                    return Err(bad(
+                        "value",
+                        value.to_string(),
+                        format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
+                    ));
+                }
+                row.service = Some(service.clone());
+                row.kind = "flag".into();
+                row.target = key.clone();
+                row.payload = value.to_string();
+                row.expected = Some(json!(flag).to_string());
+                row.base_revision = Some(rev);
+            }
+            Planned::Policy { service, policy } => {
+                by.may(Action::PolicyUpdate)?;
+                self.gate(by, &env, "policy", &format!("policy of {service}")).await?;
+                let (rev, cfg) = self.current(&env, service).await?;
+                let expected = json!(cfg.policy).to_string();
+                let next = ServiceConfig { policy: (**policy).clone(), ..cfg };
+                next.validate().map_err(ChangeError::Invalid)?;
+                row.service = Some(service.clone());
+                row.kind = "policy".into();
+                row.target = "policy".into();
+                row.payload = json!(policy).to_string();
+                row.expected = Some(expected);
+                row.base_revision = Some(rev);
+            }
+            Planned::Profile { name } => {
+                by.may(Action::ProfileApply)?;
+                self.gate(by, &env, "profile", &format!("profile {name}")).await?;
+                self.store.profile(&env, name).await?.ok_or_else(|| {
+                    ChangeError::NotFound(Missing::Profile { env: env.clone(), name: name.clone() })
+                })?;
+                let Some(until) = new.revert_at else {
+                    return Err(bad("revert_at", "", "a profile needs an end: give revert_at (its expiry)"));
+                };
+                row.kind = "profile".into();
+                row.target = name.clone();
+                row.payload = json!({"expires_at": until}).to_string();
+                row.revert_at = None; // the profile's expiry is its revert, in the agents too
+            }
+        }
+        let mut audit = audit_row(by, reason, Action::ScheduleCreate, describe(&row));
+        audit.environment = Some(env.clone());
+        audit.service = row.service.clone();
+        audit.after = Some(
+            json!({"run_at": new.run_at, "revert_at": new.revert_at, "payload": serde_json::from_str::<Value>(&row.payload).unwrap_or(Value::Null)})
+                .to_string(),
+        );
+        row.id = self.store.schedule(&row, Some(&audit)).await?;
+        Ok(row)
+    }
+
+    /// Moves pending change `id` to `run_at` (and `revert_at`), audited as
+    /// `schedule.update`; or cancels it when `run_at` is `None` (`schedule.cancel`).
+    ///
+    /// # Errors
+    /// [`ChangeError`]: [`Missing::ScheduledChange`] when there is no pending change `id`;
+    /// [`ChangeError::InvalidField`] on the times.
+    pub async fn reschedule_change(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+        run_at: Option<Timestamp>,
+        revert_at: Option<Timestamp>,
+    ) -> Result<ScheduledRow, ChangeError> {
+        let action = if run_at.is_some() { Action::ScheduleUpdate } else { Action::ScheduleCancel };
+        by.may(action)?;
+        let missing = || ChangeError::NotFound(Missing::ScheduledChange { id });
+        let c = self.store.scheduled(id).await?.filter(|c| c.state == "pending").ok_or_else(missing)?;
+        if let Some(at) = run_at {
+            in_future("run_at", at)?;
+            if let Some(r) = revert_at
+                && r <= at
+            {
+                return Err(bad("revert_at", r.to_string(), "must be after run_at"));
+            }
+        }
+        let mut audit = audit_row(by, reason, action, format!("{} (scheduled change {id})", describe(&c)));
+        audit.environment = Some(c.environment.clone());
+        audit.service = c.service.clone();
+        audit.before = Some(json!({"run_at": Timestamp::from_unix_ms(c.run_at)}).to_string());
+        audit.after = run_at.map(|t| json!({"run_at": t, "revert_at": revert_at}).to_string());
+        let revert = if c.kind == "profile" { None } else { revert_at.map(|t| t.unix_ms()) };
+        if !self.store.reschedule(id, run_at.map(|t| t.unix_ms()), revert, &audit).await? {
+            return Err(missing());
+        }
+        self.store.scheduled(id).await?.ok_or_else(missing)
+    }
+
+    /// Runs every scheduled change due at `now` that this replica claims (see the module
+    /// documentation). Returns how many ran (applied or not).
+    ///
+    /// # Errors
+    /// [`ChangeError::Storage`] when the due changes cannot be listed.
+    pub async fn run_due_changes(&self, now: Timestamp) -> Result<usize, ChangeError> {
+        let mut n = 0;
+        for id in self.store.due_changes(now.unix_ms()).await? {
+            let Some(c) = self.store.claim_change(id, "levee", now.unix_ms()).await? else { continue };
+            let ran = self.run_change(&c).await;
+            if let Err(e) = self.store.finish_change(id, ran.state, &ran.outcome, ran.revision).await {
+                tracing::error!(error = ?e, id, "recording how a scheduled change ended");
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    async fn run_change(&self, c: &ScheduledRow) -> Ran {
+        let by = Actor {
+            name: c.created_by.clone(),
+            role: Role::parse(&c.created_role).unwrap_or(Role::Viewer),
+            via: super::Via::Server,
+            request_id: format!("scheduled-{}", c.id),
+            approval: super::Approval::None,
+        };
+        let reason = Reason::by_server(format!("{} (scheduled change {})", c.reason, c.id));
+        let conflict = |what: String, rev: u64| {
+            let base = c.base_revision.unwrap_or(0);
+            format!(
+                "{what} changed since the change was scheduled (at revision {base}, now {rev}): not applied"
+            )
+        };
+        let res: Result<Ran, ChangeError> = async {
+            match c.kind.as_str() {
+                "flag" | "policy" => {
+                    let svc = c.service.clone().unwrap_or_default();
+                    let (rev, cfg) = self.current(&c.environment, &svc).await?;
+                    let now = if c.kind == "flag" {
+                        cfg.flags.get(&c.target).map(|f| json!(f).to_string())
+                    } else {
+                        Some(json!(cfg.policy).to_string())
+                    };
+                    if now != c.expected {
+                        let what =
+                            if c.kind == "flag" { format!("flag {}", c.target) } else { "the policy".into() };
+                        return Ok(Ran { state: "conflict", outcome: conflict(what, rev), revision: None });
+                    }
+                    let at = ServiceAt::new(&c.environment, svc.clone(), Some(rev));
+                    let payload: Value =
+                        serde_json::from_str(&c.payload).map_err(|e| ChangeError::Storage(e.into()))?;
+                    let (written, before, after) = if c.kind == "flag" {
+                        let before = cfg.flags.get(&c.target).map(|f| f.value.clone()).unwrap_or(Value::Null);
+                        let w = self.set_flag_value(&by, &reason, &at, &c.target, payload, None).await?;
+                        let cfg: ServiceConfig = serde_json::from_str(&w.snapshot.body)
+                            .map_err(|e| ChangeError::Storage(e.into()))?;
+                        (w, before, cfg.flags.get(&c.target).map(|f| json!(f).to_string()))
+                    } else {
+                        let policy: Policy =
+                            serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
+                        let before = json!(cfg.policy);
+                        let w = self.update_policy(&by, &reason, &at, policy).await?;
+                        let cfg: ServiceConfig = serde_json::from_str(&w.snapshot.body)
+                            .map_err(|e| ChangeError::Storage(e.into()))?;
+                        (w, before, Some(json!(cfg.policy).to_string()))
+                    };
+                    let mut outcome = format!("applied as revision {}", written.snapshot.revision);
+                    if let Some(at) = c.revert_at {
+                        let revert = ScheduledRow {
+                            environment: c.environment.clone(),
+                            service: c.service.clone(),
+                            kind: c.kind.clone(),
+                            target: c.target.clone(),
+                            payload: before.to_string(),
+                            expected: after,
+                            base_revision: Some(written.snapshot.revision),
+                            run_at: at,
+                            reverts: Some(c.id),
+                            state: "pending".into(),
+                            created_by: c.created_by.clone(),
+                            created_role: c.created_role.clone(),
+                            created_at: now_ms(),
+                            reason: format!("revert of scheduled change {}: {}", c.id, c.reason),
+                            ..Default::default()
+                        };
+                        let id = self.store.schedule(&revert, None).await?;
+                        outcome.push_str(&format!("; its revert is scheduled change {id}"));
+                    }
+                    Ok(Ran { state: "applied", outcome, revision: Some(written.snapshot.revision) })
+                }
+                "profile" => {
+                    let until = serde_json::from_str::<Value>(&c.payload)
+                        .ok()
+                        .and_then(|v| v["expires_at"].as_str().and_then(Timestamp::parse))
+                        .ok_or_else(|| {
+                            ChangeError::Storage(anyhow::anyhow!("scheduled profile without expiry"))
+                        })?;
+                    let a = self.apply_profile(&by, &reason, &c.environment, &c.target, until).await?;
+                    Ok(Ran {
+                        state: "applied",
+                        outcome: format!("profile {} applied until {until}", a.profile),
+                        revision: None,
+                    })
+                }
+                other => {
+                    Err(ChangeError::Storage(anyhow::anyhow!("unknown scheduled change kind {other:?}")))
+                }
+            }
+        }
+        .await;
+        let ran = res.unwrap_or_else(|e| Ran::failed(&e));
+        if ran.state != "applied" {
+            // Not applied: audited as what happened, never as applied.
+            let mut audit: AuditRow = audit_row(
+                &by,
+                &reason,
+                Action::ScheduleRun,
+                format!("{} (scheduled change {})", describe(c), c.id),
+            );
+            audit.environment = Some(c.environment.clone());
+            audit.service = c.service.clone();
+            audit.outcome = ran.state.to_string();
+            audit.after = Some(json!(ran.outcome).to_string());
+            if let Err(e) = self.store.append_audit(&audit).await {
+                tracing::error!(error = ?e, id = c.id, "auditing a scheduled change that did not apply");
+            }
+        }
+        ran
+    }
+}
+
+/// What a scheduled change targets, in words: `flag KEY`, `policy`, `profile NAME`.
+pub fn describe(c: &ScheduledRow) -> String {
+    match c.kind.as_str() {
+        "flag" => format!("flag {}", c.target),
+        "profile" => format!("profile {}", c.target),
+        _ => "policy".into(),
+    }
+}

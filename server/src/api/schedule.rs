@@ -1,0 +1,249 @@
+//! Scheduled changes of an environment: a flag value, a policy or a profile application at
+//! a time, with an optional automatic revert; rescheduled or cancelled while pending.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use levee_agent::policy::{Policy, Timestamp};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::flags::ReasonQuery;
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
+use crate::actions::{Action, NewSchedule, Planned, Reason};
+use crate::db::ScheduledRow;
+use crate::web::{AppState, RequestId};
+
+/// A scheduled change and how it ended.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ScheduledView {
+    pub id: i64,
+    /// The service of a flag or policy change; `null` for a profile.
+    pub service: Option<String>,
+    /// `flag`, `policy` or `profile`.
+    pub kind: String,
+    /// The flag key, `policy`, or the profile name.
+    pub target: String,
+    /// What is set: the flag value, the policy, or `{"expires_at": …}` of a profile.
+    #[schema(value_type = Object)]
+    pub value: Value,
+    /// When it is applied.
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub run_at: i64,
+    /// When what it replaced is put back; `null`: never (a profile ends at its expiry).
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub revert_at: Option<i64>,
+    /// The scheduled change this one reverts.
+    pub reverts: Option<i64>,
+    /// The service's revision when it was scheduled; the target must be unchanged since,
+    /// else the change ends as `conflict` without being applied.
+    pub base_revision: Option<u64>,
+    /// `pending`, `running`, `applied`, `conflict`, `failed` or `cancelled`.
+    pub state: String,
+    pub created_by: String,
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: i64,
+    pub reason: String,
+    /// What happened: the revision made, the conflict, the error.
+    pub outcome: Option<String>,
+    /// The revision it made.
+    pub revision: Option<u64>,
+    /// When it ended (applied, conflict, failed, cancelled).
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub finished_at: Option<i64>,
+}
+
+impl From<ScheduledRow> for ScheduledView {
+    fn from(c: ScheduledRow) -> Self {
+        ScheduledView {
+            id: c.id,
+            service: c.service,
+            kind: c.kind,
+            target: c.target,
+            value: serde_json::from_str(&c.payload).unwrap_or(Value::Null),
+            run_at: c.run_at,
+            revert_at: c.revert_at,
+            reverts: c.reverts,
+            base_revision: c.base_revision,
+            state: c.state,
+            created_by: c.created_by,
+            created_at: c.created_at,
+            reason: c.reason,
+            outcome: c.outcome,
+            revision: c.revision,
+            finished_at: c.finished_at,
+        }
+    }
+}
+
+/// Body of `POST .../scheduled-changes`. `kind` says which fields it needs: `flag` —
+/// `service`, `flag`, `value`; `policy` — `service`, `policy`; `profile` — `profile` and
+/// `revert_at` (its expiry).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewScheduled {
+    /// `flag`, `policy` or `profile`.
+    pub kind: String,
+    #[serde(default)]
+    pub service: Option<String>,
+    /// The flag's key.
+    #[serde(default)]
+    pub flag: Option<String>,
+    /// The flag's new value.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub value: Option<Value>,
+    /// The new policy.
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// The profile to apply.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// When to apply it (in the future).
+    pub run_at: Timestamp,
+    /// When to put back what it replaced (after `run_at`); for a profile, its expiry.
+    #[serde(default)]
+    pub revert_at: Option<Timestamp>,
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// Body of `PATCH .../scheduled-changes/{id}`: a new time for a pending change.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Reschedule {
+    pub run_at: Timestamp,
+    #[serde(default)]
+    pub revert_at: Option<Timestamp>,
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// Query of the list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only the changes of this service.
+    pub service: Option<String>,
+}
+
+fn need<T>(v: Option<T>, field: &str, kind: &str) -> ApiResult<T> {
+    v.ok_or_else(|| ApiError::bad_field(field, "", format!("required for a {kind} change")))
+}
+
+/// Scheduled changes: pending ones by time, then the last 100 that ended, newest first.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/scheduled-changes", tag = "schedule",
+    params(("env" = String, Path), ListQuery), responses((status = 200, body = [ScheduledView])))]
+pub async fn list(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path(env): Path<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Vec<ScheduledView>>> {
+    let rows = s.store.scheduled_changes(&env, q.service.as_deref()).await?;
+    Ok(Json(rows.into_iter().map(Into::into).collect()))
+}
+
+/// One scheduled change.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/scheduled-changes/{id}", tag = "schedule",
+    params(("env" = String, Path), ("id" = i64, Path)),
+    responses((status = 200, body = ScheduledView), (status = 404, body = super::Problem)))]
+pub async fn get_one(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, id)): Path<(String, i64)>,
+) -> ApiResult<Json<ScheduledView>> {
+    let c = s
+        .store
+        .scheduled(id)
+        .await?
+        .filter(|c| c.environment == env)
+        .ok_or_else(|| ApiError::NotFound(format!("no scheduled change {id} in environment {env:?}")))?;
+    Ok(Json(c.into()))
+}
+
+/// Schedules a change (operator, and the role of the change itself).
+#[utoipa::path(post, path = "/api/v1/environments/{env}/scheduled-changes", tag = "schedule",
+    request_body = NewScheduled, params(("env" = String, Path)),
+    responses((status = 201, body = ScheduledView), (status = 404, body = super::Problem),
+              (status = 422, body = super::Problem)))]
+pub async fn create(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path(env): Path<String>,
+    ApiJson(req): ApiJson<NewScheduled>,
+) -> ApiResult<(StatusCode, Json<ScheduledView>)> {
+    let by = auth.actor(Action::ScheduleCreate, &rid)?;
+    let reason = Reason::parse(&req.reason)?;
+    let kind = req.kind.as_str();
+    let change = match kind {
+        "flag" => Planned::Flag {
+            service: need(req.service, "service", kind)?,
+            key: need(req.flag, "flag", kind)?,
+            value: need(req.value, "value", kind)?,
+        },
+        "policy" => Planned::Policy {
+            service: need(req.service, "service", kind)?,
+            policy: Box::new(need(req.policy, "policy", kind)?),
+        },
+        "profile" => Planned::Profile { name: need(req.profile, "profile", kind)? },
+        _ => {
+            return Err(ApiError::bad_field(
+                "kind",
+                format!("{kind:?}"),
+                "must be one of flag, policy, profile",
+            ));
+        }
+    };
+    let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };
+    let c = s.actions.schedule_change(&by, &reason, new).await?;
+    Ok((StatusCode::CREATED, Json(c.into())))
+}
+
+/// Moves a pending change to another time (operator): the old time no longer exists.
+#[utoipa::path(patch, path = "/api/v1/environments/{env}/scheduled-changes/{id}", tag = "schedule",
+    request_body = Reschedule, params(("env" = String, Path), ("id" = i64, Path)),
+    responses((status = 200, body = ScheduledView), (status = 404, body = super::Problem)))]
+pub async fn reschedule(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path((env, id)): Path<(String, i64)>,
+    ApiJson(req): ApiJson<Reschedule>,
+) -> ApiResult<Json<ScheduledView>> {
+    let by = auth.actor(Action::ScheduleUpdate, &rid)?;
+    let reason = Reason::parse(&req.reason)?;
+    same_env(&s, &env, id).await?;
+    let c = s.actions.reschedule_change(&by, &reason, id, Some(req.run_at), req.revert_at).await?;
+    Ok(Json(c.into()))
+}
+
+/// Cancels a pending change (operator).
+#[utoipa::path(delete, path = "/api/v1/environments/{env}/scheduled-changes/{id}", tag = "schedule",
+    params(("env" = String, Path), ("id" = i64, Path), ReasonQuery),
+    responses((status = 200, body = ScheduledView), (status = 404, body = super::Problem)))]
+pub async fn cancel(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path((env, id)): Path<(String, i64)>,
+    ApiQuery(q): ApiQuery<ReasonQuery>,
+) -> ApiResult<Json<ScheduledView>> {
+    let by = auth.actor(Action::ScheduleCancel, &rid)?;
+    let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
+    same_env(&s, &env, id).await?;
+    let c = s.actions.reschedule_change(&by, &reason, id, None, None).await?;
+    Ok(Json(c.into()))
+}
+
+async fn same_env(s: &AppState, env: &str, id: i64) -> ApiResult<()> {
+    match s.store.scheduled(id).await? {
+        Some(c) if c.environment == env => Ok(()),
+        _ => Err(ApiError::NotFound(format!("no scheduled change {id} in environment {env:?}"))),
+    }
+}

@@ -1,0 +1,219 @@
+//! Scheduled changes: applied once when due (the test runs due jobs explicitly, at chosen
+//! times, instead of waiting), reverted by themselves, rescheduled or cancelled without a
+//! trace of the old job, a moved target shown as a conflict and never applied, one replica
+//! applying each on a shared PostgreSQL.
+
+use levee_agent::policy::Timestamp;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{Db, TestApp, assert_problem, postgres_url};
+
+const SCHED: &str = "/api/v1/environments/prod/scheduled-changes";
+const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
+
+fn at(from_now_ms: i64) -> Timestamp {
+    Timestamp::from_unix_ms(Timestamp::now().unix_ms() + from_now_ms)
+}
+
+const HOUR: i64 = 3_600_000;
+
+async fn flag(app: &TestApp) -> Value {
+    app.call(Method::GET, FLAG, None).await.2["value"].clone()
+}
+
+async fn schedule_flip(app: &TestApp, value: bool, run_at: Timestamp, revert_at: Option<Timestamp>) -> Value {
+    let mut body = json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled",
+                          "value": value, "run_at": run_at, "reason": "maintenance window"});
+    if let Some(r) = revert_at {
+        body["revert_at"] = json!(r);
+    }
+    let (s, _, c) = app.call(Method::POST, SCHED, Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{c}");
+    c
+}
+
+async fn run_due(app: &TestApp, t: Timestamp) -> usize {
+    app.server.as_ref().unwrap().actions.run_due_changes(t).await.unwrap()
+}
+
+async fn flip_applies_when_due_and_reverts(app: TestApp) {
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), Some(at(2 * HOUR))).await;
+    assert_eq!((c["state"].as_str(), c["base_revision"].as_u64()), (Some("pending"), Some(1)), "{c}");
+    assert_eq!(run_due(&app, at(HOUR - 60_000)).await, 0, "not due yet");
+    assert_eq!(flag(&app).await, json!(true));
+
+    assert_eq!(run_due(&app, at(HOUR + 1000)).await, 1);
+    assert_eq!(run_due(&app, at(HOUR + 1000)).await, 0, "applied once");
+    assert_eq!(flag(&app).await, json!(false));
+    let id = c["id"].as_i64().unwrap();
+    let (_, _, done) = app.call(Method::GET, &format!("{SCHED}/{id}"), None).await;
+    assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=1", None).await;
+    assert_eq!(
+        (&audit[0]["action"], &audit[0]["actor"], &audit[0]["via"], &audit[0]["outcome"]),
+        (&json!("flag.set"), &json!("admin"), &json!("server"), &json!("ok")),
+        "{audit}"
+    );
+
+    // Its revert is a scheduled change of its own, due at revert_at.
+    let (_, _, list) = app.call(Method::GET, &format!("{SCHED}?service=checkout"), None).await;
+    let revert = &list[0];
+    assert_eq!((revert["state"].as_str(), revert["reverts"].as_i64()), (Some("pending"), Some(id)), "{list}");
+    assert_eq!(revert["value"], json!(true));
+    assert_eq!(run_due(&app, at(2 * HOUR + 1000)).await, 1);
+    assert_eq!(flag(&app).await, json!(true));
+}
+
+#[tokio::test]
+async fn a_scheduled_flip_applies_once_when_due_and_reverts_on_sqlite() {
+    flip_applies_when_due_and_reverts(TestApp::spawn().await).await;
+}
+
+#[tokio::test]
+async fn a_scheduled_flip_applies_once_when_due_and_reverts_on_postgres() {
+    if let Some(app) = TestApp::spawn_on(Db::Postgres).await {
+        flip_applies_when_due_and_reverts(app).await;
+    }
+}
+
+#[tokio::test]
+async fn rescheduling_and_cancelling_leave_no_old_job() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), None).await;
+    let id = c["id"].as_i64().unwrap();
+    let (s, _, moved) = app
+        .call(
+            Method::PATCH,
+            &format!("{SCHED}/{id}"),
+            Some(json!({"run_at": at(3 * HOUR), "reason": "later"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{moved}");
+    assert_eq!(run_due(&app, at(2 * HOUR)).await, 0, "the old time is gone");
+    assert_eq!(flag(&app).await, json!(true));
+    let (s, _, cancelled) = app.call(Method::DELETE, &format!("{SCHED}/{id}?reason=not+needed"), None).await;
+    assert_eq!((s, cancelled["state"].as_str()), (StatusCode::OK, Some("cancelled")), "{cancelled}");
+    assert_eq!(run_due(&app, at(4 * HOUR)).await, 0, "a cancelled change never runs");
+    assert_eq!(flag(&app).await, json!(true));
+    let (s, h, b) = app.call(Method::DELETE, &format!("{SCHED}/{id}?reason=again"), None).await;
+    assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
+
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout", None).await;
+    let actions: Vec<&str> =
+        audit.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions,
+        ["schedule.cancel", "schedule.update", "schedule.create", "service.create"],
+        "{audit}"
+    );
+
+    // Bad times and kinds name their field.
+    for (body, field) in [
+        (
+            json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": false,
+                "run_at": at(-1000), "reason": "r"}),
+            "run_at",
+        ),
+        (
+            json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": false,
+                "run_at": at(HOUR), "revert_at": at(HOUR - 1), "reason": "r"}),
+            "revert_at",
+        ),
+        (
+            json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled", "value": 3,
+                "run_at": at(HOUR), "reason": "r"}),
+            "value",
+        ),
+        (json!({"kind": "flag", "service": "checkout", "run_at": at(HOUR), "reason": "r"}), "flag"),
+        (json!({"kind": "dance", "run_at": at(HOUR), "reason": "r"}), "kind"),
+        (json!({"kind": "profile", "profile": "p", "run_at": "tomorrow", "reason": "r"}), "run_at"),
+    ] {
+        let (s, h, b) = app.call(Method::POST, SCHED, Some(body.clone())).await;
+        assert!(s.is_client_error(), "{body}: {b}");
+        assert_problem(s, &h, &b, s);
+        assert_eq!(b["errors"][0]["path"], field, "{body}: {b}");
+    }
+}
+
+#[tokio::test]
+async fn a_change_whose_target_moved_shows_the_conflict_and_is_not_applied() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), Some(at(2 * HOUR))).await;
+    // Someone changes the flag after the change was scheduled.
+    let (s, _, _) = app
+        .call(Method::PATCH, FLAG, Some(json!({"value": true, "expires_at": at(5 * HOUR), "reason": "x"})))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(run_due(&app, at(HOUR + 1000)).await, 1);
+    let id = c["id"].as_i64().unwrap();
+    let (_, _, done) = app.call(Method::GET, &format!("{SCHED}/{id}"), None).await;
+    assert_eq!(done["state"], "conflict", "{done}");
+    let outcome = done["outcome"].as_str().unwrap();
+    assert!(
+        outcome.contains(
+            "flag recommendations.enabled changed since the change was scheduled (at revision 1, now 2)"
+        ),
+        "{outcome}"
+    );
+    assert_eq!(flag(&app).await, json!(true));
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=2", None).await;
+    assert_eq!(
+        (&audit[0]["action"], &audit[0]["outcome"]),
+        (&json!("schedule.run"), &json!("conflict")),
+        "{audit}"
+    );
+    assert_eq!(audit[1]["reason"], "x", "no flag.set was audited for the scheduled change");
+    // No revert is scheduled for a change that was not applied.
+    let (_, _, list) = app.call(Method::GET, SCHED, None).await;
+    assert!(list.as_array().unwrap().iter().all(|c| c["state"] != "pending"), "{list}");
+}
+
+#[tokio::test]
+async fn a_scheduled_profile_is_applied_until_its_revert_time() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, _, _) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/profiles/night",
+            Some(json!({"services": {"checkout": {"flags": {"recommendations.enabled": false}}}, "reason": "r"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let until = at(2 * HOUR);
+    let (s, _, c) = app
+        .call(
+            Method::POST,
+            SCHED,
+            Some(json!({"kind": "profile", "profile": "night", "run_at": at(HOUR), "revert_at": until, "reason": "batch window"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{c}");
+    assert_eq!(run_due(&app, at(HOUR + 1000)).await, 1);
+    let (s, _, active) = app.call(Method::GET, "/api/v1/environments/prod/active-profile", None).await;
+    assert_eq!(s, StatusCode::OK, "{active}");
+    assert_eq!(Timestamp::parse(active["expires_at"].as_str().unwrap()), Some(until));
+    assert_eq!(flag(&app).await, json!(false));
+}
+
+#[tokio::test]
+async fn with_two_replicas_exactly_one_applies_a_due_change() {
+    let Some(url) = postgres_url().await else { return };
+    let a = TestApp::spawn_with(Some(url.clone())).await;
+    let b = TestApp::spawn_with(Some(url)).await;
+    a.seed().await;
+    let c = schedule_flip(&a, false, at(HOUR), None).await;
+    let t = at(HOUR + 1000);
+    let (ra, rb) = tokio::join!(run_due(&a, t), run_due(&b, t));
+    assert_eq!(ra + rb, 1, "one replica claims the change");
+    let id = c["id"].as_i64().unwrap();
+    let (_, _, done) = b.call(Method::GET, &format!("{SCHED}/{id}"), None).await;
+    assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
+    let (_, _, revs) =
+        a.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
+    assert_eq!(revs.as_array().unwrap().len(), 2, "one revision made: {revs}");
+}
