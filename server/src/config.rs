@@ -14,6 +14,8 @@
 //! | new agent streams per second | `--new-streams-per-sec` | `LEVEE_NEW_STREAMS_PER_SEC` | `new_streams_per_sec` | `500` |
 //! | request body limit, bytes | `--max-body-bytes` | `LEVEE_MAX_BODY_BYTES` | `max_body_bytes` | `1048576` |
 //! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
+//! | webhook receiving features on a fallback past `alert_after` (one JSON POST per transition) | `--alert-webhook-url` | `LEVEE_ALERT_WEBHOOK_URL` | `alert_webhook_url` | none |
+//! | proxies trusted to name the client in `X-Forwarded-For` (IPs, comma-separated) | `--trusted-proxies` | `LEVEE_TRUSTED_PROXIES` | `trusted_proxies` | none: the client is the socket peer |
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -92,6 +94,14 @@ pub struct ServeArgs {
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "LEVEE_LOG")]
     pub log: Option<String>,
+    /// Addresses of reverse proxies whose `X-Forwarded-For` names the client (login
+    /// throttling, audit); comma-separated IPs.
+    #[arg(long, env = "LEVEE_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Option<Vec<std::net::IpAddr>>,
+    /// URL that receives one JSON POST each time a feature's fallback passes its
+    /// `alert_after`, or stops.
+    #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL")]
+    pub alert_webhook_url: Option<String>,
 }
 
 /// The TOML file layer.
@@ -111,6 +121,8 @@ struct FileLayer {
     new_streams_per_sec: Option<u32>,
     max_body_bytes: Option<usize>,
     log: Option<String>,
+    trusted_proxies: Option<Vec<std::net::IpAddr>>,
+    alert_webhook_url: Option<String>,
 }
 
 /// Validated settings of a running server; the module documentation gives the flag,
@@ -139,6 +151,10 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// `tracing` filter directives, e.g. `info,levee_server=debug`.
     pub log: String,
+    /// Proxies whose `X-Forwarded-For` is believed; empty: only the socket peer counts.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Where features past their `alert_after` are POSTed (`http://` or `https://`).
+    pub alert_webhook_url: Option<String>,
 }
 
 impl Settings {
@@ -156,6 +172,8 @@ impl Settings {
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log: "info".into(),
+            trusted_proxies: Vec::new(),
+            alert_webhook_url: None,
         }
     }
 
@@ -206,6 +224,13 @@ impl Settings {
             new_streams_per_sec >= 1,
             "new_streams_per_sec (LEVEE_NEW_STREAMS_PER_SEC) must be at least 1"
         );
+        let alert_webhook_url = args.alert_webhook_url.or(file.alert_webhook_url);
+        if let Some(u) = &alert_webhook_url {
+            anyhow::ensure!(
+                u.starts_with("http://") || u.starts_with("https://"),
+                "alert_webhook_url (LEVEE_ALERT_WEBHOOK_URL) must be an http:// or https:// URL"
+            );
+        }
         Ok(Settings {
             data_dir,
             http_addr,
@@ -218,6 +243,8 @@ impl Settings {
             new_streams_per_sec,
             max_body_bytes,
             log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
+            trusted_proxies: args.trusted_proxies.or(file.trusted_proxies).unwrap_or_default(),
+            alert_webhook_url,
         })
     }
 }

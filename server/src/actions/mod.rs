@@ -33,6 +33,7 @@ mod faults;
 mod flags;
 mod input;
 mod overrides;
+mod security;
 mod service;
 
 pub use access::{MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser};
@@ -42,6 +43,9 @@ pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use faults::NewFaultRule;
 pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
 pub use overrides::NewOverride;
+pub use security::{
+    AUDIT_LOGIN, AUDIT_LOGIN_FAILED, AUDIT_LOGIN_THROTTLED, AUDIT_REFUSED, INVALID_USERNAME, LoginAttempt,
+};
 pub use service::{Declared, NewService};
 
 use levee_agent::policy::{Lint, ServiceConfig, lint};

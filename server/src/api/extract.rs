@@ -19,19 +19,47 @@ pub struct Auth {
     /// [`Via::Cli`] when the request says `x-levee-client: cli`, [`Via::Ui`] for the
     /// session cookie, else [`Via::Api`].
     pub via: Via,
+    /// Where a refusal is recorded (audit and log), with the request's method and path.
+    refusals: Refusals,
+}
+
+/// What an edge needs to record a 403: the actions, the request id, method and path.
+#[derive(Clone, Debug)]
+struct Refusals {
+    actions: crate::actions::Actions,
+    request_id: String,
+    target: String,
 }
 
 impl Auth {
-    /// Refuses with 403 unless the caller has at least `role`.
+    /// Refuses with 403 unless the caller has at least `role` (audited and logged).
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
-        Ok(Forbidden::check(self.principal.role, role)?)
+        Forbidden::check(self.principal.role, role).map_err(|f| {
+            let actor = Actor::new(&self.principal, self.via, self.refusals.request_id.clone());
+            self.refusals.actions.spawn_refused(
+                actor,
+                format!("role {}", role.as_str()),
+                self.refusals.target.clone(),
+                f,
+            );
+            f.into()
+        })
     }
 
     /// The caller as the actor of `action`, refused with 403 unless its role allows the
     /// action (checked before the request's other parts, as the action checks it again).
+    /// A refusal is audited and logged.
     pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, ApiError> {
         let actor = Actor::new(&self.principal, self.via, request.0.clone());
-        actor.may(action)?;
+        if let Err(f) = actor.may(action) {
+            self.refusals.actions.spawn_refused(
+                actor,
+                action.name().to_string(),
+                self.refusals.target.clone(),
+                f,
+            );
+            return Err(f.into());
+        }
         Ok(actor)
     }
 }
@@ -80,7 +108,16 @@ impl FromRequestParts<AppState> for Auth {
             AuthError::Missing => ApiError::Unauthorized("missing bearer token".into()),
             AuthError::Invalid(_) => ApiError::Unauthorized("invalid token".into()),
         })?;
-        Ok(Auth { principal, via })
+        let refusals = Refusals {
+            actions: state.actions.clone(),
+            request_id: RequestId::from_request_parts(parts, state).await.map(|r| r.0).unwrap_or_default(),
+            target: format!(
+                "{} {}",
+                parts.method,
+                parts.extensions.get::<axum::extract::OriginalUri>().map_or(parts.uri.path(), |u| u.0.path())
+            ),
+        };
+        Ok(Auth { principal, via, refusals })
     }
 }
 
