@@ -75,6 +75,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/environments/{env}/services/{svc}/agents", get(fleet::agents))
         .route("/environments/{env}/services/{svc}/nacks", get(fleet::nacks))
+        .route("/environments/{env}/services/{svc}/revisions/{rev}/propagation", get(fleet::propagation))
         .route("/audit", get(audit::list))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))

@@ -35,6 +35,7 @@ impl Modify for BearerAuth {
         overrides::list_overrides, overrides::put_override, overrides::delete_override,
         overrides::list_faults, overrides::put_fault, overrides::delete_fault,
         fleet::agents, fleet::nacks,
+        fleet::propagation,
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,
