@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod advice;
+pub mod alerts;
 pub mod api;
 pub mod app;
 pub mod auth;

@@ -22,6 +22,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("shutdown", &[]),
     ("hub", &["db"]),
     ("advice", &["db"]),
+    // The alert_after watcher: advice's rule over the store, a task stopped like the others.
+    ("alerts", &["advice", "db", "shutdown"]),
     ("auth", &["db"]),
     ("fleet", &["db"]),
     ("actions", &["advice", "auth", "db", "hub"]),
@@ -31,12 +33,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &["sync"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
-    ("ui", &["actions", "advice", "auth", "db", "web"]),
+    // ui reads `diff` for the policy editor's preview and the revision history.
+    ("ui", &["actions", "advice", "auth", "db", "diff", "web"]),
     (
         "app",
         &[
-            "actions", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown", "sweeper",
-            "sync", "ui", "web",
+            "actions", "alerts", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown",
+            "sweeper", "sync", "ui", "web",
         ],
     ),
 ];
