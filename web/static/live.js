@@ -28,6 +28,12 @@
     root.setAttribute("data-applied", String(s.applied));
     root.setAttribute("data-connected", String(s.connected));
     text("live-summary", s.summary);
+    text("current-status", s.summary);
+    var change = document.getElementById("change-status");
+    if (change && Number(change.getAttribute("data-revision")) <= s.revision) {
+      change.textContent = "Saved as revision " + change.getAttribute("data-revision") + ". " + s.summary;
+      change.className = s.connected === 0 ? "warn" : (s.applied === s.connected ? "ok" : "muted");
+    }
     text("live-latency", s.latency);
     list("live-nacks", s.nacks);
     list("live-breakers", s.open_breakers);

@@ -50,7 +50,9 @@ async fn browser() -> Option<(Driver, Client)> {
         (find_binary(&["chromedriver"]), find_binary(&["chromium", "chromium-browser", "google-chrome"]))
     else {
         assert!(!required, "LEVEE_REQUIRE_BROWSER=1 but chromium or chromedriver is not installed");
-        eprintln!("SKIPPED: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+        eprintln!(
+            "SKIPPED: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        );
         return None;
     };
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -84,6 +86,7 @@ async fn browser() -> Option<(Driver, Client)> {
 
 async fn screenshot(c: &Client, name: &str) {
     let Some(dir) = std::env::var_os("LEVEE_SCREENSHOTS") else { return };
+    c.execute("window.scrollTo(0, 0);", vec![]).await.unwrap();
     let png = c.screenshot().await.expect("screenshot");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(PathBuf::from(dir).join(format!("{name}.png")), png).unwrap();
@@ -129,14 +132,30 @@ async fn login(c: &Client, base: &str, user: &str, password: &str) {
     .await;
 }
 
+/// The element `css` once the current page has loaded and holds it (pages change under a
+/// click: a find right after it could see the old one).
+async fn wait_find(c: &Client, css: &str) -> fantoccini::elements::Element {
+    until(css, || async {
+        let ready = c.execute("return document.readyState;", vec![]).await.ok()?;
+        if ready != json!("complete") {
+            return None;
+        }
+        c.find(Locator::Css(css)).await.ok()
+    })
+    .await
+}
+
 async fn fill(c: &Client, css: &str, text: &str) {
-    let e = c.find(Locator::Css(css)).await.unwrap_or_else(|_| panic!("no {css}"));
+    let e = wait_find(c, css).await;
     e.clear().await.unwrap();
     e.send_keys(text).await.unwrap();
 }
 
+/// Clicks `css` and waits for the page it leads to (the old page's body goes stale).
 async fn click(c: &Client, css: &str) {
-    c.find(Locator::Css(css)).await.unwrap_or_else(|_| panic!("no {css}")).click().await.unwrap();
+    let old = c.find(Locator::Css("body")).await.unwrap();
+    wait_find(c, css).await.click().await.unwrap();
+    until("the next page", || async { old.text().await.is_err().then_some(()) }).await;
 }
 
 /// Log in; flip a switch with a reason and see the agent's ACK appear without a reload;
@@ -221,12 +240,12 @@ async fn browser_operator_flips_edits_rolls_back_and_a_viewer_cannot() {
     let field = "input[data-path='dependencies.payments.attempt_timeout']";
     fill(&c, field, "fast").await;
     click(&c, "#edit-form button[type=submit]").await;
-    let error = c.find(Locator::Css("tr.invalid .field-error")).await.expect("an error at the field");
+    let error = wait_find(&c, "tr.invalid .field-error").await;
     assert!(error.text().await.unwrap().contains("fast"), "the error names the value");
     assert!(c.find(Locator::Id("commit-form")).await.is_err(), "nothing to commit while invalid");
     fill(&c, field, "250ms").await;
     click(&c, "#edit-form button[type=submit]").await;
-    let diff = c.find(Locator::Css("table.diff")).await.expect("the diff").text().await.unwrap();
+    let diff = wait_find(&c, "table.diff").await.text().await.unwrap();
     assert!(diff.contains("dependencies.payments.attempt_timeout") && diff.contains("250ms"), "{diff}");
     screenshot(&c, "policy-edit").await;
     fill(&c, "#commit-form textarea[name=reason]", "payments is slow today").await;
