@@ -4,6 +4,7 @@
 mod browser;
 mod changes;
 mod helpers;
+mod live;
 mod login;
 mod pages;
 mod security;
