@@ -83,6 +83,46 @@ pub struct AgentBuilder {
     refuse_until_fresh: bool,
     settings: SyncClientSettings,
     tls_ca_pem: Option<Vec<u8>>,
+    instance_name: Option<String>,
+}
+
+/// Environment variables an agent takes its instance name from, in this order (the
+/// Kubernetes downward API's pod name, then the host name most shells and container
+/// runtimes set).
+pub const INSTANCE_NAME_VARS: [&str; 2] = ["POD_NAME", "HOSTNAME"];
+/// Name used when neither [`INSTANCE_NAME_VARS`] nor `/etc/hostname` gives one.
+pub const DEFAULT_INSTANCE_NAME: &str = "agent";
+/// Longest instance name kept (characters); the id adds `-` and 8 hex digits.
+pub const MAX_INSTANCE_NAME_CHARS: usize = 100;
+
+/// An instance name reduced to letters, digits, `.`, `_` and `-` (anything else becomes
+/// `_`), at most [`MAX_INSTANCE_NAME_CHARS`]; `None` when nothing is left.
+fn clean_instance_name(name: &str) -> Option<String> {
+    let cleaned: String = name
+        .trim()
+        .chars()
+        .take(MAX_INSTANCE_NAME_CHARS)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect();
+    (!cleaned.is_empty()).then_some(cleaned)
+}
+
+/// The instance name from the environment: [`INSTANCE_NAME_VARS`], else `/etc/hostname`,
+/// else [`DEFAULT_INSTANCE_NAME`].
+fn instance_name_from_env() -> String {
+    INSTANCE_NAME_VARS
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .chain(std::fs::read_to_string("/etc/hostname").ok())
+        .find_map(|n| clean_instance_name(&n))
+        .unwrap_or_else(|| DEFAULT_INSTANCE_NAME.to_string())
+}
+
+/// The id announced in `Hello`: the instance name and 8 random hex digits, so two processes
+/// on one host never share an id and the fleet view still says which host or pod it is.
+fn instance_id(name: &str) -> String {
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{name}-{}", &suffix[..8])
 }
 
 impl fmt::Debug for AgentBuilder {
@@ -96,11 +136,21 @@ impl fmt::Debug for AgentBuilder {
             .field("refuse_until_fresh", &self.refuse_until_fresh)
             .field("settings", &self.settings)
             .field("tls_ca", &self.tls_ca_pem.is_some())
+            .field("instance_name", &self.instance_name)
             .finish_non_exhaustive()
     }
 }
 
 impl AgentBuilder {
+    /// The name this instance shows in the server's fleet view (the id it announces is the
+    /// name, `-` and 8 random hex digits). Characters other than ASCII letters, digits,
+    /// `.`, `_` and `-` become `_`; at most [`MAX_INSTANCE_NAME_CHARS`] are kept. Default:
+    /// `POD_NAME`, else `HOSTNAME`, else `/etc/hostname`, else [`DEFAULT_INSTANCE_NAME`].
+    pub fn instance_name(mut self, name: impl Into<String>) -> Self {
+        self.instance_name = Some(name.into());
+        self
+    }
+
     /// Directory of the disk cache (files go to `<dir>/<environment>/<service>/`). Without
     /// one, nothing is persisted and a restart during an outage starts from the defaults.
     pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
@@ -212,7 +262,8 @@ impl AgentBuilder {
         let shared =
             Arc::new(Shared::new(self.environment, self.service, defaults, initial, confirmed_at, cache));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let instance_id = uuid::Uuid::new_v4().to_string();
+        let name = self.instance_name.as_deref().and_then(clean_instance_name);
+        let instance_id = instance_id(&name.unwrap_or_else(instance_name_from_env));
         let client = SyncClient {
             shared: shared.clone(),
             endpoint,
@@ -295,6 +346,7 @@ impl Agent {
             refuse_until_fresh: false,
             settings: SyncClientSettings::default(),
             tls_ca_pem: None,
+            instance_name: None,
         }
     }
 
@@ -420,7 +472,8 @@ impl Agent {
         self.inner.shared.add_contributor(contributor);
     }
 
-    /// The random id this process announces in `Hello`.
+    /// The id this process announces in `Hello`: its instance name (see
+    /// [`AgentBuilder::instance_name`]), `-` and 8 random hex digits.
     pub fn instance_id(&self) -> &str {
         &self.inner.instance_id
     }
@@ -451,5 +504,21 @@ impl Agent {
         for t in tasks {
             let _ = t.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod instance_name_tests {
+    use super::*;
+
+    #[test]
+    fn instance_ids_carry_a_clean_name_and_a_random_suffix() {
+        assert_eq!(clean_instance_name("checkout-7f9c6d-x2kq\n").as_deref(), Some("checkout-7f9c6d-x2kq"));
+        assert_eq!(clean_instance_name("a b\u{1b}[31m=\"x\"").as_deref(), Some("a_b__31m__x_"));
+        assert_eq!(clean_instance_name("   "), None);
+        assert_eq!(clean_instance_name(&"h".repeat(500)).unwrap().len(), MAX_INSTANCE_NAME_CHARS);
+        let (a, b) = (instance_id("web-1"), instance_id("web-1"));
+        assert!(a.starts_with("web-1-") && a.len() == "web-1-".len() + 8, "{a}");
+        assert_ne!(a, b, "two processes on one host never share an id");
     }
 }

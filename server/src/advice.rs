@@ -319,9 +319,32 @@ fn readiness_on_non_critical(policy: &Policy) -> Vec<Lint> {
         .collect()
 }
 
-/// A feature living on its fallback, on a connected instance, for longer than its matrix
-/// row's `alert_after`.
-fn fallback_longer_than_alert(policy: &Policy, agents: &[AgentRow], now: Timestamp) -> Vec<Lint> {
+/// A degradation-matrix feature living on its fallback, on connected instances, for longer
+/// than its row's `alert_after`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PastAlert {
+    /// Index of the matrix row.
+    pub row: usize,
+    /// The feature, as its row names it.
+    pub feature: String,
+    /// Level of the oldest period (`GENERIC`, …).
+    pub level: String,
+    /// When the oldest period on a connected instance began.
+    pub since: Timestamp,
+    /// How long that is, at the time asked.
+    pub lived: Duration,
+    /// The row's threshold.
+    pub alert_after: Duration,
+    /// Connected instances past the threshold.
+    pub instances_over: usize,
+    /// Connected instances reporting.
+    pub instances: usize,
+}
+
+/// Every matrix feature on its fallback past its row's `alert_after` at `now`, from the
+/// connected agents' reports: the one statement of that rule (the lint, the pages'
+/// banners, the server metric and the webhook all read it).
+pub fn features_past_alert(policy: &Policy, agents: &[AgentRow], now: Timestamp) -> Vec<PastAlert> {
     let reports = reports(agents);
     let mut out = Vec::new();
     for (i, row) in policy.degradation_matrix.iter().enumerate() {
@@ -336,27 +359,52 @@ fn fallback_longer_than_alert(policy: &Policy, agents: &[AgentRow], now: Timesta
         if lived <= row.alert_after {
             continue;
         }
-        let over =
-            since.iter().filter(|(t, _)| now.unix_ms() - t.unix_ms() > row.alert_after.as_millis() as i64);
-        out.push(Lint {
-            path: format!("degradation_matrix[{i}].alert_after"),
-            code: "fallback_longer_than_alert",
-            message: format!(
-                "feature {} has lived on its fallback ({level}) since {oldest}, for {} ({} of {} connected \
-                 instance{} past the threshold), longer than its alert_after ({}): a fallback nobody acts on is \
-                 a silent outage; fix {} or decide with {} that this is the new normal",
-                row.feature,
-                fmt(Duration::from_secs(lived.as_secs())),
-                over.count(),
-                reports.len(),
-                if reports.len() == 1 { "" } else { "s" },
-                fmt(row.alert_after),
-                row.dependencies.join(", "),
-                if row.owner.is_empty() { "the feature's owner" } else { &row.owner }
-            ),
+        let over = since
+            .iter()
+            .filter(|(t, _)| now.unix_ms() - t.unix_ms() > row.alert_after.as_millis() as i64)
+            .count();
+        out.push(PastAlert {
+            row: i,
+            feature: row.feature.clone(),
+            level: level.to_string(),
+            since: oldest,
+            lived,
+            alert_after: row.alert_after,
+            instances_over: over,
+            instances: reports.len(),
         });
     }
     out
+}
+
+/// A feature living on its fallback, on a connected instance, for longer than its matrix
+/// row's `alert_after`.
+fn fallback_longer_than_alert(policy: &Policy, agents: &[AgentRow], now: Timestamp) -> Vec<Lint> {
+    features_past_alert(policy, agents, now)
+        .into_iter()
+        .map(|p| {
+            let row = &policy.degradation_matrix[p.row];
+            Lint {
+                path: format!("degradation_matrix[{}].alert_after", p.row),
+                code: "fallback_longer_than_alert",
+                message: format!(
+                    "feature {} has lived on its fallback ({}) since {}, for {} ({} of {} connected \
+                     instance{} past the threshold), longer than its alert_after ({}): a fallback nobody acts on is \
+                     a silent outage; fix {} or decide with {} that this is the new normal",
+                    row.feature,
+                    p.level,
+                    p.since,
+                    fmt(Duration::from_secs(p.lived.as_secs())),
+                    p.instances_over,
+                    p.instances,
+                    if p.instances == 1 { "" } else { "s" },
+                    fmt(row.alert_after),
+                    row.dependencies.join(", "),
+                    if row.owner.is_empty() { "the feature's owner" } else { &row.owner }
+                ),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

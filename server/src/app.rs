@@ -269,7 +269,8 @@ impl Server {
             }
         }));
 
-        let state = AppState::new(store.clone(), keys, hub.clone(), settings.max_body_bytes, metrics);
+        let mut state = AppState::new(store.clone(), keys, hub.clone(), settings.max_body_bytes, metrics);
+        state.trusted_proxies = settings.trusted_proxies.clone().into();
         let actions = state.actions.clone();
         let app = app(state);
         let http_listener = TcpListener::bind(settings.http_addr)
@@ -303,6 +304,11 @@ impl Server {
         tasks.push(tokio::spawn(crate::listener::follow_revocations(
             store.clone(),
             hub.clone(),
+            shutdown_rx.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::alerts::run(
+            store.clone(),
+            settings.alert_webhook_url.clone(),
             shutdown_rx.clone(),
         )));
         if store.backend() == Backend::Postgres {

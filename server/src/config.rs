@@ -18,6 +18,8 @@
 //! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
 //! | TLS certificate chain (PEM; with the key, both listeners serve TLS) | `--tls-cert` | `LEVEE_TLS_CERT` | `tls_cert` | none: plain TCP |
 //! | TLS private key (PEM) | `--tls-key` | `LEVEE_TLS_KEY` | `tls_key` | none |
+//! | webhook receiving features on a fallback past `alert_after` (one JSON POST per transition) | `--alert-webhook-url` | `LEVEE_ALERT_WEBHOOK_URL` | `alert_webhook_url` | none |
+//! | proxies trusted to name the client in `X-Forwarded-For` (IPs, comma-separated) | `--trusted-proxies` | `LEVEE_TRUSTED_PROXIES` | `trusted_proxies` | none: the client is the socket peer |
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -111,6 +113,14 @@ pub struct ServeArgs {
     /// TLS private key (PEM) of --tls-cert.
     #[arg(long, env = "LEVEE_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Addresses of reverse proxies whose `X-Forwarded-For` names the client (login
+    /// throttling, audit); comma-separated IPs.
+    #[arg(long, env = "LEVEE_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Option<Vec<std::net::IpAddr>>,
+    /// URL that receives one JSON POST each time a feature's fallback passes its
+    /// `alert_after`, or stops.
+    #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL")]
+    pub alert_webhook_url: Option<String>,
 }
 
 /// The TOML file layer.
@@ -135,6 +145,8 @@ struct FileLayer {
     log: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    trusted_proxies: Option<Vec<std::net::IpAddr>>,
+    alert_webhook_url: Option<String>,
 }
 
 /// Validated settings of a running server; the module documentation gives the flag,
@@ -173,6 +185,10 @@ pub struct Settings {
     /// Certificate and key both listeners serve TLS with (reloaded when they change);
     /// `None`: plain TCP (for a TLS-terminating proxy in front, see docs/operations.md).
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Proxies whose `X-Forwarded-For` is believed; empty: only the socket peer counts.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Where features past their `alert_after` are POSTed (`http://` or `https://`).
+    pub alert_webhook_url: Option<String>,
 }
 
 impl Settings {
@@ -193,6 +209,8 @@ impl Settings {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log: "info".into(),
             tls: None,
+            trusted_proxies: Vec::new(),
+            alert_webhook_url: None,
         }
     }
 
@@ -255,6 +273,13 @@ impl Settings {
             agent_lease >= Duration::from_secs(1) && agent_lease <= Duration::from_secs(600),
             "agent_lease (LEVEE_AGENT_LEASE) must be between 1s and 10m"
         );
+        let alert_webhook_url = args.alert_webhook_url.or(file.alert_webhook_url);
+        if let Some(u) = &alert_webhook_url {
+            anyhow::ensure!(
+                u.starts_with("http://") || u.starts_with("https://"),
+                "alert_webhook_url (LEVEE_ALERT_WEBHOOK_URL) must be an http:// or https:// URL"
+            );
+        }
         Ok(Settings {
             tls,
             data_dir,
@@ -270,6 +295,8 @@ impl Settings {
             agent_lease,
             max_body_bytes,
             log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
+            trusted_proxies: args.trusted_proxies.or(file.trusted_proxies).unwrap_or_default(),
+            alert_webhook_url,
         })
     }
 }

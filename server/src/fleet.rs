@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::db::{AgentUpsert, FleetEvent, NackRow, Store, now_ms};
+use crate::db::{AckRow, AgentUpsert, FleetEvent, NackRow, Store, now_ms};
 
 /// Longest time an event waits before it is written.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(250);
@@ -42,11 +42,12 @@ pub struct FleetWriter {
     tx: mpsc::Sender<FleetEvent>,
 }
 
-/// Agent state not written yet: the newest upsert per agent, the NACKs in order.
+/// Agent state not written yet: the newest upsert per agent, the NACKs and ACKs in order.
 #[derive(Default)]
 struct Pending {
     upserts: HashMap<(String, String, String), AgentUpsert>,
     nacks: Vec<NackRow>,
+    acks: Vec<AckRow>,
 }
 
 impl Pending {
@@ -66,11 +67,12 @@ impl Pending {
                 }
             }
             FleetEvent::Nack(n) => self.nacks.push(n),
+            FleetEvent::Ack(a) => self.acks.push(a),
         }
     }
 
     fn len(&self) -> usize {
-        self.upserts.len() + self.nacks.len()
+        self.upserts.len() + self.nacks.len() + self.acks.len()
     }
 }
 
@@ -133,7 +135,7 @@ async fn run(store: Store, replica: String, lease: Duration, mut rx: mpsc::Recei
         }
         if pending.len() > 0 {
             let upserts: Vec<AgentUpsert> = pending.upserts.values().cloned().collect();
-            match store.write_fleet(&upserts, &pending.nacks, &replica, lease_until()).await {
+            match store.write_fleet(&upserts, &pending.nacks, &pending.acks, &replica, lease_until()).await {
                 Ok(()) => {
                     metrics::counter!("levee_server_fleet_rows_written_total")
                         .increment(pending.len() as u64);

@@ -5,6 +5,7 @@
 pub mod actions;
 pub mod advice;
 pub mod agent_text;
+pub mod alerts;
 pub mod api;
 pub mod app;
 pub mod auth;

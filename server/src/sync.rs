@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::agent_text;
 use crate::auth::{AgentPrincipal, AuthError, Keys, authenticate_agent};
-use crate::db::{AgentUpsert, FleetEvent, NackRow, SnapshotRow, Store, now_ms};
+use crate::db::{AckRow, AgentUpsert, DISCONNECTED_SOURCE, FleetEvent, NackRow, SnapshotRow, Store, now_ms};
 use crate::fleet::FleetWriter;
 use crate::hub::Hub;
 
@@ -402,6 +402,25 @@ struct ServiceState {
     applied_hash: String,
     last_sent: u64,
     nacked: HashSet<u64>,
+    /// Where the agent's configuration comes from (`live`, `cache`, `default`): from its
+    /// last status report, `live` once it ACKed a snapshot of this stream, empty until
+    /// either (a reconnect starts empty: the previous stream's report is not carried over).
+    source: String,
+    /// The agent's last status report on this stream (JSON object), without the fields
+    /// the session owns (`applied_revision`, `source`).
+    report: Option<serde_json::Value>,
+}
+
+impl ServiceState {
+    /// The status stored for the agent: its last report with `applied_revision` and
+    /// `source` set to what the session knows, so the fleet row's top-level fields and
+    /// its status never disagree. A closed stream's source is `disconnected`.
+    fn status_json(&self, connected: bool) -> String {
+        let mut v = self.report.clone().unwrap_or_else(|| serde_json::json!({}));
+        v["applied_revision"] = self.applied_revision.into();
+        v["source"] = if connected { self.source.clone() } else { DISCONNECTED_SOURCE.to_string() }.into();
+        v.to_string()
+    }
 }
 
 struct Session {
@@ -416,8 +435,9 @@ struct Session {
 }
 
 impl Session {
-    fn upsert(&self, service: &str, connected: bool, status: Option<String>) {
+    fn upsert(&self, service: &str, connected: bool) {
         let st = &self.services[service];
+        let status = Some(st.status_json(connected));
         self.inner.fleet.send(FleetEvent::Upsert(AgentUpsert {
             environment: self.env.clone(),
             service: service.to_string(),
@@ -467,6 +487,8 @@ impl Session {
                     && ack.revision >= st.applied_revision
                 {
                     st.applied_revision = ack.revision;
+                    // It applied (or confirmed) what this stream sent: live configuration.
+                    st.source = "live".to_string();
                     // The hash of what was acked is the hash we sent for that revision.
                     if let Some(cur) = self.inner.hub.current(&self.env, &ack.service)
                         && cur.revision == ack.revision
@@ -477,7 +499,17 @@ impl Session {
                         metrics::histogram!("levee_server_propagation_seconds").record(took);
                     }
                     metrics::counter!("levee_server_acks_total").increment(1);
-                    self.upsert(&ack.service, true, None);
+                    // Propagation latency: only an ACK of a revision this stream pushed.
+                    if st.last_sent == ack.revision {
+                        self.inner.fleet.send(FleetEvent::Ack(AckRow {
+                            environment: self.env.clone(),
+                            service: ack.service.clone(),
+                            revision: ack.revision,
+                            instance_id: self.instance.clone(),
+                            acked_at: now_ms(),
+                        }));
+                    }
+                    self.upsert(&ack.service, true);
                 }
             }
             Some(agent_message::Kind::Nack(nack)) => {
@@ -498,13 +530,19 @@ impl Session {
                         error_detail: detail,
                         at: now_ms(),
                     }));
-                    self.upsert(&nack.service, true, None);
+                    self.upsert(&nack.service, true);
                 }
             }
             Some(agent_message::Kind::Status(report)) => {
-                if self.services.contains_key(&report.service) {
-                    let json = status_json(&report);
-                    self.upsert(&report.service, true, Some(json));
+                if let Some(st) = self.services.get_mut(&report.service) {
+                    // A report about the revision the session knows tells where it came
+                    // from; one about another revision (built before its ACK went out) only
+                    // brings breakers and features, until the ACK says the rest.
+                    if report.applied_revision == st.applied_revision {
+                        st.source = report.source.chars().take(16).collect();
+                    }
+                    st.report = serde_json::from_str(&status_json(&report)).ok();
+                    self.upsert(&report.service, true);
                 }
             }
             Some(agent_message::Kind::Hello(_)) | None => {}
@@ -537,6 +575,11 @@ fn status_json(r: &levee_agent::proto::StatusReport) -> String {
             "suggested_size": finite(b.suggested_size),
         })).collect::<Vec<_>>(),
         "counters": r.counters.iter().take(N).map(|c| (name(&c.name), c.value)).collect::<HashMap<_, _>>(),
+        "fallbacks": r.fallbacks.iter().take(N).map(|f| serde_json::json!({
+            "dependency": name(&f.dependency),
+            "level": one_of(&f.level, agent_text::FEATURE_LEVELS),
+            "since": (f.since_ms > 0).then(|| levee_agent::policy::Timestamp::from_unix_ms(f.since_ms)),
+        })).collect::<Vec<_>>(),
     })
     .to_string()
 }
@@ -593,10 +636,12 @@ async fn run_session(
                 applied_hash: s.hash.clone(),
                 last_sent: 0,
                 nacked,
+                source: String::new(),
+                report: None,
             },
         );
         watches.insert(s.name.clone(), WatchStream::new(inner.hub.subscribe(&session.env, &s.name)));
-        session.upsert(&s.name, true, None);
+        session.upsert(&s.name, true);
     }
     // Initial state: read the database (never trust only this replica's memory: an agent
     // ahead of the hub means the hub may be stale). While the database is away, what this
@@ -693,7 +738,7 @@ fn go_away(reason: &str, shutting_down: bool) -> ServerMessage {
 
 fn finish(inner: &Inner, session: &Session) {
     for name in session.services.keys() {
-        session.upsert(name, false, None);
+        session.upsert(name, false);
     }
     inner.streams.fetch_sub(1, Ordering::Relaxed);
     metrics::gauge!("levee_server_streams").decrement(1.0);

@@ -23,6 +23,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("shutdown", &[]),
     ("hub", &["db"]),
     ("advice", &["db"]),
+    // The alert_after watcher: advice's rule over the store, a task stopped like the others.
+    ("alerts", &["advice", "db", "shutdown"]),
     ("auth", &["db"]),
     ("fleet", &["db"]),
     ("actions", &["advice", "auth", "db", "hub"]),
@@ -35,13 +37,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &["fleet", "sync", "tls"]),
     ("web", &["actions", "auth", "db", "hub"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
-    // ui uses diff (a pure leaf) for the diff a change request's reviewer approves.
+    // ui reads `diff` for the policy editor's preview, the revision history and the diff a
+    // change request's reviewer approves.
     ("ui", &["actions", "advice", "auth", "db", "diff", "web"]),
     (
         "app",
         &[
-            "actions", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown", "sweeper",
-            "sync", "tls", "ui", "web",
+            "actions", "alerts", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown",
+            "sweeper", "sync", "tls", "ui", "web",
         ],
     ),
 ];

@@ -112,6 +112,54 @@ pub(crate) struct DepState {
     pub(crate) guards: ArcSwap<Option<Arc<Guards>>>,
     pub(crate) ops: ArcSwap<HashMap<Arc<str>, Arc<Guards>>>,
     pub(crate) faults: FaultInjector,
+    pub(crate) fallback: OnFallback,
+}
+
+/// Whether a dependency is being served by its fallback, and since when: set by the first
+/// answer a fallback gave, cleared by the next fresh answer. Reported to the server (the
+/// fleet view shows dependencies on a fallback, not only degradation-matrix features).
+#[derive(Debug, Default)]
+pub(crate) struct OnFallback {
+    /// Wall-clock ms since the epoch when the period began (for people); 0: fresh.
+    since_ms: std::sync::atomic::AtomicI64,
+    /// The `FallbackLevel` of the latest fallback answer, as its `u8`.
+    level: std::sync::atomic::AtomicU8,
+}
+
+impl OnFallback {
+    /// A fresh answer: ends the period (one load when there is none).
+    #[inline]
+    pub(crate) fn fresh(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.since_ms.load(Relaxed) != 0 {
+            self.since_ms.store(0, Relaxed);
+        }
+    }
+
+    /// A fallback answered at `level`: starts the period unless one is running.
+    pub(crate) fn served(&self, level: policy::FallbackLevel) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.level.store(level as u8, Relaxed);
+        if self.since_ms.load(Relaxed) == 0 {
+            let now = crate::policy::Timestamp::now().unix_ms().max(1);
+            let _ = self.since_ms.compare_exchange(0, now, Relaxed, Relaxed);
+        }
+    }
+
+    /// `(level, since_ms)` while on a fallback.
+    pub(crate) fn current(&self) -> Option<(policy::FallbackLevel, i64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let since = self.since_ms.load(Relaxed);
+        const LEVELS: [policy::FallbackLevel; 5] = [
+            policy::FallbackLevel::Fresh,
+            policy::FallbackLevel::Stale,
+            policy::FallbackLevel::Generic,
+            policy::FallbackLevel::EmptyMarked,
+            policy::FallbackLevel::FeatureError,
+        ];
+        let level = LEVELS[usize::from(self.level.load(Relaxed)).min(LEVELS.len() - 1)];
+        (since != 0).then_some((level, since))
+    }
 }
 
 impl fmt::Debug for DepState {
@@ -131,6 +179,7 @@ impl DepState {
             guards: ArcSwap::from_pointee(None),
             ops: ArcSwap::from_pointee(HashMap::new()),
             faults,
+            fallback: OnFallback::default(),
         }
     }
 

@@ -271,6 +271,13 @@ impl Registry<DepView> {
                     scopes.push((op.to_string(), scope.guards.clone()));
                 }
             }
+            if let Some((level, since_ms)) = view.state.fallback.current() {
+                report.fallbacks.push(crate::proto::DependencyFallback {
+                    dependency: name.to_string(),
+                    level: level.as_str().to_string(),
+                    since_ms,
+                });
+            }
             for (op, g) in scopes {
                 let b = g.breaker.snapshot();
                 report.breakers.push(crate::proto::BreakerStatus {
@@ -461,9 +468,13 @@ impl Dependency {
         let view = self.slot.load_full();
         let level = view.policy.fallback;
         match run::run(&view, operation, None, attempt, Judgement::classify).await {
-            Ok(value) => WithFallback { value, level: FallbackLevel::Fresh, cause: None },
+            Ok(value) => {
+                view.state.fallback.fresh();
+                WithFallback { value, level: FallbackLevel::Fresh, cause: None }
+            }
             Err(e) => {
                 let value = fallback(&e).await;
+                view.state.fallback.served(level);
                 WithFallback { value, level, cause: Some(e) }
             }
         }
@@ -508,13 +519,16 @@ impl Dependency {
     {
         match self.call(operation, attempt).await {
             Ok(value) => {
+                self.slot.load().state.fallback.fresh();
                 cache.put(key, value.clone());
                 Ok(WithFallback { value, level: FallbackLevel::Fresh, cause: None })
             }
             Err(e) => {
-                cache.set_max_staleness(self.slot.load().policy.stale_max_age);
+                let view = self.slot.load();
+                cache.set_max_staleness(view.policy.stale_max_age);
                 match cache.get_if_error(&key) {
                     Some(stale) => {
+                        view.state.fallback.served(FallbackLevel::Stale);
                         Ok(WithFallback { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
                     }
                     None => Err(e),

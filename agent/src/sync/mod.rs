@@ -274,9 +274,12 @@ impl SyncClient {
     ) -> Ended {
         let mut received = false;
         let mut last_message = opened;
-        let mut status_tick =
-            tokio::time::interval_at(opened + self.settings.status_interval, self.settings.status_interval);
+        // The first report goes out at once, so the server's fleet view says where this
+        // agent's configuration comes from right after a (re)connect, and another whenever
+        // the applied revision or its source changes (see `report_if_changed`).
+        let mut status_tick = tokio::time::interval_at(opened, self.settings.status_interval);
         status_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut reported = None;
 
         loop {
             let dead_at = last_message + self.dead_after(interval);
@@ -315,6 +318,7 @@ impl SyncClient {
                         }
                         None => {}
                     }
+                    self.report_if_changed(tx, &mut reported);
                 }
                 _ = sleep_until(dead_at) => {
                     return Ended::Dropped {
@@ -327,12 +331,29 @@ impl SyncClient {
                     };
                 }
                 _ = status_tick.tick() => {
-                    let report = AgentMessage { kind: Some(agent_message::Kind::Status(self.shared.status_report())) };
+                    let report = self.shared.status_report();
+                    reported = Some((report.applied_revision, report.source.clone()));
+                    let report = AgentMessage { kind: Some(agent_message::Kind::Status(report)) };
                     if tx.try_send(report).is_err() {
                         tracing::debug!("status report dropped: the outbound queue is full");
                     }
                 }
             }
+        }
+    }
+
+    /// Sends a status report now when the applied revision or its source changed since the
+    /// last one (`reported`), instead of waiting for the next periodic report.
+    fn report_if_changed(&self, tx: &mpsc::Sender<AgentMessage>, reported: &mut Option<(u64, String)>) {
+        let current = self.shared.current.load();
+        let now = (current.revision, current.source.as_str());
+        if reported.as_ref().is_some_and(|(r, s)| (*r, s.as_str()) == now) {
+            return;
+        }
+        let report = self.shared.status_report();
+        *reported = Some((report.applied_revision, report.source.clone()));
+        if tx.try_send(AgentMessage { kind: Some(agent_message::Kind::Status(report)) }).is_err() {
+            tracing::debug!("status report dropped: the outbound queue is full");
         }
     }
 

@@ -480,7 +480,8 @@ impl StatusContributor for Breakers {
     }
 }
 
-/// Status reports go out every 10 s with the applied revision, source and what the
+/// Status reports go out at once on a new stream, again whenever the applied revision or
+/// its source changes, and every 10 s, with the applied revision, source and what the
 /// contributors add; `refuse_until_fresh` holds readiness until the server confirmed.
 #[tokio::test(start_paused = true)]
 async fn status_reports_and_refuse_until_fresh() {
@@ -495,18 +496,35 @@ async fn status_reports_and_refuse_until_fresh() {
     assert!(!a.readiness() && !a.is_fresh());
     a.add_status_contributor(Arc::new(Breakers));
     let (_, connected_at, conn) = server.connected().await;
+    let first = match server.next("the first status report").await {
+        Event::Status(s) => s,
+        other => panic!("expected a status report at once, got {other:?}"),
+    };
+    assert!(Instant::now() - connected_at < Duration::from_millis(100), "first report at connect");
+    assert_eq!((first.applied_revision, first.source.as_str()), (0, "default"));
     conn.snapshot(4, RULES).await;
-    server.ack().await;
+    // The report of the change, then the ACK (persisted first), in either order.
+    let mut changed = None;
+    let mut acked = false;
+    while changed.is_none() || !acked {
+        match server.next("the ACK and the report of the change").await {
+            Event::Status(s) => changed = Some(s),
+            Event::Ack { revision: 4, .. } => acked = true,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let changed = changed.unwrap();
+    assert_eq!((changed.applied_revision, changed.source.as_str()), (4, "live"));
     assert!(a.readiness() && a.is_fresh());
     let report = loop {
-        if let Event::Status(s) = server.next("a status report").await {
+        if let Event::Status(s) = server.next("a periodic status report").await {
             break s;
         }
     };
     let after = Instant::now() - connected_at;
     assert!(
         after >= Duration::from_millis(9_900) && after < Duration::from_millis(10_300),
-        "first report after {after:?}"
+        "periodic report after {after:?}"
     );
     assert_eq!(
         (report.service.as_str(), report.applied_revision, report.source.as_str()),

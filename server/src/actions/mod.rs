@@ -36,6 +36,7 @@ mod overrides;
 mod profiles;
 mod requests;
 mod schedule;
+mod security;
 mod service;
 
 pub use access::{MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser, UserChange};
@@ -51,6 +52,9 @@ pub use profiles::{
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use schedule::{NewSchedule, Planned, describe};
+pub use security::{
+    AUDIT_LOGIN, AUDIT_LOGIN_FAILED, AUDIT_LOGIN_THROTTLED, AUDIT_REFUSED, INVALID_USERNAME, LoginAttempt,
+};
 pub use service::{Declared, NewService};
 
 use levee_agent::policy::{Lint, ServiceConfig, lint};

@@ -17,6 +17,7 @@ fn agent(connected: bool, status: serde_json::Value) -> AgentRow {
         last_seen: 0,
         applied_revision: 1,
         applied_hash: String::new(),
+        source: String::new(),
         status: Some(status),
     }
 }

@@ -7,9 +7,10 @@ use levee_agent::policy::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
-use crate::auth::{end_session, login as open_session};
+use crate::actions::{LoginAttempt, Via};
+use crate::auth::end_session;
 use crate::db::Role;
-use crate::web::AppState;
+use crate::web::{AppState, ClientAddr, RequestId};
 
 /// Body of `POST /auth/login`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -35,16 +36,20 @@ pub struct LoginResponse {
 }
 
 /// Exchanges a username and password for a session token (12 h). Failed logins are
-/// limited per username (429 with the wait).
+/// throttled per (account, client address) and per client address, never per account
+/// alone: 429 with the wait in `Retry-After`, and the password is not checked meanwhile.
 #[utoipa::path(post, path = "/api/v1/auth/login", tag = "auth", request_body = LoginRequest,
     responses((status = 200, body = LoginResponse), (status = 401, body = super::Problem),
               (status = 429, body = super::Problem)))]
 pub async fn login(
     State(state): State<AppState>,
+    ClientAddr(client): ClientAddr,
+    RequestId(request_id): RequestId,
     ApiJson(req): ApiJson<LoginRequest>,
 ) -> ApiResult<Json<LoginResponse>> {
-    let session =
-        open_session(&state.store, &state.keys, &state.logins, &req.username, &req.password).await?;
+    let attempt =
+        LoginAttempt { username: &req.username, password: &req.password, client, via: Via::Api, request_id };
+    let session = state.actions.login(&state.logins, attempt).await?;
     Ok(Json(LoginResponse {
         token: session.token,
         token_type: "Bearer",

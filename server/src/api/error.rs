@@ -69,6 +69,14 @@ pub enum ApiError {
     /// 429: too many attempts.
     #[error("{0}")]
     TooManyRequests(String),
+    /// 429 with a `Retry-After` (seconds): a throttled login.
+    #[error("{detail}")]
+    Throttled {
+        /// What to tell the caller.
+        detail: String,
+        /// Seconds until an attempt is checked again.
+        retry_after_s: u64,
+    },
     /// 405: method not allowed on this path.
     #[error("method not allowed on this resource")]
     MethodNotAllowed,
@@ -148,7 +156,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
-            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooManyRequests(_) | ApiError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -167,7 +175,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => "body-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::PreconditionRequired(_) => "precondition-required",
-            ApiError::TooManyRequests(_) => "too-many-requests",
+            ApiError::TooManyRequests(_) | ApiError::Throttled { .. } => "too-many-requests",
             ApiError::MethodNotAllowed => "method-not-allowed",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
@@ -250,7 +258,10 @@ impl From<LoginError> for ApiError {
     fn from(e: LoginError) -> Self {
         match e {
             LoginError::WrongCredentials => ApiError::Unauthorized(e.to_string()),
-            LoginError::TooManyAttempts => ApiError::TooManyRequests(e.to_string()),
+            LoginError::TooManyAttempts(t) => ApiError::Throttled {
+                detail: e.to_string(),
+                retry_after_s: t.retry_after.as_secs_f64().ceil().max(1.0) as u64,
+            },
             LoginError::Internal(cause) => ApiError::storage(cause),
         }
     }
@@ -316,6 +327,9 @@ impl IntoResponse for ApiError {
         }
         if let ApiError::Unavailable(_) = &self {
             res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS));
+        }
+        if let ApiError::Throttled { retry_after_s, .. } = &self {
+            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
         }
         if let ApiError::Unauthorized(_) = &self {
             res.headers_mut()

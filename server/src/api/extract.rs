@@ -22,25 +22,53 @@ pub struct Auth {
     /// The reason in the `X-Levee-Break-Glass` header: apply at once a change whose kind
     /// needs an approved change request (audited as a bypass).
     pub break_glass: Option<String>,
+    /// Where a refusal is recorded (audit and log), with the request's method and path.
+    refusals: Refusals,
+}
+
+/// What an edge needs to record a 403: the actions, the request id, method and path.
+#[derive(Clone, Debug)]
+struct Refusals {
+    actions: crate::actions::Actions,
+    request_id: String,
+    target: String,
 }
 
 /// The header that breaks the glass: its value is the reason for bypassing review.
 pub const BREAK_GLASS_HEADER: &str = "x-levee-break-glass";
 
 impl Auth {
-    /// Refuses with 403 unless the caller has at least `role`.
+    /// Refuses with 403 unless the caller has at least `role` (audited and logged).
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
-        Ok(Forbidden::check(self.principal.role, role)?)
+        Forbidden::check(self.principal.role, role).map_err(|f| {
+            let actor = Actor::new(&self.principal, self.via, self.refusals.request_id.clone());
+            self.refusals.actions.spawn_refused(
+                actor,
+                format!("role {}", role.as_str()),
+                self.refusals.target.clone(),
+                f,
+            );
+            f.into()
+        })
     }
 
     /// The caller as the actor of `action`, refused with 403 unless its role allows the
     /// action (checked before the request's other parts, as the action checks it again).
+    /// A refusal is audited and logged.
     pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, ApiError> {
         let mut actor = Actor::new(&self.principal, self.via, request.0.clone());
         if let Some(why) = &self.break_glass {
             actor.approval = crate::actions::Approval::BreakGlass(why.clone());
         }
-        actor.may(action)?;
+        if let Err(f) = actor.may(action) {
+            self.refusals.actions.spawn_refused(
+                actor,
+                action.name().to_string(),
+                self.refusals.target.clone(),
+                f,
+            );
+            return Err(f.into());
+        }
         Ok(actor)
     }
 }
@@ -97,7 +125,16 @@ impl FromRequestParts<AppState> for Auth {
         })?;
         let break_glass =
             parts.headers.get(BREAK_GLASS_HEADER).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        Ok(Auth { principal, via, break_glass })
+        let refusals = Refusals {
+            actions: state.actions.clone(),
+            request_id: RequestId::from_request_parts(parts, state).await.map(|r| r.0).unwrap_or_default(),
+            target: format!(
+                "{} {}",
+                parts.method,
+                parts.extensions.get::<axum::extract::OriginalUri>().map_or(parts.uri.path(), |u| u.0.path())
+            ),
+        };
+        Ok(Auth { principal, via, break_glass, refusals })
     }
 }
 

@@ -100,6 +100,7 @@ pub fn router(state: AppState) -> Router {
         .route("/environments/{env}/change-requests/{id}/approve", post(requests::approve))
         .route("/environments/{env}/change-requests/{id}/reject", post(requests::reject))
         .route("/environments/{env}/change-requests/{id}/apply", post(requests::apply))
+        .route("/environments/{env}/services/{svc}/revisions/{rev}/propagation", get(fleet::propagation))
         .route("/audit", get(audit::list))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))

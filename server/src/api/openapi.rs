@@ -128,6 +128,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         overrides::list_overrides, overrides::put_override, overrides::delete_override,
         overrides::list_faults, overrides::put_fault, overrides::delete_fault,
         fleet::agents, fleet::nacks, agent_sync::poll,
+        fleet::propagation,
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,

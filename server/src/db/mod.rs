@@ -81,6 +81,10 @@ pub fn is_unstorable_text(err: &anyhow::Error) -> bool {
 /// Channel used for cross-replica change notifications.
 pub const NOTIFY_CHANNEL: &str = "levee_changes";
 
+/// How long an agent whose stream closed stays in the fleet list (UI and API) after it was
+/// last seen; a reconnect under the same instance id brings it back.
+pub const DISCONNECTED_AGENTS_KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The store. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -590,19 +594,20 @@ impl Store {
 
     /// Writes a batch of agent state changes in one transaction: the upserts as multi-row
     /// statements of at most [`FLEET_ROWS_PER_STATEMENT`] rows (one row per agent: the
-    /// caller coalesces several events of one agent into its newest), then the NACKs.
-    /// Every written row takes `replica` as its holder and `lease_until` (ms since the
+    /// caller coalesces several events of one agent into its newest), then the NACKs and
+    /// the first ACK of each revision per instance. Every written row takes `replica` as its holder and `lease_until` (ms since the
     /// epoch) as its lease. A disconnect reported by a replica that no longer holds the
     /// agent (it reconnected elsewhere meanwhile) changes nothing.
     pub async fn write_fleet(
         &self,
         upserts: &[AgentUpsert],
         nacks: &[NackRow],
+        acks: &[AckRow],
         replica: &str,
         lease_until: i64,
     ) -> anyhow::Result<()> {
         let _t = timed("write_fleet");
-        if upserts.is_empty() && nacks.is_empty() {
+        if upserts.is_empty() && nacks.is_empty() && acks.is_empty() {
             return Ok(());
         }
         let _g = self.write_guard().await;
@@ -667,6 +672,20 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
+        for a in acks {
+            sqlx::query(
+                "INSERT INTO acks (environment, service, revision, instance_id, acked_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (environment, service, revision, instance_id) \
+                 DO NOTHING",
+            )
+            .bind(&a.environment)
+            .bind(&a.service)
+            .bind(a.revision as i64)
+            .bind(&a.instance_id)
+            .bind(a.acked_at)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -691,19 +710,68 @@ impl Store {
         Ok(())
     }
 
-    /// Agents of a service (all of them: a fleet of 10,000 is counted whole), most recently
+    /// Agents of a service (every connected one: a fleet of 10,000 is counted whole, and
+    /// those disconnected for less than [`DISCONNECTED_AGENTS_KEPT_FOR`]), most recently
     /// seen first. `connected` is true only while the holder's lease runs.
     pub async fn agents(&self, env: &str, service: &str) -> anyhow::Result<Vec<AgentRow>> {
+        let shown_since = now_ms() - DISCONNECTED_AGENTS_KEPT_FOR.as_millis() as i64;
         let rows = sqlx::query(
             "SELECT environment, service, instance_id, agent_version, connected, connected_at, last_seen, \
              applied_revision, applied_hash, status, lease_until FROM agents WHERE environment = $1 AND service = $2 \
-             ORDER BY last_seen DESC",
+             AND (connected <> 0 OR last_seen >= $3) ORDER BY last_seen DESC",
         )
         .bind(env)
         .bind(service)
+        .bind(shown_since)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(AgentRow::from_row).collect()
+    }
+
+    /// How far revision `revision` of a service has reached ([`Propagation`]), or `None`
+    /// when it was never stored.
+    pub async fn propagation(
+        &self,
+        env: &str,
+        service: &str,
+        revision: u64,
+    ) -> anyhow::Result<Option<Propagation>> {
+        let Some(rev) = self.revision(env, service, revision).await? else { return Ok(None) };
+        let rows = sqlx::query(
+            "SELECT instance_id, acked_at FROM acks WHERE environment = $1 AND service = $2 AND revision = $3 \
+             ORDER BY acked_at LIMIT 10000",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(revision as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut acks = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let acked_at: i64 = r.try_get("acked_at")?;
+            acks.push(AgentAck {
+                instance_id: r.try_get("instance_id")?,
+                acked_at,
+                latency_ms: (acked_at - rev.created_at).max(0),
+            });
+        }
+        let mut lat: Vec<i64> = acks.iter().map(|a| a.latency_ms).collect();
+        lat.sort_unstable();
+        let agents = self.agents(env, service).await?;
+        let live = agents.iter().filter(|a| a.connected);
+        Ok(Some(Propagation {
+            environment: env.to_string(),
+            service: service.to_string(),
+            revision,
+            committed_at: rev.created_at,
+            applied: live.clone().filter(|a| a.applied_revision >= revision).count(),
+            connected: live.count(),
+            acked: acks.len(),
+            p50_ms: percentile(&lat, 50.0),
+            p99_ms: percentile(&lat, 99.0),
+            max_ms: lat.last().copied(),
+            acks,
+        }))
     }
 
     /// NACKs of a service, newest first (the newest per instance and revision).

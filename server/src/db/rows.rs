@@ -355,6 +355,10 @@ pub struct AuditFilter {
     pub limit: i64,
 }
 
+/// The `source` of an agent whose stream is closed: the server no longer knows where its
+/// configuration comes from, so it never shows `live`.
+pub const DISCONNECTED_SOURCE: &str = "disconnected";
+
 /// Live state of one agent instance for one service.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct AgentRow {
@@ -375,10 +379,13 @@ pub struct AgentRow {
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub last_seen: i64,
-    /// Revision the agent acknowledged.
+    /// Revision the agent acknowledged (the same as `status.applied_revision`).
     pub applied_revision: u64,
     /// Hash of that revision.
     pub applied_hash: String,
+    /// Where its configuration comes from: `live`, `cache`, `default`; `disconnected` when
+    /// its stream is closed; empty until it said (the same as `status.source`).
+    pub source: String,
     /// Last status report (JSON).
     #[schema(value_type = Option<Value>)]
     pub status: Option<serde_json::Value>,
@@ -388,18 +395,27 @@ impl AgentRow {
     pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
         let rev: i64 = r.try_get("applied_revision")?;
         let status: Option<String> = r.try_get("status")?;
+        let status: Option<serde_json::Value> = status.and_then(|s| serde_json::from_str(&s).ok());
+        // Connected only while the holding replica's lease runs.
+        let connected =
+            r.try_get::<i64, _>("connected")? != 0 && r.try_get::<i64, _>("lease_until")? > now_ms();
+        let source = match &status {
+            _ if !connected => DISCONNECTED_SOURCE.to_string(),
+            Some(v) => v["source"].as_str().unwrap_or("").to_string(),
+            None => String::new(),
+        };
         Ok(AgentRow {
             environment: r.try_get("environment")?,
             service: r.try_get("service")?,
             instance_id: r.try_get("instance_id")?,
             agent_version: r.try_get("agent_version")?,
-            connected: r.try_get::<i64, _>("connected")? != 0
-                && r.try_get::<i64, _>("lease_until")? > now_ms(),
+            connected,
             connected_at: r.try_get("connected_at")?,
             last_seen: r.try_get("last_seen")?,
             applied_revision: rev as u64,
             applied_hash: r.try_get("applied_hash")?,
-            status: status.and_then(|s| serde_json::from_str(&s).ok()),
+            source,
+            status,
         })
     }
 }
@@ -442,6 +458,66 @@ pub enum FleetEvent {
     Upsert(AgentUpsert),
     /// Record a NACK.
     Nack(NackRow),
+    /// Record when an instance acknowledged a revision pushed to it (the first ACK counts).
+    Ack(AckRow),
+}
+
+/// An instance's first ACK of a revision.
+#[derive(Clone, Debug)]
+pub struct AckRow {
+    pub environment: String,
+    pub service: String,
+    pub revision: u64,
+    pub instance_id: String,
+    /// When the ACK arrived, ms since the epoch.
+    pub acked_at: i64,
+}
+
+/// How far a revision has reached: per agent, the time from its commit to the agent's ACK.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Propagation {
+    pub environment: String,
+    pub service: String,
+    pub revision: u64,
+    /// When the revision was committed (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub committed_at: i64,
+    /// Connected agents that applied this revision or a later one ("N").
+    pub applied: usize,
+    /// Connected agents ("M").
+    pub connected: usize,
+    /// Agents that ACKed this very revision (pushed to them).
+    pub acked: usize,
+    /// Median commit-to-ACK time over the agents that ACKed it, in milliseconds.
+    pub p50_ms: Option<i64>,
+    /// 99th percentile, in milliseconds (nearest rank).
+    pub p99_ms: Option<i64>,
+    /// Slowest, in milliseconds.
+    pub max_ms: Option<i64>,
+    /// Each ACK, fastest first.
+    pub acks: Vec<AgentAck>,
+}
+
+/// One agent's ACK of a revision.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct AgentAck {
+    pub instance_id: String,
+    /// When its ACK arrived (RFC 3339).
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub acked_at: i64,
+    /// From commit to this ACK, in milliseconds.
+    pub latency_ms: i64,
+}
+
+/// The nearest-rank percentile `p` (0–100) of sorted `values`.
+pub fn percentile(sorted: &[i64], p: f64) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted.get(rank.min(sorted.len()) - 1).copied()
 }
 
 /// Fields of an agent row to write.

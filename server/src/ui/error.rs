@@ -37,7 +37,7 @@ pub enum UiError {
     /// The service changed between reading and writing.
     #[error("{0}")]
     Conflict(String),
-    /// Too many failed logins for this user (`auth::LOGIN_MAX_FAILURES`).
+    /// Too many failed logins (`auth::LoginLimiter`).
     #[error("{0}")]
     TooManyRequests(String),
     /// A bug or an unreachable database.
@@ -110,7 +110,7 @@ impl From<LoginError> for UiError {
         match e {
             LoginError::Internal(cause) => UiError::Internal(cause),
             e @ LoginError::WrongCredentials => UiError::BadRequest(e.to_string()),
-            e @ LoginError::TooManyAttempts => UiError::TooManyRequests(e.to_string()),
+            e @ LoginError::TooManyAttempts(_) => UiError::TooManyRequests(e.to_string()),
         }
     }
 }

@@ -24,6 +24,9 @@ pub struct FleetSummary {
     pub open_breakers: Vec<String>,
     /// Features living on a fallback on at least one connected instance, with the level.
     pub degraded: Vec<String>,
+    /// Dependencies served by their fallback on at least one connected instance, with the
+    /// level.
+    pub fallbacks: Vec<String>,
 }
 
 impl FleetSummary {
@@ -32,11 +35,15 @@ impl FleetSummary {
         let live: Vec<&AgentRow> = agents.iter().filter(|a| a.connected).collect();
         let mut open = BTreeSet::new();
         let mut degraded = BTreeMap::new();
+        let mut fallbacks = BTreeMap::new();
         for a in &live {
             let report = AgentReport::of(a);
             open.extend(report.open_breakers);
             for (feature, level) in report.degraded {
                 degraded.entry(feature).or_insert(level);
+            }
+            for (dep, level, _) in report.fallbacks {
+                fallbacks.entry(dep).or_insert(level);
             }
         }
         FleetSummary {
@@ -51,6 +58,7 @@ impl FleetSummary {
             nacks_total: nacks.len(),
             open_breakers: open.into_iter().collect(),
             degraded: degraded.into_iter().map(|(f, l)| format!("{f} ({l})")).collect(),
+            fallbacks: fallbacks.into_iter().map(|(d, l)| format!("{d} ({l})")).collect(),
         }
     }
 }
@@ -58,7 +66,8 @@ impl FleetSummary {
 /// What one agent's last status report says, in words.
 #[derive(Clone, Debug, Default)]
 pub struct AgentReport {
-    /// Where its configuration comes from: `live`, `cache` or `default`.
+    /// Where its configuration comes from: `live`, `cache` or `default`; `disconnected`
+    /// when its stream is closed (never `live` then).
     pub source: String,
     /// Breakers not CLOSED, as `name: STATE`.
     pub breakers: Vec<String>,
@@ -66,14 +75,18 @@ pub struct AgentReport {
     pub open_breakers: Vec<String>,
     /// Features on a fallback: (feature, level).
     pub degraded: Vec<(String, String)>,
+    /// Dependencies served by their fallback: (dependency, level, since as RFC 3339).
+    pub fallbacks: Vec<(String, String, String)>,
+    /// Features on a fallback with when it began: (feature, level, since as RFC 3339).
+    pub degraded_since: Vec<(String, String, String)>,
 }
 
 impl AgentReport {
     /// Reads the status JSON stored for an agent (missing or odd fields are skipped).
     pub fn of(a: &AgentRow) -> AgentReport {
         let mut r = AgentReport::default();
+        r.source = a.source.clone();
         let Some(status) = &a.status else { return r };
-        r.source = status["source"].as_str().unwrap_or("").to_string();
         for b in status["breakers"].as_array().into_iter().flatten() {
             let state = b["state"].as_str().unwrap_or("");
             if state.is_empty() || state == "CLOSED" {
@@ -93,8 +106,18 @@ impl AgentReport {
             let level = f["level"].as_str().unwrap_or("");
             let degraded = f["degraded_since"].as_str().is_some_and(|s| !s.is_empty());
             if degraded && !level.is_empty() && level != "FRESH" {
-                r.degraded.push((f["feature"].as_str().unwrap_or("?").to_string(), level.to_string()));
+                let feature = f["feature"].as_str().unwrap_or("?").to_string();
+                let since = f["degraded_since"].as_str().unwrap_or("").to_string();
+                r.degraded.push((feature.clone(), level.to_string()));
+                r.degraded_since.push((feature, level.to_string(), since));
             }
+        }
+        for f in status["fallbacks"].as_array().into_iter().flatten() {
+            r.fallbacks.push((
+                f["dependency"].as_str().unwrap_or("?").to_string(),
+                f["level"].as_str().unwrap_or("").to_string(),
+                f["since"].as_str().unwrap_or("").to_string(),
+            ));
         }
         r
     }
@@ -115,6 +138,7 @@ mod tests {
             last_seen: 1,
             applied_revision: rev,
             applied_hash: String::new(),
+            source: String::new(),
             status: Some(status),
         }
     }

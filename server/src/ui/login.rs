@@ -17,8 +17,9 @@ use super::session::{
     LOGIN_NONCE_COOKIE, LOGIN_NONCE_TTL, NoFields, Posted, came_over_tls, clear_cookie, local_path,
     read_form, session_cookie, session_user, set_cookie,
 };
-use crate::auth::{Door, LoginError, end_session, login_to};
-use crate::web::{AppState, SESSION_COOKIE, cookie};
+use crate::actions::{LoginAttempt, Via};
+use crate::auth::{LoginError, end_session};
+use crate::web::{AppState, ClientAddr, RequestId, SESSION_COOKIE, cookie};
 
 #[derive(Template)]
 #[template(path = "login.html")]
@@ -84,8 +85,14 @@ pub async fn form(
     form_response(&state, secure, StatusCode::OK, String::new(), next, None)
 }
 
-/// `POST /login`: checks the password (rate limited per user) and sets the session cookie.
-pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Response, UiError> {
+/// `POST /login`: checks the password (throttled per account and client address, and per
+/// address) and sets the session cookie.
+pub async fn submit(
+    State(state): State<AppState>,
+    ClientAddr(client): ClientAddr,
+    RequestId(request_id): RequestId,
+    req: Request,
+) -> Result<Response, UiError> {
     let secure = came_over_tls(req.uri(), req.headers());
     let nonce = cookie(req.headers(), LOGIN_NONCE_COOKIE).unwrap_or("").to_string();
     let (parts, body) = req.into_parts();
@@ -102,18 +109,17 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
             Some("This login form expired or was not sent by a Levee page. Please log in again.".into()),
         );
     }
-    match login_to(Door::Ui, &state.store, &state.keys, &state.logins, f.username.trim(), &f.password).await {
-        Ok(session) => {
-            tracing::info!(user = %f.username.trim(), "UI login");
-            Ok((
-                AppendHeaders([
-                    (header::SET_COOKIE, session_cookie(&session.token, secure)),
-                    (header::SET_COOKIE, clear_cookie(LOGIN_NONCE_COOKIE, secure)),
-                ]),
-                Redirect::to(local_path(&f.next)),
-            )
-                .into_response())
-        }
+    let attempt =
+        LoginAttempt { username: f.username.trim(), password: &f.password, client, via: Via::Ui, request_id };
+    match state.actions.login(&state.logins, attempt).await {
+        Ok(session) => Ok((
+            AppendHeaders([
+                (header::SET_COOKIE, session_cookie(&session.token, secure)),
+                (header::SET_COOKIE, clear_cookie(LOGIN_NONCE_COOKIE, secure)),
+            ]),
+            Redirect::to(local_path(&f.next)),
+        )
+            .into_response()),
         Err(LoginError::WrongCredentials) => form_response(
             &state,
             secure,
@@ -122,7 +128,7 @@ pub async fn submit(State(state): State<AppState>, req: Request) -> Result<Respo
             &f.next,
             Some("Wrong username or password.".into()),
         ),
-        Err(e @ LoginError::TooManyAttempts) => form_response(
+        Err(e @ LoginError::TooManyAttempts(_)) => form_response(
             &state,
             secure,
             StatusCode::TOO_MANY_REQUESTS,

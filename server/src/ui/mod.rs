@@ -15,11 +15,15 @@
 //! confirmation and a reason first (see `changes.rs`).
 
 mod admin;
+mod alarms;
 mod audit;
 mod changes;
+mod edit;
 mod error;
 mod faults;
 mod fleet;
+mod history;
+mod live;
 mod login;
 mod overview;
 mod page;
@@ -40,10 +44,12 @@ pub use session::{Posted, UiUser};
 
 use crate::web::AppState;
 
-/// Content-Security-Policy of every UI response: no scripts at all, styles and forms
-/// only from this origin, never framed (so a switch cannot be click-jacked).
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
-     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// Content-Security-Policy of every UI response: scripts, styles and images only from this
+/// origin (the one script, `live.js`, follows the service page's server-sent events: no
+/// inline script, no `eval`), connections only back to this origin, forms only to it,
+/// never framed (so a switch cannot be click-jacked).
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
+     style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Routes of the UI.
 pub fn router(state: AppState) -> Router {
@@ -60,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route("/login", get(login::form).post(login::submit))
         .route("/logout", post(login::logout))
         .route("/static/levee.css", get(page::stylesheet))
+        .route("/static/live.js", get(page::live_script))
         .route("/ui/audit", get(audit::page))
         .route("/ui/admin", get(admin::page))
         .route("/ui/admin/users", post(admin::create_user))
@@ -83,6 +90,14 @@ pub fn router(state: AppState) -> Router {
         .route(&format!("{svc}/breakers"), post(changes::apply_override))
         .route(&format!("{svc}/breakers/remove/confirm"), post(changes::confirm_remove_override))
         .route(&format!("{svc}/breakers/remove"), post(changes::apply_remove_override))
+        // console-b: policy editing, history and rollback.
+        .route(&format!("{svc}/policy/edit"), get(edit::form))
+        .route(&format!("{svc}/policy/preview"), post(edit::preview))
+        .route(&format!("{svc}/policy/commit"), post(edit::commit))
+        .route(&format!("{svc}/history"), get(history::page))
+        .route(&format!("{svc}/live"), get(live::events))
+        .route(&format!("{svc}/rollback/confirm"), post(history::confirm))
+        .route(&format!("{svc}/rollback"), post(history::apply))
         .fallback(error::not_found)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(CsrfLayer::new().with_rejection_response(error::cross_site));

@@ -3,6 +3,7 @@
 use askama::Template;
 use axum::extract::{Path, State};
 
+use super::alarms::{self, Alarms};
 use super::error::UiError;
 use super::fleet::FleetSummary;
 use super::page::{Layout, Page, time};
@@ -21,13 +22,18 @@ struct EnvView {
 struct EnvironmentsPage {
     layout: Layout,
     environments: Vec<EnvView>,
+    alarms: Alarms,
+    alarms_scope: &'static str,
 }
 
 /// `GET /`: the environments.
 pub async fn environments(State(s): State<AppState>, user: UiUser) -> Result<Page<impl Template>, UiError> {
     let mut environments = Vec::new();
+    let mut all = Alarms::default();
+    let now = levee_agent::policy::Timestamp::now();
     for e in s.store.environments().await? {
         let services = s.store.services(&e.name).await?.len();
+        all.extend_prefixed(&e.name, alarms::for_environment(&s, &e.name, now).await?);
         environments.push(EnvView {
             name: e.name,
             description: e.description,
@@ -35,7 +41,12 @@ pub async fn environments(State(s): State<AppState>, user: UiUser) -> Result<Pag
             services,
         });
     }
-    Ok(Page::ok(EnvironmentsPage { layout: user.layout(), environments }))
+    Ok(Page::ok(EnvironmentsPage {
+        layout: user.layout(),
+        environments,
+        alarms: all.sorted(),
+        alarms_scope: "in any environment",
+    }))
 }
 
 struct ServiceView {
@@ -54,6 +65,8 @@ struct EnvironmentPage {
     description: String,
     allow_faults: bool,
     services: Vec<ServiceView>,
+    alarms: Alarms,
+    alarms_scope: &'static str,
 }
 
 /// `GET /ui/environments/{env}`: every service with its revision and how the fleet took it.
@@ -79,7 +92,10 @@ pub async fn services(
             updated_at: time(r.updated_at),
         });
     }
+    let alarms = alarms::for_environment(&s, &env, levee_agent::policy::Timestamp::now()).await?;
     Ok(Page::ok(EnvironmentPage {
+        alarms,
+        alarms_scope: "in this environment",
         layout: user.layout(),
         env: e.name,
         description: e.description,

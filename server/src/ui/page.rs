@@ -12,6 +12,8 @@ use super::error::UiError;
 
 /// The one stylesheet, compiled into the binary so the UI needs no files at run time.
 const STYLESHEET: &str = include_str!("../../../web/static/levee.css");
+/// The one script: the service page's live part (server-sent events), compiled in too.
+const LIVE_SCRIPT: &str = include_str!("../../../web/static/live.js");
 
 /// What the page frame shows about the logged-in user.
 #[derive(Clone, Debug)]
@@ -67,6 +69,18 @@ pub async fn stylesheet() -> Response {
             (header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=3600")),
         ],
         STYLESHEET,
+    )
+        .into_response()
+}
+
+/// `GET /static/live.js`.
+pub async fn live_script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/javascript; charset=utf-8")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=3600")),
+        ],
+        LIVE_SCRIPT,
     )
         .into_response()
 }

@@ -12,6 +12,7 @@ use levee_agent::policy::{
 };
 use serde::Deserialize;
 
+use super::alarms::{self, Alarms};
 use super::error::UiError;
 use super::fleet::{AgentReport, FleetSummary};
 use super::page::{Layout, Page, duration, percent, service_url, time};
@@ -223,6 +224,8 @@ struct MatrixView {
     decision: String,
     alert_after: String,
     switch: Option<SwitchView>,
+    /// On its fallback on a connected agent longer than `alert_after`: since when.
+    past_alert: Option<String>,
 }
 
 struct OverrideView {
@@ -323,6 +326,18 @@ struct ServicePage {
     nacks: Vec<NackView>,
     /// The emergency profile active in the environment, if any.
     profile: Option<super::profiles::ActiveView>,
+    alarms: Alarms,
+    alarms_scope: &'static str,
+    faults: Vec<FaultView>,
+    live: super::live::LiveState,
+}
+
+struct FaultView {
+    id: String,
+    target: String,
+    action: String,
+    percent: f64,
+    expires: String,
 }
 
 /// `GET /ui/environments/{env}/services/{svc}`.
@@ -339,8 +354,29 @@ pub async fn page(
     let change =
         q.changed.as_deref().and_then(|c| c.parse::<u64>().ok()).map(|r| propagation(r, &agents, &nacks));
     let profile = s.store.active_profile(&env).await?.as_ref().map(super::profiles::ActiveView::of);
+    let now = levee_agent::policy::Timestamp::now();
+    let past = crate::advice::features_past_alert(&cfg.policy, &agents, now);
+    let live = super::live::state(&s, &env, &svc).await?;
     let page = ServicePage {
         profile,
+        live,
+        alarms: alarms::for_service(&env, &svc, &cfg, row.revision, &agents, &nacks, now),
+        alarms_scope: "in this service",
+        faults: cfg
+            .faults
+            .iter()
+            .filter(|f| f.expires_at > now)
+            .map(|f| FaultView {
+                id: f.id.clone(),
+                target: match &f.operation {
+                    Some(op) => format!("{} {op}", f.dependency),
+                    None => f.dependency.clone(),
+                },
+                action: serde_json::to_string(&f.action).unwrap_or_default(),
+                percent: f.percent,
+                expires: f.expires_at.to_rfc3339(),
+            })
+            .collect(),
         layout: user.layout(),
         can_operate: user.can_operate(),
         csrf: user.csrf.clone(),
@@ -364,7 +400,9 @@ pub async fn page(
             .policy
             .degradation_matrix
             .iter()
-            .map(|r| MatrixView {
+            .enumerate()
+            .map(|(i, r)| MatrixView {
+                past_alert: past.iter().find(|p| p.row == i).map(|p| p.since.to_rfc3339()),
                 feature: r.feature.clone(),
                 dependencies: r.dependencies.join(", "),
                 on_failure: r.on_failure.as_str(),

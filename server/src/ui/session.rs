@@ -28,12 +28,31 @@ pub struct UiUser {
     pub principal: Principal,
     /// The session's anti-CSRF token, embedded in every form the user is shown.
     pub csrf: String,
+    /// Records a refusal (audit and log).
+    refusals: Refusals,
+}
+
+/// What recording a 403 needs: the actions and the request's method and path.
+#[derive(Clone, Debug)]
+struct Refusals {
+    actions: crate::actions::Actions,
+    target: String,
+    request_id: String,
 }
 
 impl UiUser {
-    /// Refuses with 403 unless the user has at least `role`.
+    /// Refuses with 403 unless the user has at least `role` (audited and logged).
     pub fn require(&self, role: Role) -> Result<(), UiError> {
-        Ok(Forbidden::check(self.principal.role, role)?)
+        Forbidden::check(self.principal.role, role).map_err(|f| {
+            let actor = Actor::new(&self.principal, Via::Ui, self.refusals.request_id.clone());
+            self.refusals.actions.spawn_refused(
+                actor,
+                format!("role {}", role.as_str()),
+                self.refusals.target.clone(),
+                f,
+            );
+            f.into()
+        })
     }
 
     /// Whether the user may flip switches and override breakers (the roles those actions
@@ -48,7 +67,15 @@ impl UiUser {
     /// allows it.
     pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, UiError> {
         let actor = Actor::new(&self.principal, Via::Ui, request.0.clone());
-        actor.may(action)?;
+        if let Err(f) = actor.may(action) {
+            self.refusals.actions.spawn_refused(
+                actor,
+                action.name().to_string(),
+                self.refusals.target.clone(),
+                f,
+            );
+            return Err(f.into());
+        }
         Ok(actor)
     }
 
@@ -69,7 +96,13 @@ pub async fn session_user(headers: &HeaderMap, state: &AppState) -> Option<UiUse
     let token = cookie(headers, SESSION_COOKIE)?;
     let principal = authenticate_ui(&state.keys, &state.store, token).await.ok()?;
     let csrf = state.keys.csrf_token(&principal.jti).ok()?;
-    Some(UiUser { principal, csrf })
+    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let refusals = Refusals {
+        actions: state.actions.clone(),
+        target: String::new(),
+        request_id: request_id.chars().take(64).collect(),
+    };
+    Some(UiUser { principal, csrf, refusals })
 }
 
 /// The reason typed in a confirmation form, or what to tell the user about it.
@@ -88,7 +121,13 @@ impl FromRequestParts<AppState> for UiUser {
     type Rejection = UiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        session_user(&parts.headers, state).await.ok_or_else(|| login_required(parts))
+        let mut user = session_user(&parts.headers, state).await.ok_or_else(|| login_required(parts))?;
+        user.refusals.target = format!(
+            "{} {}",
+            parts.method,
+            parts.extensions.get::<axum::extract::OriginalUri>().map_or(parts.uri.path(), |u| u.0.path())
+        );
+        Ok(user)
     }
 }
 

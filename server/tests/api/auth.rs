@@ -3,7 +3,9 @@ use levee_server::db::Role;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{JWT_SECRET, TestApp, assert_problem};
+use levee_server::auth::{LOGIN_ADDRESS_FREE_FAILURES, LOGIN_FREE_FAILURES, LOGIN_MAX_DELAY};
+
+use crate::helpers::{ADMIN_PASSWORD, JWT_SECRET, TestApp, assert_problem};
 
 fn sign(claims: &Claims) -> String {
     Keys::new(JWT_SECRET.as_bytes()).unwrap().sign(claims).unwrap()
@@ -25,27 +27,144 @@ fn claims(exp: u64, aud: &str) -> Claims {
     }
 }
 
+/// A client whose connections come from `addr` (any 127.x.y.z is this machine's loopback).
+fn client_from(addr: &str) -> reqwest::Client {
+    reqwest::Client::builder().local_address(addr.parse::<std::net::IpAddr>().unwrap()).build().unwrap()
+}
+
+async fn try_login(c: &reqwest::Client, app: &TestApp, user: &str, password: &str) -> reqwest::Response {
+    c.post(app.url("/api/v1/auth/login"))
+        .json(&json!({"username": user, "password": password}))
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn wrong_password_is_401_and_repeated_failures_are_429() {
     let app = TestApp::spawn().await;
-    for _ in 0..10 {
-        let res = app
-            .client
-            .post(app.url("/api/v1/auth/login"))
-            .json(&json!({"username": "admin", "password": "nope"}))
-            .send()
-            .await
-            .unwrap();
+    for _ in 0..LOGIN_FREE_FAILURES {
+        assert_eq!(try_login(&app.client, &app, "admin", "nope").await.status(), StatusCode::UNAUTHORIZED);
+    }
+    // Past the free failures every failure starts a wait (1 s, 2 s, … at most 30 s):
+    // an attempt during it is 429 with the wait in Retry-After.
+    let mut throttled = None;
+    for _ in 0..20 {
+        let res = try_login(&app.client, &app, "admin", "nope").await;
+        if res.status() == StatusCode::TOO_MANY_REQUESTS {
+            throttled = Some(res);
+            break;
+        }
         assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     }
-    let res = app
-        .client
-        .post(app.url("/api/v1/auth/login"))
-        .json(&json!({"username": "admin", "password": "nope"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let res = throttled.expect("a 429 once failures pile up");
+    let retry: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=LOGIN_MAX_DELAY.as_secs()).contains(&retry), "Retry-After {retry}");
+    let (s, h) = (res.status(), res.headers().clone());
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_problem(s, &h, &body, StatusCode::TOO_MANY_REQUESTS);
+    assert!(body["detail"].as_str().unwrap().contains("try again in"), "{body}");
+}
+
+/// SEC-1: wrong passwords for `admin` from one address slow down that address only; the
+/// owner logs in from another address with the right password at once, during the
+/// attack. Spraying one password over many usernames from one address is throttled too.
+/// Logins, failures, throttling and refused (403) actions are in the audit log with the
+/// client address.
+#[tokio::test]
+async fn sec_1_wrong_passwords_from_anyone_never_lock_the_owner_out() {
+    let app = TestApp::spawn().await;
+    let attacker = client_from("127.0.0.2");
+    let owner = client_from("127.0.0.3");
+    let sprayer = client_from("127.0.0.4");
+
+    let mut statuses = Vec::new();
+    for _ in 0..40 {
+        let s = try_login(&attacker, &app, "admin", "guess").await.status();
+        statuses.push(s);
+        if s == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+    }
+    assert_eq!(statuses.last(), Some(&StatusCode::TOO_MANY_REQUESTS), "the attacker is slowed: {statuses:?}");
+    // Even the right password waits on the attacker's address (no oracle while throttled)…
+    assert_eq!(
+        try_login(&attacker, &app, "admin", ADMIN_PASSWORD).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // …but the owner, elsewhere, is in at once.
+    let res = try_login(&owner, &app, "admin", ADMIN_PASSWORD).await;
+    assert_eq!(res.status(), StatusCode::OK, "the owner must not be locked out");
+
+    // Spraying: one guess per username from one address.
+    let mut sprayed = Vec::new();
+    for i in 0..60 {
+        let s = try_login(&sprayer, &app, &format!("user{i}"), "Winter2026!").await.status();
+        sprayed.push(s);
+        if s == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+    }
+    assert_eq!(sprayed.last(), Some(&StatusCode::TOO_MANY_REQUESTS), "spraying is limited: {sprayed:?}");
+    assert!(
+        sprayed.len() > LOGIN_ADDRESS_FREE_FAILURES as usize,
+        "not before the free failures: {sprayed:?}"
+    );
+    assert_eq!(try_login(&owner, &app, "admin", ADMIN_PASSWORD).await.status(), StatusCode::OK);
+
+    // A viewer refused a change: 403, audited.
+    let (s, _, b) = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            Some(json!({"username": "vic", "password": "a-long-enough-password", "role": "viewer", "reason": "test"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let viewer = app.login("vic", "a-long-enough-password").await;
+    let (s, _, _) = app
+        .call_as(
+            &viewer,
+            Method::POST,
+            "/api/v1/environments",
+            Some(json!({"name": "x", "reason": "try"})),
+            &[],
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    let audit = |actor: &'static str| {
+        let app = &app;
+        async move {
+            let (s, _, b) = app.call(Method::GET, &format!("/api/v1/audit?actor={actor}"), None).await;
+            assert_eq!(s, StatusCode::OK, "{b}");
+            b.as_array().unwrap().clone()
+        }
+    };
+    let rows = audit("admin").await;
+    let has = |rows: &[serde_json::Value], action: &str, client: &str| {
+        rows.iter().any(|r| r["action"] == action && r["after"]["client"] == client)
+    };
+    assert!(has(&rows, "auth.login_failed", "127.0.0.2"), "{rows:#?}");
+    assert!(has(&rows, "auth.login_throttled", "127.0.0.2"), "{rows:#?}");
+    assert!(has(&rows, "auth.login", "127.0.0.3"), "{rows:#?}");
+    assert!(rows.iter().all(|r| r["via"] == "api"));
+    let sprayed_rows = audit("user0").await;
+    assert!(has(&sprayed_rows, "auth.login_failed", "127.0.0.4"), "{sprayed_rows:#?}");
+    // The refusal is written off the request path: wait for it (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let rows = audit("vic").await;
+        if let Some(r) = rows.iter().find(|r| r["action"] == "access.refused") {
+            assert_eq!(r["outcome"], "forbidden");
+            assert_eq!(r["target"], "POST /api/v1/environments");
+            assert_eq!(r["after"]["attempted"], "environment.create");
+            assert_eq!(r["after"]["needed"], "admin");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no access.refused row: {rows:#?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

@@ -76,7 +76,16 @@ async fn operator_flips_the_kill_switch_through_confirmation_and_reason(app) {
     let after = b.get(done.location().split('#').next().unwrap()).await;
     assert_eq!(after.status, StatusCode::OK);
     assert!(after.body.contains(&format!("Saved as revision {}.", rev + 1)), "{}", after.body);
-    assert!(after.body.contains("0 of 0 connected agents have applied it"));
+    // Reaching no agent is a warning, never a success.
+    assert!(
+        after.body.contains("<strong>Delivered to no agent:</strong> none is connected"),
+        "{}",
+        after.body
+    );
+    assert!(!after.body.contains("<p class=\"ok\"><strong>Saved"), "not shown as a success");
+    // And the page says at the top what is abnormal now, with where to act.
+    assert!(after.body.contains("kill switch recommendations.enabled is OFF"), "{}", after.body);
+    assert!(after.body.contains("#flag-recommendations.enabled\">turn it on</a>"), "{}", after.body);
     assert!(after.body.contains("Turn on…"), "the switch now offers the way back");
 }
 }

@@ -5,8 +5,10 @@
 #[allow(dead_code, unused_macros)]
 #[macro_use]
 mod backends;
+mod browser;
 mod changes;
 mod helpers;
+mod live;
 mod login;
 mod pages;
 mod profiles;

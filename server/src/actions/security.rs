@@ -1,0 +1,141 @@
+//! Sign-in and refusals: logins, failed logins, throttled logins (SEC-1) and actions refused
+//! for a lack of role (403), each in the audit log and the server log.
+//!
+//! Usernames and addresses come from whoever is knocking: the log writes them as
+//! escaped, quoted fields (`?` formatting), never as text of its own, and a username that
+//! is not a valid name is recorded as [`INVALID_USERNAME`].
+
+use std::net::IpAddr;
+
+use tokio::time::Instant;
+
+use super::{Actions, Actor, Forbidden, Via};
+use crate::auth::{Door, LoginError, LoginLimiter, Session, login_to};
+use crate::db::{AuditRow, now_ms};
+
+/// Audit action of a successful login.
+pub const AUDIT_LOGIN: &str = "auth.login";
+/// Audit action of a failed login (unknown user, disabled user or wrong password).
+pub const AUDIT_LOGIN_FAILED: &str = "auth.login_failed";
+/// Audit action of a login refused before its password was checked (throttled).
+pub const AUDIT_LOGIN_THROTTLED: &str = "auth.login_throttled";
+/// Audit action of a request refused for a lack of role (403).
+pub const AUDIT_REFUSED: &str = "access.refused";
+/// How an attempted username that is not a valid name is recorded.
+pub const INVALID_USERNAME: &str = "(not a valid username)";
+
+/// One login attempt, as it reached an edge.
+#[derive(Clone, Debug)]
+pub struct LoginAttempt<'a> {
+    /// The username typed (untrusted).
+    pub username: &'a str,
+    /// The password typed.
+    pub password: &'a str,
+    /// The client address (the socket peer, or what a trusted proxy said).
+    pub client: IpAddr,
+    /// `ui` or `api`.
+    pub via: Via,
+    /// The request's `x-request-id`.
+    pub request_id: String,
+}
+
+fn recorded_name(username: &str) -> &str {
+    if levee_agent::policy::check_name(username).is_ok() { username } else { INVALID_USERNAME }
+}
+
+impl Actions {
+    /// Checks a login through `limiter` ([`login`]) and records its outcome: a success or a
+    /// failure in the audit log and the server log; a throttled attempt in the log each
+    /// time and in the audit log when a wait begins (so a flood of refused attempts does not
+    /// flood the audit table).
+    ///
+    /// # Errors
+    /// [`LoginError`], as [`login`] answers it.
+    pub async fn login(&self, limiter: &LoginLimiter, a: LoginAttempt<'_>) -> Result<Session, LoginError> {
+        let name = recorded_name(a.username);
+        // The web form opens a UI session (audience levee-ui), anything else an API one.
+        let door = if matches!(a.via, Via::Ui) { Door::Ui } else { Door::Api };
+        let result = login_to(door, &self.store, &self.keys, limiter, a.client, a.username, a.password).await;
+        let client = a.client.to_string();
+        let mut began_wait = None;
+        let (action, outcome) = match &result {
+            Ok(s) => {
+                tracing::info!(user = ?name, client = %client, via = a.via.as_str(), role = s.role.as_str(), "login");
+                (AUDIT_LOGIN, "ok")
+            }
+            Err(LoginError::WrongCredentials) => {
+                began_wait = limiter.check(a.username, a.client, Instant::now()).await.err();
+                tracing::warn!(user = ?name, client = %client, via = a.via.as_str(),
+                    throttled_for_s = began_wait.map(|t| t.retry_after.as_secs_f64()), "failed login");
+                (AUDIT_LOGIN_FAILED, "failed")
+            }
+            Err(LoginError::TooManyAttempts(t)) => {
+                tracing::warn!(user = ?name, client = %client, via = a.via.as_str(), by = t.by.as_str(),
+                    retry_after_s = t.retry_after.as_secs_f64(), "login throttled");
+                return result;
+            }
+            Err(LoginError::Internal(_)) => return result,
+        };
+        let mut rows = vec![row(name, &a, action, outcome, serde_json::json!({"client": client}))];
+        if let Some(t) = began_wait {
+            // This failure started a wait: audited once, with its length.
+            let after = serde_json::json!({"client": client, "by": t.by.as_str(),
+                "retry_after_s": t.retry_after.as_secs_f64()});
+            rows.push(row(name, &a, AUDIT_LOGIN_THROTTLED, "throttled", after));
+        }
+        for r in rows {
+            if let Err(e) = self.store.append_audit(&r).await {
+                tracing::error!(error = %levee_agent::report::ErrorChain(e.as_ref()), "auditing a login");
+            }
+        }
+        result
+    }
+
+    /// Records that `by` was refused `attempted` (an action name or a page) on `target` for
+    /// a lack of role: a warning in the log and a row in the audit log (outcome
+    /// `forbidden`). Called by the edges, which check the role before anything else.
+    pub async fn refused(&self, by: &Actor, attempted: &str, target: &str, why: &Forbidden) {
+        tracing::warn!(actor = ?by.name, via = by.via.as_str(), request_id = ?by.request_id,
+            attempted = ?attempted, target = ?target, needed = why.needed.as_str(), role = why.actual.as_str(),
+            "refused: role too low");
+        let r = AuditRow {
+            at: now_ms(),
+            actor: by.name.clone(),
+            via: by.via.as_str().to_string(),
+            request_id: by.request_id.clone(),
+            action: AUDIT_REFUSED.to_string(),
+            target: target.to_string(),
+            outcome: "forbidden".to_string(),
+            after: Some(
+                serde_json::json!({"attempted": attempted, "needed": why.needed.as_str(),
+                    "role": why.actual.as_str()})
+                .to_string(),
+            ),
+            ..Default::default()
+        };
+        if let Err(e) = self.store.append_audit(&r).await {
+            tracing::error!(error = %levee_agent::report::ErrorChain(e.as_ref()), "auditing a refusal");
+        }
+    }
+
+    /// [`Actions::refused`] without waiting for the audit write (for edges that check roles
+    /// synchronously).
+    pub fn spawn_refused(&self, by: Actor, attempted: String, target: String, why: Forbidden) {
+        let actions = self.clone();
+        tokio::spawn(async move { actions.refused(&by, &attempted, &target, &why).await });
+    }
+}
+
+fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, after: serde_json::Value) -> AuditRow {
+    AuditRow {
+        at: now_ms(),
+        actor: name.to_string(),
+        via: a.via.as_str().to_string(),
+        request_id: a.request_id.clone(),
+        action: action.to_string(),
+        target: format!("user:{name}"),
+        outcome: outcome.to_string(),
+        after: Some(after.to_string()),
+        ..Default::default()
+    }
+}

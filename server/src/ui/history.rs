@@ -1,0 +1,194 @@
+//! Revision history with the diff of each revision, and one-click rollback: a
+//! confirmation page (what the rollback changes, a reason) followed by the rollback action
+//! based on the revision the confirmation showed.
+
+use askama::Template;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::edit::{DiffRow, diff_rows};
+use super::error::UiError;
+use super::page::{Layout, Page, service_url, time};
+use super::session::{Posted, UiUser, reason};
+use crate::actions::{Action, ServiceAt};
+use crate::diff::json_diff;
+use crate::web::{AppState, RequestId};
+
+/// Revisions listed on the history page.
+pub const HISTORY_PAGE_REVISIONS: i64 = 50;
+
+struct RevisionView {
+    revision: u64,
+    at: String,
+    actor: String,
+    reason: String,
+    hash: String,
+    current: bool,
+    /// What this revision changed from the one before it.
+    diff: Vec<DiffRow>,
+}
+
+#[derive(Template)]
+#[template(path = "history.html")]
+struct HistoryPage {
+    layout: Layout,
+    env: String,
+    svc: String,
+    base: String,
+    csrf: String,
+    can_operate: bool,
+    revision: u64,
+    revisions: Vec<RevisionView>,
+}
+
+async fn body(s: &AppState, env: &str, svc: &str, revision: u64) -> Result<Option<Value>, UiError> {
+    Ok(s.store.revision(env, svc, revision).await?.and_then(|r| serde_json::from_str(&r.body).ok()))
+}
+
+/// `GET …/history`: the newest revisions, each with what it changed.
+pub async fn page(
+    State(s): State<AppState>,
+    user: UiUser,
+    Path((env, svc)): Path<(String, String)>,
+) -> Result<Response, UiError> {
+    let row = s
+        .store
+        .service(&env, &svc)
+        .await?
+        .ok_or_else(|| UiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
+    let metas = s.store.revisions(&env, &svc, HISTORY_PAGE_REVISIONS).await?;
+    let mut revisions = Vec::with_capacity(metas.len());
+    for m in metas {
+        let this = body(&s, &env, &svc, m.revision).await?.unwrap_or(Value::Null);
+        let before = if m.revision > 1 {
+            body(&s, &env, &svc, m.revision - 1).await?.unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        revisions.push(RevisionView {
+            revision: m.revision,
+            at: time(m.created_at),
+            actor: m.actor,
+            reason: m.reason,
+            hash: m.hash,
+            current: m.revision == row.revision,
+            diff: diff_rows(json_diff(&before, &this)),
+        });
+    }
+    let page = HistoryPage {
+        layout: user.layout(),
+        base: service_url(&env, &svc),
+        csrf: user.csrf.clone(),
+        can_operate: user.principal.role >= Action::Rollback.role(),
+        revision: row.revision,
+        revisions,
+        env,
+        svc,
+    };
+    Ok(Page::ok(page).into_response())
+}
+
+/// Form of a rollback and of its confirmation.
+#[derive(Debug, Deserialize)]
+pub struct RollbackForm {
+    /// The revision whose content becomes current again.
+    to: u64,
+    /// The revision the page showed as current.
+    revision: u64,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Template)]
+#[template(path = "rollback.html")]
+struct RollbackPage {
+    layout: Layout,
+    env: String,
+    svc: String,
+    base: String,
+    csrf: String,
+    to: u64,
+    revision: u64,
+    diff: Vec<DiffRow>,
+    reason: String,
+    error: Option<String>,
+    note: Option<String>,
+}
+
+async fn rollback_page(
+    s: &AppState,
+    user: &UiUser,
+    env: &str,
+    svc: &str,
+    f: &RollbackForm,
+    error: Option<String>,
+) -> Result<RollbackPage, UiError> {
+    let row = s
+        .store
+        .service(env, svc)
+        .await?
+        .ok_or_else(|| UiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
+    let target = body(s, env, svc, f.to)
+        .await?
+        .ok_or_else(|| UiError::NotFound(format!("no revision {} of service {svc:?}", f.to)))?;
+    let now = body(s, env, svc, row.revision).await?.unwrap_or(Value::Null);
+    let note = (f.revision != row.revision).then(|| {
+        format!(
+            "The service changed since you opened its history (you saw revision {}, it is now at {}): the diff \
+             below is against revision {}.",
+            f.revision, row.revision, row.revision
+        )
+    });
+    Ok(RollbackPage {
+        layout: user.layout(),
+        env: env.to_string(),
+        svc: svc.to_string(),
+        base: service_url(env, svc),
+        csrf: user.csrf.clone(),
+        to: f.to,
+        revision: row.revision,
+        diff: diff_rows(json_diff(&now, &target)),
+        reason: f.reason.clone(),
+        error,
+        note,
+    })
+}
+
+/// `POST …/rollback/confirm`: what rolling back to revision `to` changes; asks for a reason.
+pub async fn confirm(
+    State(s): State<AppState>,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<RollbackForm>,
+) -> Result<Response, UiError> {
+    user.require(Action::Rollback.role())?;
+    Ok(Page::ok(rollback_page(&s, &user, &env, &svc, &form, None).await?).into_response())
+}
+
+/// `POST …/rollback`: makes revision `to`'s content current again as a new revision.
+pub async fn apply(
+    State(s): State<AppState>,
+    rid: RequestId,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<RollbackForm>,
+) -> Result<Response, UiError> {
+    let by = user.actor(Action::Rollback, &rid)?;
+    let reason = match reason(&form.reason) {
+        Ok(r) => r,
+        Err(msg) => {
+            let page = rollback_page(&s, &user, &env, &svc, &form, Some(msg)).await?;
+            return Ok(Page::with_status(StatusCode::BAD_REQUEST, page).into_response());
+        }
+    };
+    let at = ServiceAt::new(&env, &svc, Some(form.revision));
+    let w = s.actions.rollback(&by, &reason, &at, form.to).await?;
+    tracing::info!(actor = ?by.name, environment = ?env, service = ?svc, to = form.to, revision = w.snapshot.revision, "rolled back from the UI");
+    let url = if w.changed {
+        format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)
+    } else {
+        format!("{}?unchanged=1", service_url(&env, &svc))
+    };
+    Ok(Redirect::to(&url).into_response())
+}
