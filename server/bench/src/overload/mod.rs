@@ -1,0 +1,314 @@
+//! `levee-bench overload`: tests to failure (article §10.3, targets.md "Overload
+//! behaviour"). A service of known capacity is driven by an open-loop generator from
+//! 0.5× to 10× its capacity, behind each protection in turn, in one run: no protection,
+//! tower's `ConcurrencyLimit` + `LoadShed`, `tower-acc` Gradient2 and Vegas, and Levee's
+//! admission layer. Each step prints offered rps, goodput within the deadline, p50/p99 of
+//! the admitted requests and goodput per criticality. Two more parts: the article's §1
+//! scenario (a non-critical dependency going from 20 ms to 5 s, [`dependency`]) and
+//! recovery (how long until goodput is back once a 10× overload stops). The last line
+//! printed is one JSON object with every figure.
+
+use std::time::Duration;
+
+use clap::{Args as ClapArgs, Subcommand};
+use http::Method;
+use levee_agent::policy::Inbound;
+use serde_json::{Map, Value, json};
+
+mod dependency;
+mod load;
+mod plot;
+mod service;
+mod stats;
+
+use load::{Generator, Mix, Phase, Target};
+use service::{Pool, Protection, Server, protect, work_router};
+use stats::{Step, round3};
+
+/// The overload modes.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tests to failure: inbound admission against the Rust peers, from 0.5× to 10× the
+    /// capacity of a service on loopback.
+    Overload(Args),
+}
+
+/// Options of `levee-bench overload`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// A few seconds per protection (CI): fewer, shorter steps.
+    #[arg(long)]
+    smoke: bool,
+    /// Seconds measured per step (after a warm-up of a quarter of it); default 8, 1.5 with
+    /// --smoke.
+    #[arg(long)]
+    step_secs: Option<f64>,
+    /// Draw the steps (goodput and p99 per protection) into this PNG.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// TrueType font for the plot's labels.
+    #[arg(long, default_value = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")]
+    font: std::path::PathBuf,
+    /// Which parts to run.
+    #[arg(long, value_enum, default_value_t = Mode::All)]
+    mode: Mode,
+}
+
+/// The parts of `levee-bench overload`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Everything below.
+    All,
+    /// 0.5× to 10× capacity, every protection.
+    Steps,
+    /// The article's §1 scenario: a non-critical dependency from 20 ms to 5 s and back.
+    Dependency,
+    /// Time until goodput is back after a 10× overload stops.
+    Recovery,
+}
+
+/// The service of the steps: `WORKERS` handlers each holding a worker for `WORK`.
+const WORKERS: usize = 40;
+const WORK: Duration = Duration::from_millis(100);
+/// The deadline every request carries; the client gives up at it.
+const BUDGET: Duration = Duration::from_millis(500);
+/// Offered load, as multiples of the capacity.
+const STEPS: [f64; 8] = [0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0];
+const SMOKE_STEPS: [f64; 4] = [0.5, 1.0, 3.0, 10.0];
+/// The traffic mix in per mille: CRITICAL, SHEDDABLE_PLUS, SHEDDABLE. At 10× the
+/// CRITICAL share alone is half the capacity.
+const MIX: Mix = Mix([50, 250, 700]);
+const SEED: u64 = 0x5eed_1e7e;
+
+fn capacity_rps() -> f64 {
+    WORKERS as f64 / WORK.as_secs_f64()
+}
+
+/// One protection compared.
+struct Variant {
+    /// Key in the JSON summary.
+    name: &'static str,
+    protection: Protection,
+}
+
+fn variants() -> Vec<Variant> {
+    vec![
+        Variant { name: "none", protection: Protection::None },
+        Variant { name: "tower_concurrency_limit", protection: Protection::TowerFixed { limit: WORKERS } },
+        Variant { name: "tower_acc_gradient2", protection: Protection::AccGradient2 },
+        Variant { name: "tower_acc_vegas", protection: Protection::AccVegas },
+        Variant { name: "levee", protection: Protection::Levee(Box::new(Inbound::default())) },
+    ]
+}
+
+impl Command {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self {
+            Command::Overload(args) => args.run(),
+        }
+    }
+}
+
+impl Args {
+    fn run(self) -> anyhow::Result<()> {
+        // The server and the generator get their own runtimes, so a busy server cannot
+        // delay the generator's send times (and the reverse).
+        let server_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("server")
+            .enable_all()
+            .build()?;
+        let client_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("client")
+            .enable_all()
+            .build()?;
+        let steps: &[f64] = if self.smoke { &SMOKE_STEPS } else { &STEPS };
+        let measure = Duration::from_secs_f64(self.step_secs.unwrap_or(if self.smoke { 1.5 } else { 8.0 }));
+        let warmup = measure / 4;
+        println!(
+            "overload: capacity {} rps ({WORKERS} workers x {WORK:?}), deadline {BUDGET:?}, mix CRITICAL/SHEDDABLE_PLUS/SHEDDABLE = {:?} per mille, {warmup:?} warm-up + {measure:?} per step",
+            capacity_rps(),
+            MIX.0
+        );
+        let mut out = Map::new();
+        if matches!(self.mode, Mode::All | Mode::Steps) {
+            let results = self.steps(&server_rt, &client_rt, steps, warmup, measure)?;
+            if let Some(path) = &self.plot {
+                plot::draw(path, &self.font, capacity_rps(), &results)?;
+                println!("plot written to {}", path.display());
+            }
+            out.extend(summary(&results));
+        }
+        if matches!(self.mode, Mode::All | Mode::Dependency) {
+            println!(
+                "dependency: 1000 rps, 10 % POST /checkout (CRITICAL), 90 % GET /product/{{id}} calling a non-critical dependency 20 ms -> 5 s -> 20 ms; 200 handlers; checkout p99 budget {:?}",
+                dependency::CHECKOUT_P99_BUDGET
+            );
+            let rows = client_rt.block_on(dependency::run(server_rt.handle(), self.smoke))?;
+            let mut o = Map::new();
+            for (name, row) in rows {
+                println!("{name:<8} {}", serde_json::to_string(&row)?);
+                o.insert(name.into(), serde_json::to_value(row)?);
+            }
+            out.insert("dependency".into(), Value::Object(o));
+        }
+        if matches!(self.mode, Mode::All | Mode::Recovery) {
+            let mut o = Map::new();
+            let [before, during, after] = recovery_phases(self.smoke);
+            println!("recovery: 0.5x for {before:?}, 10x for {during:?}, 0.5x for {after:?}; time until every 250 ms bucket has >= 95 % goodput");
+            for variant in variants() {
+                let secs = client_rt.block_on(run_recovery(server_rt.handle(), &variant.protection, self.smoke))?;
+                println!("{:<24} recovered after {}", variant.name, secs.map_or("never (within the run)".into(), |s| format!("{s} s")));
+                o.insert(variant.name.into(), json!(secs));
+            }
+            out.insert("recovery_s".into(), Value::Object(o));
+        }
+        println!("{}", Value::Object(out));
+        Ok(())
+    }
+
+    fn steps(
+        &self,
+        server_rt: &tokio::runtime::Runtime,
+        client_rt: &tokio::runtime::Runtime,
+        steps: &[f64],
+        warmup: Duration,
+        measure: Duration,
+    ) -> anyhow::Result<Vec<(&'static str, Vec<Step>)>> {
+        println!(
+            "{:<24} {:>5} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>22}",
+            "protection", "x", "offered", "goodput", "p50 ms", "p99 ms", "shed", "late", "good CRIT/S+/S"
+        );
+        let mut results = Vec::new();
+        for variant in variants() {
+            let mut rows = Vec::new();
+            for &multiple in steps {
+                let step = client_rt.block_on(run_step(
+                    server_rt.handle(),
+                    &variant.protection,
+                    multiple,
+                    warmup,
+                    measure,
+                ))?;
+                print_step(variant.name, &step);
+                rows.push(step);
+            }
+            results.push((variant.name, rows));
+        }
+        Ok(results)
+    }
+}
+
+/// Recovery run: 0.5× capacity, then 10×, then 0.5× again.
+fn recovery_phases(smoke: bool) -> [Duration; 3] {
+    if smoke {
+        [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(3)]
+    } else {
+        [Duration::from_secs(3), Duration::from_secs(10), Duration::from_secs(10)]
+    }
+}
+
+/// Seconds from the end of a 10× overload until goodput is back (every later 250 ms
+/// bucket answers ≥ 95 % of its requests within the deadline); `None` if not within the
+/// run.
+async fn run_recovery(
+    server_rt: &tokio::runtime::Handle,
+    protection: &Protection,
+    smoke: bool,
+) -> anyhow::Result<Option<f64>> {
+    let [before, during, after] = recovery_phases(smoke);
+    let pool = Pool::new(WORKERS);
+    let router = work_router(pool.clone(), WORK);
+    let protection = protection.clone();
+    let server = server_rt.spawn(async move { Server::start(protect(router, &protection)).await }).await??;
+    let target = Target { method: Method::GET, path: "/work", share: 1000, send_criticality: true };
+    let generator = Generator::new(server.addr, vec![target], MIX, BUDGET, SEED);
+    let low = 0.5 * capacity_rps();
+    let phases = [
+        Phase { rps: low, duration: before },
+        Phase { rps: 10.0 * capacity_rps(), duration: during },
+        Phase { rps: low, duration: after },
+    ];
+    let samples = generator.run(&phases).await;
+    drop(server);
+    pool.close();
+    let end = before + during + after;
+    Ok(dependency::recovery(&samples, before + during, end, 0.95, |_| true, |s| s.good(BUDGET)))
+}
+
+async fn run_step(
+    server_rt: &tokio::runtime::Handle,
+    protection: &Protection,
+    multiple: f64,
+    warmup: Duration,
+    measure: Duration,
+) -> anyhow::Result<Step> {
+    let pool = Pool::new(WORKERS);
+    let router = work_router(pool.clone(), WORK);
+    let protection = protection.clone();
+    let server = server_rt.spawn(async move { Server::start(protect(router, &protection)).await }).await??;
+    let target = Target { method: Method::GET, path: "/work", share: 1000, send_criticality: true };
+    let generator = Generator::new(server.addr, vec![target], MIX, BUDGET, SEED);
+    let phase = Phase { rps: multiple * capacity_rps(), duration: warmup + measure };
+    let samples = generator.run(&[phase]).await;
+    drop(server);
+    pool.close();
+    Ok(Step::measure(multiple, &samples, (warmup, warmup + measure), BUDGET))
+}
+
+fn print_step(name: &str, s: &Step) {
+    let [c, sp, sh] = s.goodput_ratio_by_criticality;
+    println!(
+        "{:<24} {:>5} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.1}% {:>6.1}% {:>6.1}%/{:>5.1}%/{:>5.1}%",
+        name,
+        s.multiple,
+        s.offered_rps,
+        s.goodput_rps,
+        s.p50_admitted_ms,
+        s.p99_admitted_ms,
+        s.rejected_ratio * 100.0,
+        s.timed_out_ratio * 100.0,
+        c * 100.0,
+        sp * 100.0,
+        sh * 100.0
+    );
+}
+
+/// The JSON summary of the steps: Levee's figures at the top level, each peer's under
+/// `peers`. Goodput ratios are relative to the peak goodput measured in the run (any
+/// protection, any step), so every protection is compared with the same reference.
+fn summary(results: &[(&str, Vec<Step>)]) -> Map<String, Value> {
+    let peak = results
+        .iter()
+        .flat_map(|(_, rows)| rows.iter().map(|s| s.goodput_rps))
+        .fold(0.0_f64, f64::max)
+        .max(1.0);
+    let figures = |rows: &[Step]| -> Map<String, Value> {
+        let at = |m: f64| rows.iter().find(|s| (s.multiple - m).abs() < 1e-9);
+        let mut o = Map::new();
+        let unloaded = rows.first();
+        o.insert("goodput_ratio_at_3x".into(), json!(at(3.0).map(|s| round3(s.goodput_rps / peak))));
+        o.insert("goodput_ratio_at_10x".into(), json!(at(10.0).map(|s| round3(s.goodput_rps / peak))));
+        o.insert(
+            "critical_goodput_ratio_at_10x".into(),
+            json!(at(10.0).map(|s| round3(s.goodput_ratio_by_criticality[0]))),
+        );
+        o.insert("p99_admitted_ms_at_3x".into(), json!(at(3.0).map(|s| round3(s.p99_admitted_ms))));
+        o.insert("p99_unloaded_ms".into(), json!(unloaded.map(|s| round3(s.p99_admitted_ms))));
+        o
+    };
+    let mut top = Map::new();
+    top.insert("capacity_rps".into(), json!(capacity_rps()));
+    top.insert("peak_goodput_rps".into(), json!(round3(peak)));
+    let mut peers = Map::new();
+    for (name, rows) in results {
+        if *name == "levee" {
+            top.extend(figures(rows));
+        } else {
+            peers.insert((*name).into(), Value::Object(figures(rows)));
+        }
+    }
+    top.insert("peers".into(), Value::Object(peers));
+    top
+}
