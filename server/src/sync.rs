@@ -322,6 +322,11 @@ impl Session {
     }
 }
 
+/// Most counters of one agent status report the server stores.
+pub const MAX_STATUS_COUNTERS: usize = 4096;
+/// Longest counter name of a status report the server stores, in bytes.
+pub const MAX_COUNTER_NAME: usize = 512;
+
 fn status_json(r: &levee_agent::proto::StatusReport) -> String {
     serde_json::json!({
         "applied_revision": r.applied_revision,
@@ -340,7 +345,14 @@ fn status_json(r: &levee_agent::proto::StatusReport) -> String {
             "dependency": b.dependency, "operation": b.operation, "max_concurrent": b.max_concurrent,
             "in_use": b.in_use, "suggested_size": b.suggested_size,
         })).collect::<Vec<_>>(),
-        "counters": r.counters.iter().map(|c| (c.name.clone(), c.value)).collect::<HashMap<_, _>>(),
+        // Untrusted: at most MAX_STATUS_COUNTERS counters are kept, and none with a name
+        // longer than MAX_COUNTER_NAME bytes (the admission section of the service page
+        // reads them; see ui/admission.rs for the label checks).
+        "counters": r.counters.iter()
+            .filter(|c| c.name.len() <= MAX_COUNTER_NAME)
+            .take(MAX_STATUS_COUNTERS)
+            .map(|c| (c.name.clone(), c.value))
+            .collect::<HashMap<_, _>>(),
     })
     .to_string()
 }

@@ -14,6 +14,7 @@
 //! [`session::Posted`] checks before the handler runs. Every change asks for a
 //! confirmation and a reason first (see `changes.rs`).
 
+mod admission;
 mod audit;
 mod changes;
 mod error;

@@ -12,6 +12,7 @@ use levee_agent::policy::{
 };
 use serde::Deserialize;
 
+use super::admission::AdmissionView;
 use super::error::UiError;
 use super::fleet::{AgentReport, FleetSummary};
 use super::page::{Layout, Page, duration, percent, service_url, time};
@@ -321,6 +322,8 @@ struct ServicePage {
     overrides: Vec<OverrideView>,
     agents: Vec<AgentView>,
     nacks: Vec<NackView>,
+    /// Inbound admission: the policy and what the agents report (shadow counts included).
+    admission: AdmissionView,
 }
 
 /// `GET /ui/environments/{env}/services/{svc}`.
@@ -383,6 +386,7 @@ pub async fn page(
             })
             .collect(),
         agents: agents.iter().map(|a| agent_view(a, row.revision)).collect(),
+        admission: AdmissionView::new(&cfg.policy.inbound, &agents),
         nacks: nacks
             .iter()
             .map(|n| NackView {
