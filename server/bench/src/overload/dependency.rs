@@ -140,8 +140,8 @@ fn levee_config() -> ServiceConfig {
         "policy": {
             "inbound": {
                 "routes": {
-                    "POST /checkout": {"criticality": "critical"},
-                    "GET /product/{id}": {"criticality": "sheddable_plus"}
+                    "POST /checkout": {"criticality": "CRITICAL"},
+                    "GET /product/{id}": {"criticality": "SHEDDABLE_PLUS"}
                 }
             },
             "dependencies": {
@@ -206,7 +206,10 @@ pub struct Outcome {
     /// Product pages during the slow phase, shares of those sent.
     pub page_full_ratio_slow: f64,
     pub page_degraded_ratio_slow: f64,
+    /// Answered 5xx by the service (an error page), not counting sheds.
     pub page_5xx_ratio_slow: f64,
+    /// Refused by admission (503 + Retry-After: the client may come back).
+    pub page_shed_ratio_slow: f64,
     pub page_timed_out_ratio_slow: f64,
     /// After the dependency healed: time until every later 250 ms bucket has the goodput
     /// of the normal phase (−5 %), and until pages are served whole again (95 %); `null`
@@ -323,8 +326,9 @@ pub async fn run(server_rt: &tokio::runtime::Handle, smoke: bool) -> anyhow::Res
             page_full_ratio_slow: round3(ratio(&pages_slow, |s| good(s) && !s.degraded)),
             page_degraded_ratio_slow: round3(ratio(&pages_slow, |s| good(s) && s.degraded)),
             page_5xx_ratio_slow: round3(ratio(&pages_slow, |s| {
-                matches!(s.outcome, super::load::Outcome::Answered(c) if c.is_server_error())
+                !s.rejected() && matches!(s.outcome, super::load::Outcome::Answered(c) if c.is_server_error())
             })),
+            page_shed_ratio_slow: round3(ratio(&pages_slow, Sample::rejected)),
             page_timed_out_ratio_slow: round3(ratio(&pages_slow, |s| s.outcome == super::load::Outcome::TimedOut)),
             goodput_recovery_s: recovery(&samples, healed_at, end, normal_goodput - 0.05, |_| true, good),
             full_pages_recovery_s: recovery(&samples, healed_at, end, 0.95, |s| s.route == PAGE, |s| {

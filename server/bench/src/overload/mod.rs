@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 use http::Method;
-use levee_agent::policy::Inbound;
+use levee_agent::policy::{Inbound, LimitAlgorithm};
 use serde_json::{Map, Value, json};
 
 mod dependency;
@@ -98,7 +98,15 @@ fn variants() -> Vec<Variant> {
         Variant { name: "tower_acc_gradient2", protection: Protection::AccGradient2 },
         Variant { name: "tower_acc_vegas", protection: Protection::AccVegas },
         Variant { name: "levee", protection: Protection::Levee(Box::new(Inbound::default())) },
+        Variant { name: "levee_gradient2", protection: Protection::Levee(Box::new(gradient2())) },
     ]
+}
+
+/// Levee with the Gradient2 limit, every other setting default.
+fn gradient2() -> Inbound {
+    let mut i = Inbound::default();
+    i.limit.algorithm = LimitAlgorithm::Gradient2;
+    i
 }
 
 impl Command {
@@ -182,18 +190,14 @@ impl Args {
         );
         let mut results = Vec::new();
         for variant in variants() {
-            let mut rows = Vec::new();
-            for &multiple in steps {
-                let step = client_rt.block_on(run_step(
-                    server_rt.handle(),
-                    &variant.protection,
-                    multiple,
-                    warmup,
-                    measure,
-                ))?;
-                print_step(variant.name, &step);
-                rows.push(step);
-            }
+            let rows = client_rt.block_on(run_steps(
+                server_rt.handle(),
+                &variant,
+                steps,
+                warmup,
+                measure,
+                self.smoke,
+            ))?;
             results.push((variant.name, rows));
         }
         Ok(results)
@@ -237,24 +241,38 @@ async fn run_recovery(
     Ok(dependency::recovery(&samples, before + during, end, 0.95, |_| true, |s| s.good(BUDGET)))
 }
 
-async fn run_step(
+/// One protection through every step, on one server (an adaptive limit carries what it
+/// learnt from step to step, as in a service whose load grows), after a warm-up at 0.5×.
+async fn run_steps(
     server_rt: &tokio::runtime::Handle,
-    protection: &Protection,
-    multiple: f64,
+    variant: &Variant,
+    steps: &[f64],
     warmup: Duration,
     measure: Duration,
-) -> anyhow::Result<Step> {
+    smoke: bool,
+) -> anyhow::Result<Vec<Step>> {
     let pool = Pool::new(WORKERS);
     let router = work_router(pool.clone(), WORK);
-    let protection = protection.clone();
+    let protection = variant.protection.clone();
     let server = server_rt.spawn(async move { Server::start(protect(router, &protection)).await }).await??;
     let target = Target { method: Method::GET, path: "/work", share: 1000, send_criticality: true };
     let generator = Generator::new(server.addr, vec![target], MIX, BUDGET, SEED);
-    let phase = Phase { rps: multiple * capacity_rps(), duration: warmup + measure };
-    let samples = generator.run(&[phase]).await;
+    let first = Duration::from_secs(if smoke { 1 } else { 3 });
+    generator.run(&[Phase { rps: 0.5 * capacity_rps(), duration: first }]).await;
+    let mut rows = Vec::new();
+    for &multiple in steps {
+        let phase = Phase { rps: multiple * capacity_rps(), duration: warmup + measure };
+        let samples = generator.run(&[phase]).await;
+        // Every client has its answer or gave up; what still waits for a worker is
+        // abandoned work, which must not slow the next step.
+        pool.reset();
+        let step = Step::measure(multiple, &samples, (warmup, warmup + measure), BUDGET);
+        print_step(variant.name, &step);
+        rows.push(step);
+    }
     drop(server);
     pool.close();
-    Ok(Step::measure(multiple, &samples, (warmup, warmup + measure), BUDGET))
+    Ok(rows)
 }
 
 fn print_step(name: &str, s: &Step) {
@@ -302,13 +320,17 @@ fn summary(results: &[(&str, Vec<Step>)]) -> Map<String, Value> {
     top.insert("capacity_rps".into(), json!(capacity_rps()));
     top.insert("peak_goodput_rps".into(), json!(round3(peak)));
     let mut peers = Map::new();
+    let mut variants = Map::new();
     for (name, rows) in results {
         if *name == "levee" {
             top.extend(figures(rows));
+        } else if let Some(v) = name.strip_prefix("levee_") {
+            variants.insert(v.into(), Value::Object(figures(rows)));
         } else {
             peers.insert((*name).into(), Value::Object(figures(rows)));
         }
     }
     top.insert("peers".into(), Value::Object(peers));
+    top.insert("levee_variants".into(), Value::Object(variants));
     top
 }

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::{get, post};
@@ -30,17 +31,26 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 /// A fixed pool of workers doing fixed work.
 #[derive(Clone, Debug)]
 pub struct Pool {
-    workers: Arc<Semaphore>,
+    workers: Arc<ArcSwap<Semaphore>>,
+    size: usize,
 }
 
 impl Pool {
-    pub fn new(workers: usize) -> Self {
-        Self { workers: Arc::new(Semaphore::new(workers)) }
+    pub fn new(size: usize) -> Self {
+        Self { workers: Arc::new(ArcSwap::from_pointee(Semaphore::new(size))), size }
     }
 
-    /// Ends the work waiting for a worker (the step is over).
+    /// Ends the work waiting for a worker (the run is over).
     pub fn close(&self) {
-        self.workers.close();
+        self.workers.load().close();
+    }
+
+    /// Abandons the work still waiting for a worker (whose clients gave up long ago) and
+    /// starts again with an idle pool: between load steps, so a step's backlog does not
+    /// spill into the next one. Work running now finishes on its old worker.
+    pub fn reset(&self) {
+        let old = self.workers.swap(Arc::new(Semaphore::new(self.size)));
+        old.close();
     }
 
     /// Waits for a worker and holds it for `work`; the work runs to its end even when the
@@ -58,7 +68,7 @@ impl Pool {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let workers = self.workers.clone();
+        let workers = self.workers.load_full();
         let job = tokio::spawn(async move {
             let _worker = workers.acquire_owned().await.ok()?;
             Some(job.await)
