@@ -126,7 +126,8 @@ async fn product(State(shop): State<Shop>) -> Response {
     match served {
         Some(true) => (StatusCode::OK, "product page with recommendations").into_response(),
         Some(false) if protected => {
-            ([(DEGRADED_HEADER, "recommendations")], "product page, recommendations unavailable").into_response()
+            ([(DEGRADED_HEADER, "recommendations")], "product page, recommendations unavailable")
+                .into_response()
         }
         Some(false) => (StatusCode::INTERNAL_SERVER_ERROR, "recommendations failed").into_response(),
         None => StatusCode::SERVICE_UNAVAILABLE.into_response(),
@@ -156,7 +157,11 @@ fn levee_config() -> ServiceConfig {
 }
 
 /// Builds the shop (on the server runtime: the agent spawns its tasks there).
-async fn start_shop(protected: bool, pool: Pool, recs: std::net::SocketAddr) -> anyhow::Result<(Server, Option<Agent>)> {
+async fn start_shop(
+    protected: bool,
+    pool: Pool,
+    recs: std::net::SocketAddr,
+) -> anyhow::Result<(Server, Option<Agent>)> {
     let agent = if protected {
         let cache = std::env::temp_dir().join(format!("levee-bench-{}", std::process::id()));
         // No control plane: the agent enforces the compiled-in policy (its sync client
@@ -265,7 +270,10 @@ pub fn recovery(
 }
 
 /// Runs the scenario once without protection and once with Levee.
-pub async fn run(server_rt: &tokio::runtime::Handle, smoke: bool) -> anyhow::Result<Vec<(&'static str, Outcome)>> {
+pub async fn run(
+    server_rt: &tokio::runtime::Handle,
+    smoke: bool,
+) -> anyhow::Result<Vec<(&'static str, Outcome)>> {
     let [normal, slow, healed] = phases(smoke);
     let mut out = Vec::new();
     for (name, protected) in [("none", false), ("levee", true)] {
@@ -297,7 +305,8 @@ pub async fn run(server_rt: &tokio::runtime::Handle, smoke: bool) -> anyhow::Res
                 delay.store(FAST.as_millis() as u64, Ordering::Relaxed);
             })
         };
-        let samples = generator.run_from(start, &[Phase { rps: RPS, duration: normal + slow + healed }]).await;
+        let samples =
+            generator.run_from(start, &[Phase { rps: RPS, duration: normal + slow + healed }]).await;
         switch.await?;
         drop(shop);
         drop(recs);
@@ -329,11 +338,18 @@ pub async fn run(server_rt: &tokio::runtime::Handle, smoke: bool) -> anyhow::Res
                 !s.rejected() && matches!(s.outcome, super::load::Outcome::Answered(c) if c.is_server_error())
             })),
             page_shed_ratio_slow: round3(ratio(&pages_slow, Sample::rejected)),
-            page_timed_out_ratio_slow: round3(ratio(&pages_slow, |s| s.outcome == super::load::Outcome::TimedOut)),
+            page_timed_out_ratio_slow: round3(ratio(&pages_slow, |s| {
+                s.outcome == super::load::Outcome::TimedOut
+            })),
             goodput_recovery_s: recovery(&samples, healed_at, end, normal_goodput - 0.05, |_| true, good),
-            full_pages_recovery_s: recovery(&samples, healed_at, end, 0.95, |s| s.route == PAGE, |s| {
-                good(s) && !s.degraded
-            }),
+            full_pages_recovery_s: recovery(
+                &samples,
+                healed_at,
+                end,
+                0.95,
+                |s| s.route == PAGE,
+                |s| good(s) && !s.degraded,
+            ),
         };
         out.push((name, outcome));
     }

@@ -106,7 +106,13 @@ pub struct Generator {
 }
 
 impl Generator {
-    pub fn new(addr: std::net::SocketAddr, targets: Vec<Target>, mix: Mix, budget: Duration, seed: u64) -> Self {
+    pub fn new(
+        addr: std::net::SocketAddr,
+        targets: Vec<Target>,
+        mix: Mix,
+        budget: Duration,
+        seed: u64,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::{get, post};
-use axum::Router;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -103,7 +103,9 @@ pub type HttpService = BoxCloneSyncService<Request<Incoming>, Response<Body>, In
 /// becomes a 503, as the peers' examples answer it.
 pub fn protect(router: Router, protection: &Protection) -> HttpService {
     match protection {
-        Protection::None => BoxCloneSyncService::new(router.map_request(|r: Request<Incoming>| r.map(Body::new))),
+        Protection::None => {
+            BoxCloneSyncService::new(router.map_request(|r: Request<Incoming>| r.map(Body::new)))
+        }
         Protection::Levee(inbound) => {
             let admission = Admission::with_seed(inbound, 7);
             let router = router.layer(admission.layer());
@@ -140,7 +142,11 @@ pub fn protect(router: Router, protection: &Protection) -> HttpService {
 
 fn shed_as_503<S, E>(svc: S) -> HttpService
 where
-    S: tower::Service<Request<Incoming>, Response = Response<Body>, Error = E> + Clone + Send + Sync + 'static,
+    S: tower::Service<Request<Incoming>, Response = Response<Body>, Error = E>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
     S::Future: Send + 'static,
     E: Into<BoxError>,
 {
@@ -157,7 +163,10 @@ where
                     } else {
                         StatusCode::INTERNAL_SERVER_ERROR
                     };
-                    Response::builder().status(status).body(Body::from(e.to_string())).expect("valid response")
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(e.to_string()))
+                        .expect("valid response")
                 }
             })
         }

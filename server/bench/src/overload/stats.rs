@@ -30,8 +30,14 @@ pub struct Step {
 impl Step {
     /// The figures of `samples` sent during `window` (intended send times), offered at
     /// `multiple` × capacity with deadline `budget`.
-    pub fn measure(multiple: f64, samples: &[Sample], window: (Duration, Duration), budget: Duration) -> Self {
-        let in_window: Vec<&Sample> = samples.iter().filter(|s| s.at >= window.0 && s.at < window.1).collect();
+    pub fn measure(
+        multiple: f64,
+        samples: &[Sample],
+        window: (Duration, Duration),
+        budget: Duration,
+    ) -> Self {
+        let in_window: Vec<&Sample> =
+            samples.iter().filter(|s| s.at >= window.0 && s.at < window.1).collect();
         let secs = (window.1 - window.0).as_secs_f64();
         let n = in_window.len().max(1) as f64;
         let good = in_window.iter().filter(|s| s.good(budget)).count();
