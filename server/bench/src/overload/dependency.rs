@@ -195,7 +195,9 @@ fn phases(smoke: bool) -> [Duration; 3] {
     if smoke {
         [Duration::from_millis(1500), Duration::from_secs(3), Duration::from_secs(5)]
     } else {
-        [Duration::from_secs(4), Duration::from_secs(10), Duration::from_secs(10)]
+        // Healed for 20 s: the breaker's open time doubles at each failed probe (1, 2, 4,
+        // 8 s…), so after 10 s of slowness the next probe may come up to 16 s after the heal.
+        [Duration::from_secs(4), Duration::from_secs(10), Duration::from_secs(20)]
     }
 }
 
