@@ -8,6 +8,7 @@ mod checkout_app;
 mod helpers;
 mod support;
 
+mod admission;
 mod advice;
 mod control_plane;
 mod kill_switch;
