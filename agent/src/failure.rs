@@ -75,6 +75,28 @@ impl ErrorKind {
         matches!(self, ErrorKind::Connect)
     }
 
+    /// What a failed attempt tells client-side throttling: `Some(false)` for an overload
+    /// rejection by the peer (HTTP 429 / 503, gRPC RESOURCE_EXHAUSTED / UNAVAILABLE),
+    /// `Some(true)` for any other answer (the peer accepted the request, even if it then
+    /// failed it), `None` when there was no answer (connect or reset error, attempt timeout,
+    /// a local rejection): the circuit breaker judges those, the throttle counts nothing.
+    pub const fn throttle_answer(&self) -> Option<bool> {
+        match self {
+            ErrorKind::HttpStatus(s) => Some(!matches!(*s, 429 | 503)),
+            ErrorKind::Grpc { code, .. } => {
+                Some(!matches!(code, tonic::Code::ResourceExhausted | tonic::Code::Unavailable))
+            }
+            ErrorKind::Other => Some(true),
+            ErrorKind::Connect
+            | ErrorKind::Reset
+            | ErrorKind::AttemptTimeout
+            | ErrorKind::BreakerOpen
+            | ErrorKind::BulkheadFull
+            | ErrorKind::KillSwitched
+            | ErrorKind::DeadlineExceeded => None,
+        }
+    }
+
     /// Whether a circuit breaker should count this as a failure of the dependency (the
     /// default of agent-semantics §3): transport errors, attempt timeouts, 5xx, 408, 429,
     /// gRPC UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED and

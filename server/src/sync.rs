@@ -550,6 +550,11 @@ impl Session {
     }
 }
 
+/// Most counters of one agent status report the server stores.
+pub const MAX_STATUS_COUNTERS: usize = 4096;
+/// Longest counter name of a status report the server stores, in bytes.
+pub const MAX_COUNTER_NAME: usize = 512;
+
 /// The status report as stored: every string bounded and escaped, every word from a fixed
 /// vocabulary either known or [`agent_text::UNRECOGNIZED`], lists capped (SEC-2).
 fn status_json(r: &levee_agent::proto::StatusReport) -> String {
@@ -574,7 +579,14 @@ fn status_json(r: &levee_agent::proto::StatusReport) -> String {
             "max_concurrent": b.max_concurrent, "in_use": b.in_use,
             "suggested_size": finite(b.suggested_size),
         })).collect::<Vec<_>>(),
-        "counters": r.counters.iter().take(N).map(|c| (name(&c.name), c.value)).collect::<HashMap<_, _>>(),
+        // At most MAX_STATUS_COUNTERS counters are kept, none with a name longer than
+        // MAX_COUNTER_NAME bytes, escaped like every agent string (the admission section of
+        // the service page reads them; ui/admission.rs checks their labels).
+        "counters": r.counters.iter()
+            .filter(|c| c.name.len() <= MAX_COUNTER_NAME)
+            .take(MAX_STATUS_COUNTERS)
+            .map(|c| (text(&c.name, MAX_COUNTER_NAME), c.value))
+            .collect::<HashMap<_, _>>(),
         "fallbacks": r.fallbacks.iter().take(N).map(|f| serde_json::json!({
             "dependency": name(&f.dependency),
             "level": one_of(&f.level, agent_text::FEATURE_LEVELS),

@@ -6,7 +6,9 @@
 //!   to play an incident.
 //! * `checkout`: `GET /checkout/{user}` calls both through the Levee agent. When
 //!   recommendations is switched off in Levee (flag `recommendations.enabled`), slow or
-//!   failing, checkout answers with top sellers instead, marked `"degraded"`.
+//!   failing, checkout answers with top sellers instead, marked `"degraded"`. Its inbound
+//!   side goes through Levee's admission layer: the route is CRITICAL in the policy, so
+//!   under overload SHEDDABLE callers are shed first (`levee-criticality` header).
 //!
 //! This file is also compiled into the server's end-to-end tests.
 
@@ -21,9 +23,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use levee_agent::admission::RouteTemplate;
 use levee_agent::policy::{
-    BulkheadPolicy, CircuitBreakerPolicy, DependencyCriticality, DependencyPolicy, FallbackLevel, Flag,
-    FlagType, Policy, Retry, ServiceConfig, Window,
+    BulkheadPolicy, CircuitBreakerPolicy, Criticality, DependencyCriticality, DependencyPolicy,
+    FallbackLevel, Flag, FlagType, Policy, Retry, Route, ServiceConfig, Window,
 };
 use levee_agent::retry::{Classify, ErrorKind};
 use levee_agent::{Agent, Dependency};
@@ -69,6 +72,12 @@ pub fn safe_defaults() -> ServiceConfig {
             fallback: FallbackLevel::Generic,
             ..DependencyPolicy::default()
         },
+    );
+    // Inbound admission per route (the template, never the raw path): checkout is what
+    // pays; a caller may lower its own requests with `levee-criticality: SHEDDABLE`.
+    cfg.policy.inbound.routes.insert(
+        "GET /checkout/{user}".into(),
+        Route { criticality: Criticality::Critical, ..Route::default() },
     );
     cfg.flags.insert(
         "recommendations.enabled".into(),
@@ -270,12 +279,19 @@ pub async fn start_checkout(
         recommendations: agent.dependency("recommendations"),
     };
     let status_agent = agent.clone();
-    let router = Router::new().route("/checkout/{user}", get(checkout)).with_state(state).route(
-        "/levee/status",
-        get(move || {
-            let a = status_agent.clone();
-            async move { Json(json!(format!("{:?}", a.status()))) }
-        }),
-    );
+    let router = Router::new()
+        .route("/checkout/{user}", get(checkout))
+        // Admission (limit, criticality, queue, levers) before the handler; the template
+        // names the route (axum's MatchedPath does too when the `axum` feature is on).
+        .route_layer(agent.admission_layer())
+        .route_layer(axum::Extension(RouteTemplate("/checkout/{user}".into())))
+        .with_state(state)
+        .route(
+            "/levee/status",
+            get(move || {
+                let a = status_agent.clone();
+                async move { Json(json!(format!("{:?}", a.status()))) }
+            }),
+        );
     serve(router, addr).await
 }

@@ -66,7 +66,6 @@ mod response;
 mod route;
 mod service;
 mod status;
-mod throttle;
 
 pub use codel::CoDel;
 pub use criticality::from_headers as criticality_from_headers;
@@ -83,7 +82,8 @@ pub use route::{
 };
 pub use service::AdmissionService;
 pub use status::{AdmissionStatus, RouteStatus, ShedCount};
-pub use throttle::{AdaptiveThrottle, Throttled, probability as throttle_probability};
+/// Client-side throttling lives with the outgoing side (`retry`), which enforces it.
+pub use crate::retry::{AdaptiveThrottle, Throttled, throttle_probability};
 
 #[cfg(test)]
 mod tests;

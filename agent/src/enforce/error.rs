@@ -11,7 +11,7 @@ pub use crate::failure::{AttemptTimeout, DeadlineError, InjectedFault, KillSwitc
 
 use crate::breaker::BreakerOpen;
 use crate::bulkhead::BulkheadFull;
-use crate::retry::{Classify, ErrorKind};
+use crate::retry::{Classify, ErrorKind, Throttled};
 
 /// A tower service was asked for a second attempt but requests of this stack cannot be
 /// replayed (raised only if a retry stage is configured for a non-replayable request).
@@ -35,8 +35,8 @@ impl std::error::Error for NotReplayable {}
 /// Why a call through [`Dependency::call`](super::Dependency::call) did not produce the
 /// dependency's answer.
 ///
-/// Local rejections (`KillSwitched`, `BreakerOpen`, `BulkheadFull`, `DeadlineExceeded`)
-/// never reached the dependency and are never retried.
+/// Local rejections (`KillSwitched`, `BreakerOpen`, `BulkheadFull`, `DeadlineExceeded`,
+/// `Throttled`) never reached the dependency and are never retried.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum CallError<E> {
@@ -53,6 +53,9 @@ pub enum CallError<E> {
     Timeout(AttemptTimeout),
     /// A fault-injection rule failed the (last) attempt.
     Injected(InjectedFault),
+    /// The client-side throttle refused the (last) attempt locally: the dependency has
+    /// been rejecting much of this client's traffic. Not retried.
+    Throttled(Throttled),
     /// The dependency's own error, unchanged.
     Inner(E),
 }
@@ -66,6 +69,7 @@ impl<E> CallError<E> {
                 | CallError::BulkheadFull(_)
                 | CallError::BreakerOpen(_)
                 | CallError::DeadlineExceeded(..)
+                | CallError::Throttled(_)
         )
     }
 
@@ -92,6 +96,7 @@ impl<E> CallError<E> {
             }
             CallError::Timeout(e) => Box::new(e),
             CallError::Injected(e) => Box::new(e),
+            CallError::Throttled(e) => Box::new(e),
             CallError::Inner(e) => e.into(),
         }
     }
@@ -112,6 +117,7 @@ impl<E: fmt::Display> fmt::Display for CallError<E> {
             }
             CallError::Timeout(e) => e.fmt(f),
             CallError::Injected(e) => e.fmt(f),
+            CallError::Throttled(e) => e.fmt(f),
             CallError::Inner(e) => e.fmt(f),
         }
     }
@@ -137,6 +143,7 @@ impl<E: Classify> Classify for CallError<E> {
             C::DeadlineExceeded(..) => ErrorKind::DeadlineExceeded,
             C::Timeout(_) => ErrorKind::AttemptTimeout,
             C::Injected(f) => f.kind(),
+            C::Throttled(_) => ErrorKind::BulkheadFull,
             C::Inner(e) => e.error_kind(),
         }
     }

@@ -18,10 +18,10 @@ use crate::bulkhead::Bulkhead;
 use crate::fault::FaultInjector;
 use crate::metrics_names::{self as names, Labels};
 use crate::policy;
-use crate::retry::{Retrier, RetryBudget};
+use crate::retry::{AdaptiveThrottle, Retrier, RetryBudget};
 
 /// Outcome label values of [`CALLS`](crate::metrics_names::CALLS), in counter order.
-pub(crate) const OUTCOMES: [&str; 8] = [
+pub(crate) const OUTCOMES: [&str; 9] = [
     "ok",
     "failed",
     "timeout",
@@ -30,6 +30,7 @@ pub(crate) const OUTCOMES: [&str; 8] = [
     "bulkhead_full",
     "deadline_exceeded",
     "injected",
+    "throttled",
 ];
 
 /// Index into [`OUTCOMES`].
@@ -43,6 +44,7 @@ pub(crate) enum CallOutcome {
     BulkheadFull = 5,
     DeadlineExceeded = 6,
     Injected = 7,
+    Throttled = 8,
 }
 
 /// Breaker, bulkhead and retrier of one scope.
@@ -51,7 +53,7 @@ pub(crate) struct Guards {
     pub(crate) breaker: CircuitBreaker,
     pub(crate) bulkhead: Bulkhead,
     pub(crate) retrier: Retrier,
-    calls: [Counter; 8],
+    calls: [Counter; 9],
 }
 
 impl fmt::Debug for Guards {
@@ -106,13 +108,15 @@ impl Guards {
 }
 
 /// Everything stateful about one dependency: its own guards, those of operations with
-/// their own overrides, and its fault injector.
+/// their own overrides, its fault injector, and its client-side throttle (one per
+/// dependency: it judges the backend as a whole, whatever the operation).
 pub(crate) struct DepState {
     pub(crate) name: Arc<str>,
     pub(crate) guards: ArcSwap<Option<Arc<Guards>>>,
     pub(crate) ops: ArcSwap<HashMap<Arc<str>, Arc<Guards>>>,
     pub(crate) faults: FaultInjector,
     pub(crate) fallback: OnFallback,
+    pub(crate) throttle: AdaptiveThrottle,
 }
 
 /// Whether a dependency is being served by its fallback, and since when: set by the first
@@ -173,13 +177,16 @@ impl fmt::Debug for DepState {
 
 impl DepState {
     pub(crate) fn new(name: Arc<str>) -> Self {
-        let faults = FaultInjector::with_metrics(&Labels::new(&name, &name));
+        let labels = Labels::new(&name, &name);
+        let faults = FaultInjector::with_metrics(&labels);
+        let throttle = AdaptiveThrottle::with_metrics(&policy::ClientThrottle::default(), &labels);
         DepState {
             name,
             guards: ArcSwap::from_pointee(None),
             ops: ArcSwap::from_pointee(HashMap::new()),
             faults,
             fallback: OnFallback::default(),
+            throttle,
         }
     }
 

@@ -160,6 +160,7 @@ impl DepView {
         }
         let faults_active = !rules.is_empty();
         state.faults.update(rules, config.faults_allowed);
+        state.throttle.update(&service_policy.client_throttle);
         let view = DepView {
             name: name.clone(),
             criticality: policy.criticality,
@@ -290,6 +291,14 @@ impl Registry<DepView> {
                     slow_call_rate: b.slow_call_rate,
                 });
                 let est = g.bulkhead.estimate();
+                // Client-side throttling, per dependency (reported with its own scope).
+                let throttled = view.state.throttle.throttled();
+                if op.is_empty() && throttled > 0 {
+                    report.counters.push(crate::proto::Counter {
+                        name: format!("client_throttled{{dependency={:?}}}", name.as_ref() as &str),
+                        value: throttled,
+                    });
+                }
                 report.bulkheads.push(crate::proto::BulkheadStatus {
                     dependency: name.to_string(),
                     operation: op,
@@ -395,7 +404,7 @@ impl Dependency {
 
     /// Calls the dependency under its whole policy, in the order fixed by the enforcement
     /// function (see the crate docs, `# Order`): kill switch → deadline → bulkhead → retry
-    /// → circuit breaker → per-attempt timeout → `attempt()`.
+    /// → client-side throttle → circuit breaker → per-attempt timeout → `attempt()`.
     ///
     /// Inputs: `operation` (a route template or method name such as
     /// `"GET /recommendations/{user}"`; selects per-operation overrides and decides
@@ -413,6 +422,8 @@ impl Dependency {
     /// * [`CallError::BreakerOpen`] — the breaker rejects calls; no attempt was made.
     /// * [`CallError::Timeout`] — the last attempt ran past its per-attempt timeout.
     /// * [`CallError::Injected`] — a fault-injection rule failed the last attempt.
+    /// * [`CallError::Throttled`] — the client-side throttle refused the last attempt
+    ///   locally (the dependency has been rejecting much of this client's traffic).
     /// * [`CallError::Inner`] — the dependency's own error, after any retries.
     pub async fn call<T, E, F, Fut>(&self, operation: &str, attempt: F) -> Result<T, CallError<E>>
     where

@@ -15,7 +15,7 @@ use crate::breaker::{BreakerOpen, Outcome};
 use crate::bulkhead::BulkheadError;
 use crate::deadline;
 use crate::fault::FaultDecision;
-use crate::retry::{CallInfo, Classify, ErrorKind, RetryError};
+use crate::retry::{CallInfo, Classify, ErrorKind, RetryError, Throttled};
 
 /// Why one attempt did not succeed.
 pub(crate) enum AttemptFailure<T, E> {
@@ -28,6 +28,8 @@ pub(crate) enum AttemptFailure<T, E> {
     /// No time left for an attempt (remaining ≤ reserve).
     NoBudget,
     Injected(InjectedFault),
+    /// Refused locally by the client-side throttle.
+    Throttled(Throttled),
 }
 
 impl<T, E> Classify for AttemptFailure<T, E> {
@@ -38,6 +40,8 @@ impl<T, E> Classify for AttemptFailure<T, E> {
             AttemptFailure::Timeout(_) => ErrorKind::AttemptTimeout,
             AttemptFailure::NoBudget => ErrorKind::DeadlineExceeded,
             AttemptFailure::Injected(f) => f.kind(),
+            // A local overload rejection: not retryable, not the dependency's failure.
+            AttemptFailure::Throttled(_) => ErrorKind::BulkheadFull,
         }
     }
 
@@ -111,14 +115,23 @@ pub fn idempotent_by_name(operation: &str) -> bool {
 ///    errors, never when the inbound request was already retried upstream (retry on one
 ///    layer), full-jitter backoff that must fit the remaining deadline, `Retry-After`
 ///    honoured when it fits, and a retry budget that must have a token;
-/// 5. **circuit breaker** — inside the retry, so it records **every** attempt, and an open
+/// 5. **client-side throttle** — per dependency (SRE book, "Handling Overload"): while the
+///    dependency rejects much of this client's traffic for overload, an attempt is refused
+///    locally with probability `max(0, (requests − K × accepts) / (requests + 1))`
+///    ([`AdaptiveThrottle`](crate::retry::AdaptiveThrottle), `K` from
+///    `policy.client_throttle`). Every attempt counts, retries included; a refusal
+///    (`Throttled`) is not retryable, not charged to the budget, and comes before the
+///    breaker so it neither takes a half-open probe nor counts as the dependency's failure;
+/// 6. **circuit breaker** — inside the retry, so it records **every** attempt, and an open
 ///    breaker rejects the attempt with `BreakerOpen`, which is not retryable and not
 ///    charged to the budget: the retry loop ends at once (CB-5). A half-open probe is one
 ///    attempt;
-/// 6. **per-attempt timeout** — min(attempt timeout, remaining − reserve, and the
+/// 7. **per-attempt timeout** — min(attempt timeout, remaining − reserve, and the
 ///    non-critical cap for a non-critical dependency); injected faults (game days) act
-///    inside it, so breakers and retries see them as the real failure;
-/// 7. **the call** — `attempt()`.
+///    inside it, so breakers, retries and the throttle see them as the real failure;
+/// 8. **the call** — `attempt()`; its answer tells the throttle whether the dependency
+///    accepted it or rejected it for overload ([`ErrorKind::throttle_answer`]; no answer
+///    counts for nothing there).
 ///
 /// The source article draws the breaker outside the retry, but its own reasons — the
 /// breaker must see each failed attempt, and no retry may run while it is open — need it
@@ -216,12 +229,14 @@ where
         inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
     };
     let judge = &judge;
+    let throttle = &view.state.throttle;
     let result = guards
         .retrier
         .run(info, |n| {
-            // 5. circuit breaker
-            let permit = guards.breaker.try_acquire();
-            // 6. per-attempt timeout (and faults inside it)
+            // 5. client-side throttle, then 6. circuit breaker (only asked when the
+            // throttle lets the attempt through).
+            let permit = throttle.try_acquire().map(|()| guards.breaker.try_acquire());
+            // 7. per-attempt timeout (and faults inside it)
             let budget = match deadline {
                 Some(d) => d.attempt_budget_at(
                     first_now.filter(|_| n == 1).unwrap_or_else(Instant::now),
@@ -232,18 +247,19 @@ where
                 ),
                 None => Ok(view.cap(scope.attempt_timeout)),
             };
-            let fault = if view.faults_active && permit.is_ok() {
+            let fault = if view.faults_active && matches!(permit, Ok(Ok(_))) {
                 view.state.faults.decide(&view.name, operation)
             } else {
                 FaultDecision::None
             };
-            // 7. the call: only created when it will be awaited.
+            // 8. the call: only created when it will be awaited.
             let fut = match (&permit, &budget, fault.error_kind()) {
-                (Ok(_), Ok(_), None) => Some(attempt()),
+                (Ok(Ok(_)), Ok(_), None) => Some(attempt()),
                 _ => None,
             };
             async move {
-                let permit = permit.map_err(AttemptFailure::BreakerOpen)?;
+                let permit =
+                    permit.map_err(AttemptFailure::Throttled)?.map_err(AttemptFailure::BreakerOpen)?;
                 let Ok(budget) = budget else {
                     // Dropping the permit unrecorded: the attempt never happened.
                     return Err(AttemptFailure::NoBudget);
@@ -251,6 +267,9 @@ where
                 if let Some(kind) = fault.error_kind() {
                     permit.record(outcome_of(kind), Duration::ZERO);
                     observe(outcome_of(kind));
+                    if let Some(accepted) = kind.throttle_answer() {
+                        throttle.record(accepted);
+                    }
                     return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
                 }
                 let Some(fut) = fut else { return Err(AttemptFailure::NoBudget) };
@@ -280,11 +299,15 @@ where
                         Judgement::Success => {
                             permit.record(Outcome::Success, elapsed);
                             observe(Outcome::Success);
+                            throttle.record(true);
                             r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
                         }
                         Judgement::Failure { kind, retry_after } => {
                             permit.record(outcome_of(kind), elapsed);
                             observe(outcome_of(kind));
+                            if let Some(accepted) = kind.throttle_answer() {
+                                throttle.record(accepted);
+                            }
                             Err(match r {
                                 Ok(v) => AttemptFailure::Value(v, kind, retry_after),
                                 Err(e) => AttemptFailure::Inner(e, kind, retry_after),
@@ -311,6 +334,7 @@ where
                 AttemptFailure::BreakerOpen(e) => (CallOutcome::BreakerOpen, CallError::BreakerOpen(e)),
                 AttemptFailure::Timeout(e) => (CallOutcome::Timeout, CallError::Timeout(e)),
                 AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),
+                AttemptFailure::Throttled(e) => (CallOutcome::Throttled, CallError::Throttled(e)),
                 AttemptFailure::NoBudget => {
                     guards.count(CallOutcome::DeadlineExceeded);
                     let why = format!(

@@ -512,3 +512,87 @@ async fn stale_if_error_serves_the_last_good_answer_within_its_max_age() {
         d.call_stale_if_error(&cache, "bob", "GET /recs/{user}", || async { Err::<u32, _>(refused()) }).await;
     assert!(other.is_err(), "nothing kept for bob");
 }
+
+/// A dependency `t` with one attempt per call (unless `retry` says otherwise), a breaker
+/// that never trips in these tests, and `client_throttle` settings `throttle`.
+fn throttled_policy(throttle: &str, retry: &str) -> String {
+    format!(
+        r#"{{"policy": {{{throttle}"dependencies": {{"t": {{
+            "attempt_timeout": "300ms",
+            "retry": {retry},
+            "circuit_breaker": {{"window": {{"type": "count", "size": 10000}}, "minimum_calls": 10000}}}}}}}}}}"#
+    )
+}
+
+fn unavailable() -> crate::retry::HttpStatusError {
+    crate::retry::HttpStatusError::from_parts(http::StatusCode::SERVICE_UNAVAILABLE, &http::HeaderMap::new())
+        .expect("503 is a failure")
+}
+
+/// Runs `n` calls answered by `answer` (when an attempt is made); returns how many
+/// attempts reached the dependency and how many calls were refused with `Throttled`.
+async fn calls<T>(d: &Dependency, n: u32, answer: fn() -> Result<(), T>) -> (u32, u32)
+where
+    T: crate::retry::Classify + fmt::Debug,
+{
+    let attempts = AtomicU32::new(0);
+    let mut throttled = 0;
+    for _ in 0..n {
+        let r = d
+            .call("GET /x", || {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(answer())
+            })
+            .await;
+        throttled += u32::from(matches!(r, Err(CallError::Throttled(_))));
+    }
+    (attempts.load(Ordering::SeqCst), throttled)
+}
+
+/// Client-side throttling in the stack (SRE book, "Handling Overload"), with the values
+/// worked out by hand. K = 2 (the default). After 20 accepted calls, a backend rejecting
+/// everything: before call j (j rejections so far) p = max(0, (20 + j − 2·20) / (21 + j)),
+/// 0 for j ≤ 20, so 21 rejected calls are all sent. Then every call is a request and none
+/// an accept, whether refused locally or sent: before the i-th further call (i from 0)
+/// p = (i + 1) / (i + 42), so the expected number sent of 1,000 is
+/// Σ 41 / (i + 42) = 41 · (H(1041) − H(41)) ≈ 132 (standard deviation ≈ 11; the draws are
+/// seeded, the bounds are ±4.5 σ). A refusal is `Throttled`: not retried, never seen by
+/// the breaker, counted in the status report; a window later the throttle is quiet again.
+#[tokio::test(start_paused = true)]
+async fn client_throttle_refuses_only_past_k_times_the_accepts_and_forgets_after_its_window() {
+    let shared = shared_with(&throttled_policy("", r#"{"max_attempts": 1}"#));
+    let d = dep(&shared, "t");
+    d.slot.load().state.throttle.reseed(17);
+    assert_eq!(d.slot.load().state.throttle.k(), 2.0, "K defaults to 2");
+    assert_eq!(calls::<io::Error>(&d, 20, || Ok(())).await, (20, 0));
+    assert_eq!(calls(&d, 21, || Err(unavailable())).await, (21, 0), "p = 0 while j ≤ 20");
+    let (sent, refused) = calls(&d, 1000, || Err(unavailable())).await;
+    assert_eq!(sent + refused, 1000, "a call is either sent once or refused");
+    assert!((82..=182).contains(&sent), "≈ 132 of 1,000 sent, got {sent}");
+    assert_eq!(
+        d.breaker("GET /x").window.calls,
+        u64::from(20 + 21 + sent),
+        "refusals never reach the breaker"
+    );
+    let report = shared.status_report();
+    let counter = report.counters.iter().find(|c| c.name == r#"client_throttled{dependency="t"}"#);
+    assert_eq!(counter.map(|c| c.value), Some(u64::from(refused)));
+    // The window (2 minutes) forgets the rejections: nothing is refused any more.
+    tokio::time::advance(Duration::from_secs(121)).await;
+    assert_eq!(calls::<io::Error>(&d, 100, || Ok(())).await, (100, 0));
+}
+
+/// K comes from `policy.client_throttle`, changed live; with K = 3 a backend may reject
+/// twice as much as it accepts before any local refusal: after 20 accepts,
+/// p = max(0, (20 + j − 3·20) / (21 + j)) = 0 for j ≤ 40, so 41 rejected calls are sent.
+#[tokio::test(start_paused = true)]
+async fn client_throttle_k_comes_from_the_policy() {
+    let shared = shared_with(&throttled_policy(r#""client_throttle": {"k": 3}, "#, r#"{"max_attempts": 1}"#));
+    let d = dep(&shared, "t");
+    assert_eq!(d.slot.load().state.throttle.k(), 3.0);
+    assert_eq!(calls::<io::Error>(&d, 20, || Ok(())).await, (20, 0));
+    assert_eq!(calls(&d, 41, || Err(unavailable())).await, (41, 0), "p = 0 while j ≤ 40");
+    apply(&shared, 2, &throttled_policy(r#""client_throttle": {"k": 1}, "#, r#"{"max_attempts": 1}"#));
+    assert_eq!(d.slot.load().state.throttle.k(), 1.0, "changed live, counts kept");
+    assert!((d.slot.load().state.throttle.reject_probability() - 41.0 / 62.0).abs() < 1e-12);
+}

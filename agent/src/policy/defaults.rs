@@ -117,6 +117,11 @@ pub const THROTTLE_K: f64 = 2.0;
 /// Client-side throttling: sliding window of request and accept counts (SRE book: the
 /// last two minutes).
 pub const THROTTLE_WINDOW: Duration = Duration::from_secs(120);
+/// Client-side throttling refuses nothing while its window holds fewer answers than this
+/// (as a breaker's `minimum_calls`): with the book's formula alone, one rejection of a
+/// quiet dependency (1 request, 0 accepts) would refuse half of the next attempts —
+/// including the retry of that very call.
+pub const THROTTLE_MIN_REQUESTS: u64 = 20;
 
 /// How long a feature may live on a fallback before the server alerts.
 pub const ALERT_AFTER: Duration = Duration::from_secs(900);

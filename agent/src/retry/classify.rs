@@ -200,7 +200,8 @@ pub fn classify_error(err: &(dyn StdError + 'static)) -> ErrorKind {
         if e.is::<BreakerOpen>() {
             return ErrorKind::BreakerOpen;
         }
-        if e.is::<BulkheadFull>() {
+        // A local throttle refusal is a local overload rejection, like a full bulkhead.
+        if e.is::<BulkheadFull>() || e.is::<super::Throttled>() {
             return ErrorKind::BulkheadFull;
         }
         if e.is::<DeadlineExceeded>() {

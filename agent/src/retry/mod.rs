@@ -6,6 +6,8 @@
 //! [`RetryBudget`] (a token bucket in the manner of gRPC retry throttling and Finagle's
 //! `RetryBudget`), [`Idempotency`] and [`ErrorKind`] (what may be retried),
 //! [`parse_retry_after`] (RFC 9110 §10.2.3), and the pure [`RetryPolicy::plan_next`].
+//! [`AdaptiveThrottle`] is the SRE book's client-side adaptive throttling, which the
+//! enforcement stack applies to every attempt (before the circuit breaker).
 
 mod backoff;
 mod budget;
@@ -15,6 +17,7 @@ mod plan;
 mod retry_after;
 mod rng;
 mod run;
+mod throttle;
 
 pub use crate::failure::ErrorKind;
 pub use backoff::{Backoff, Jitter};
@@ -25,6 +28,9 @@ pub use plan::{Decision, RetryPolicy, StopReason};
 pub use retry_after::{MAX_RETRY_AFTER, parse_retry_after};
 pub use rng::FastRng;
 pub use run::{CallInfo, Retrier, RetryError};
+pub use throttle::{AdaptiveThrottle, Throttled, probability as throttle_probability};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod throttle_tests;

@@ -16,6 +16,7 @@
 
 mod admin;
 mod alarms;
+mod admission;
 mod audit;
 mod changes;
 mod edit;

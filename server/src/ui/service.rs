@@ -13,6 +13,7 @@ use levee_agent::policy::{
 use serde::Deserialize;
 
 use super::alarms::{self, Alarms};
+use super::admission::AdmissionView;
 use super::error::UiError;
 use super::fleet::{AgentReport, FleetSummary};
 use super::page::{Layout, Page, duration, percent, service_url, time};
@@ -330,6 +331,8 @@ struct ServicePage {
     alarms_scope: &'static str,
     faults: Vec<FaultView>,
     live: super::live::LiveState,
+    /// Inbound admission: the policy and what the agents report (shadow counts included).
+    admission: AdmissionView,
 }
 
 struct FaultView {
@@ -425,6 +428,7 @@ pub async fn page(
             })
             .collect(),
         agents: agents.iter().map(|a| agent_view(a, row.revision)).collect(),
+        admission: AdmissionView::new(&cfg.policy.inbound, &agents),
         nacks: nacks
             .iter()
             .map(|n| NackView {

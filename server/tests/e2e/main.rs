@@ -14,6 +14,7 @@ mod postgres_tls;
 mod private_pg;
 mod support;
 
+mod admission;
 mod advice;
 mod control_plane;
 mod crash;

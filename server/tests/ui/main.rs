@@ -5,6 +5,7 @@
 #[allow(dead_code, unused_macros)]
 #[macro_use]
 mod backends;
+mod admission;
 mod browser;
 mod changes;
 mod helpers;

@@ -1,7 +1,7 @@
 //! Tests of the admission engine: the request path and its levers (`engine`), the queue
 //! under a paused clock (`queue`), shadow mode (`shadow`), permits never leaked (`leaks`),
-//! recovery after overload (`in_3`), the tower layer (`layer`) and client-side
-//! throttling (`throttle`). IN-1 and IN-2 run on real HTTP in `agent/tests/agent`.
+//! recovery after overload (`in_3`) and the tower layer (`layer`). Client-side throttling
+//! is tested with its code, in `retry`. IN-1 and IN-2 run on real HTTP in `agent/tests/agent`.
 
 mod engine;
 mod in_3;
@@ -9,7 +9,6 @@ mod layer;
 mod leaks;
 mod queue;
 mod shadow;
-mod throttle;
 
 use std::time::Duration;
 
