@@ -1,11 +1,15 @@
 //! Example service embedding the Levee agent. See `app.rs` and the README walkthrough.
 //!
-//! Environment:
+//! Run with `cargo run --release -p levee-agent --features reqwest-middleware,axum
+//! --example checkout`. Environment:
 //! * `LEVEE_AGENT_TOKEN` (required): agent token scoped to the environment and `checkout`.
 //! * `LEVEE_GRPC_URL`: the server's sync endpoint (default `http://127.0.0.1:8081`).
 //! * `LEVEE_ENVIRONMENT`: environment (default `prod`).
-//! * `LEVEE_CACHE_DIR`: disk cache (default `./levee-agent-cache`).
+//! * `LEVEE_CACHE_DIR`: disk cache (default `./levee-agent-cache`, relative to the
+//!   directory the command runs in).
 //! * `CHECKOUT_ADDR`: where checkout listens (default `127.0.0.1:3000`).
+//! * `PRICING_ADDR`, `RECOMMENDATIONS_ADDR`: where the two fake dependencies listen
+//!   (defaults `127.0.0.1:3001` and `127.0.0.1:3002`).
 
 mod app;
 
@@ -41,17 +45,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .cache_dir(env("LEVEE_CACHE_DIR", "levee-agent-cache"))
     .defaults(app::safe_defaults())
     .build()?;
-    let any = "127.0.0.1:0".parse()?;
     let control = Arc::new(app::RecsControl::default());
-    let pricing = app::start_pricing(any).await?;
-    let recs = app::start_recommendations(any, control).await?;
+    let pricing = app::start_pricing(env("PRICING_ADDR", "127.0.0.1:3001").parse()?).await?;
+    let recs =
+        app::start_recommendations(env("RECOMMENDATIONS_ADDR", "127.0.0.1:3002").parse()?, control).await?;
     let checkout =
         app::start_checkout(env("CHECKOUT_ADDR", "127.0.0.1:3000").parse()?, &agent, pricing, recs).await?;
     let status = agent.status();
-    println!("pricing          http://{pricing}");
-    println!("recommendations  http://{recs}   (POST /control {{\"delay_ms\":5000}} or {{\"fail\":true}})");
     println!("checkout         http://{checkout}/checkout/alice");
-    println!("levee agent      source={:?} revision={}", status.source, status.revision);
+    println!(
+        "  status         http://{checkout}/levee/status   readiness http://{checkout}/ready   metrics http://{checkout}/metrics"
+    );
+    println!(
+        "pricing          http://{pricing}/price/alice     (POST /control {{\"delay_ms\":5000}} or {{\"fail\":true}})"
+    );
+    println!("recommendations  http://{recs}/recommendations/alice   (POST /control, as pricing)");
+    println!("levee agent      source={} revision={}", status.source, status.revision);
     tokio::signal::ctrl_c().await?;
     agent.shutdown().await;
     Ok(())

@@ -45,13 +45,41 @@ pub(crate) enum CallOutcome {
     Injected = 7,
 }
 
+/// The `levee_calls_total` counters of one (dependency, operation) label pair, one per
+/// outcome, registered once. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct CallCounters(Arc<[Counter; 8]>);
+
+impl CallCounters {
+    fn new(labels: &Labels) -> Self {
+        Self(Arc::new(OUTCOMES.map(|o| labels.counter_with(names::CALLS, &[(names::LABEL_OUTCOME, o)]))))
+    }
+
+    #[inline]
+    pub(crate) fn count(&self, outcome: CallOutcome) {
+        self.0[outcome as usize].increment(1);
+    }
+}
+
+impl fmt::Debug for CallCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallCounters")
+    }
+}
+
+/// Most operations of one dependency whose calls are counted under their own `operation`
+/// label without being named in the policy; past it they share [`OTHER_OPERATION`].
+pub const MAX_LABELLED_OPERATIONS: usize = 64;
+/// The `operation` label of calls past [`MAX_LABELLED_OPERATIONS`].
+pub const OTHER_OPERATION: &str = "_other";
+
 /// Breaker, bulkhead and retrier of one scope.
 pub(crate) struct Guards {
     pub(crate) labels: Labels,
     pub(crate) breaker: CircuitBreaker,
     pub(crate) bulkhead: Bulkhead,
     pub(crate) retrier: Retrier,
-    calls: [Counter; 8],
+    pub(crate) calls: CallCounters,
 }
 
 impl fmt::Debug for Guards {
@@ -76,7 +104,7 @@ impl Guards {
     ) -> Self {
         let labels = Labels::new(dependency, operation);
         let budget = Arc::new(RetryBudget::with_metrics(&retry.budget, &labels));
-        let calls = OUTCOMES.map(|o| labels.counter_with(names::CALLS, &[(names::LABEL_OUTCOME, o)]));
+        let calls = CallCounters::new(&labels);
         Guards {
             breaker: CircuitBreaker::with_metrics(breaker, attempt_timeout, labels.clone()),
             bulkhead: Bulkhead::with_metrics(bulkhead, &labels),
@@ -98,11 +126,6 @@ impl Guards {
         self.breaker.set_attempt_timeout(attempt_timeout);
         self.bulkhead.update(bulkhead);
     }
-
-    #[inline]
-    pub(crate) fn count(&self, outcome: CallOutcome) {
-        self.calls[outcome as usize].increment(1);
-    }
 }
 
 /// Everything stateful about one dependency: its own guards, those of operations with
@@ -111,6 +134,8 @@ pub(crate) struct DepState {
     pub(crate) name: Arc<str>,
     pub(crate) guards: ArcSwap<Option<Arc<Guards>>>,
     pub(crate) ops: ArcSwap<HashMap<Arc<str>, Arc<Guards>>>,
+    /// Call counters of operations that share the dependency's guards, by operation.
+    op_calls: ArcSwap<HashMap<Arc<str>, CallCounters>>,
     pub(crate) faults: FaultInjector,
 }
 
@@ -130,6 +155,7 @@ impl DepState {
             name,
             guards: ArcSwap::from_pointee(None),
             ops: ArcSwap::from_pointee(HashMap::new()),
+            op_calls: ArcSwap::from_pointee(HashMap::new()),
             faults,
         }
     }
@@ -174,5 +200,29 @@ impl DepState {
             m
         });
         self.ops.load().get(operation).cloned().unwrap_or(g)
+    }
+
+    /// The call counters labelled with `operation`, for an operation without guards of
+    /// its own: registered on its first call (one allocation, then a lock-free lookup),
+    /// at most [`MAX_LABELLED_OPERATIONS`] per dependency, the rest under
+    /// [`OTHER_OPERATION`].
+    pub(crate) fn operation_calls(&self, operation: &str) -> CallCounters {
+        let map = self.op_calls.load();
+        if let Some(c) = map.get(operation) {
+            return c.clone();
+        }
+        let label = if map.len() >= MAX_LABELLED_OPERATIONS { OTHER_OPERATION } else { operation };
+        if let Some(c) = map.get(label) {
+            return c.clone();
+        }
+        drop(map);
+        let counters = CallCounters::new(&Labels::new(&self.name, label));
+        let key: Arc<str> = label.into();
+        self.op_calls.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            m.entry(key.clone()).or_insert_with(|| counters.clone());
+            m
+        });
+        self.op_calls.load().get(label).cloned().unwrap_or(counters)
     }
 }

@@ -381,7 +381,7 @@ async fn http_layer_retries_5xx_responses_and_returns_the_last_one() {
             Ok::<_, io::Error>(http::Response::builder().status(status).body(String::new()).unwrap())
         }
     });
-    let mut svc = d.layer().judge(HttpJudge).layer(inner);
+    let mut svc = d.layer().policy(HttpPolicy).layer(inner);
     let req = http::Request::get("http://p/ok").body(String::new()).unwrap();
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(res.status(), 200);
@@ -511,4 +511,57 @@ async fn stale_if_error_serves_the_last_good_answer_within_its_max_age() {
     let other =
         d.call_stale_if_error(&cache, "bob", "GET /recs/{user}", || async { Err::<u32, _>(refused()) }).await;
     assert!(other.is_err(), "nothing kept for bob");
+}
+
+/// The callee is told what its caller will wait, not the whole request budget:
+/// min(remaining − reserve, attempt timeout) — on the tower path (`HttpPolicy` headers)
+/// and on the plain path (`propagate` inside the attempt future). Before, a non-critical
+/// dependency with an 80 ms attempt timeout was sent the request's 999 ms.
+#[tokio::test(start_paused = true)]
+async fn propagated_deadline_is_the_attempt_deadline_not_the_request_budget() {
+    use tower::{Layer, Service, ServiceExt};
+    let shared = shared_with(r#"{"policy": {"dependencies": {"p": {"attempt_timeout": "80ms"}}}}"#);
+    let d = dep(&shared, "p");
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s = sent.clone();
+    let inner = tower::service_fn(move |req: http::Request<String>| {
+        let ms = req.headers()["levee-deadline-ms"].to_str().unwrap().parse::<u64>().unwrap();
+        s.store(ms, Ordering::SeqCst);
+        async move { Ok::<_, io::Error>(http::Response::new(String::new())) }
+    });
+    let mut svc = d.layer().policy(HttpPolicy).layer(inner);
+    let ctx = RequestContext::new(Deadline::after(Duration::from_millis(1000)));
+    with_context(ctx, async {
+        let req = http::Request::get("http://p/x").body(String::new()).unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    })
+    .await;
+    assert_eq!(sent.load(Ordering::SeqCst), 80, "the attempt timeout, not the 1000 ms budget");
+
+    // Plain path: the budget minus the reserve when that is shorter than the timeout.
+    let reserve = crate::policy::defaults::RESERVE;
+    let budget = reserve + Duration::from_millis(30);
+    let header = with_deadline(Deadline::after(budget), async {
+        d.call("GET /x", || async {
+            let mut h = http::HeaderMap::new();
+            propagate(&mut h, false);
+            Ok::<_, io::Error>(h)
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    assert_eq!(header["levee-deadline-ms"], "30", "remaining {budget:?} − reserve {reserve:?}");
+    assert_eq!(header["levee-criticality"], "CRITICAL");
+
+    // Without a request deadline the callee still learns the attempt timeout.
+    let header = d
+        .call("GET /x", || async {
+            let mut h = http::HeaderMap::new();
+            propagate(&mut h, false);
+            Ok::<_, io::Error>(h)
+        })
+        .await
+        .unwrap();
+    assert_eq!(header["levee-deadline-ms"], "80");
 }
