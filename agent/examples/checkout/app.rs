@@ -291,7 +291,8 @@ async fn checkout(
 
 /// The Prometheus handle of this process: the agent's metrics go through the `metrics`
 /// facade, recorded by the exporter installed here once (a process that installed another
-/// recorder first gets an empty exposition).
+/// recorder first gets an empty exposition). Call it before building the agent: a metric
+/// handle registered earlier records nowhere.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
     HANDLE
@@ -331,6 +332,8 @@ pub async fn start_checkout(
     pricing: SocketAddr,
     recs: SocketAddr,
 ) -> std::io::Result<SocketAddr> {
+    // Before the dependency handles: metrics handles bind to the recorder of their time.
+    let metrics = metrics_handle();
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("client");
     let state = Checkout {
         pricing: ClientBuilder::new(http.clone()).with(agent.dependency("pricing").middleware()).build(),
@@ -344,7 +347,7 @@ pub async fn start_checkout(
     // The shop's own routes. Inbound admission (load shedding by criticality) belongs
     // here, around these routes only: `.route_layer(agent.admission_layer())`.
     let shop = Router::new().route("/checkout/{user}", get(checkout)).with_state(state);
-    let (ready_agent, status_agent, metrics) = (agent.clone(), agent.clone(), metrics_handle());
+    let (ready_agent, status_agent) = (agent.clone(), agent.clone());
     let operations = Router::new()
         .route(
             "/ready",

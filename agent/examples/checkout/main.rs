@@ -34,6 +34,7 @@ fn init_logging() {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     init_logging();
+    let _ = app::metrics_handle(); // the Prometheus recorder, before anything registers a metric
     let token = std::env::var("LEVEE_AGENT_TOKEN")
         .map_err(|_| "set LEVEE_AGENT_TOKEN to an agent token (see README)")?;
     let agent = Agent::builder(
@@ -75,6 +76,44 @@ mod tests {
     use super::*;
 
     const CHILD: &str = "CHECKOUT_LOG_TEST_CLOSED_PORT";
+
+    /// The showcase endpoints on a real checkout (loopback, port 0, agent on its compiled-in
+    /// defaults): a page through the middleware and `Feature::serve`, `/ready`,
+    /// `/levee/status` as JSON (not a Debug string), and `/metrics` in the Prometheus format
+    /// with the call's operation as its label.
+    #[tokio::test]
+    async fn example_serves_pages_readiness_status_json_and_metrics() {
+        let agent = Agent::builder("http://127.0.0.1:9", "token", "prod", "checkout")
+            .defaults(app::safe_defaults())
+            .build()
+            .unwrap();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let pricing = app::start_pricing(any).await.unwrap();
+        let recs = app::start_recommendations(any, Arc::new(app::RecsControl::default())).await.unwrap();
+        let checkout = app::start_checkout(any, &agent, pricing, recs).await.unwrap();
+        let http = reqwest::Client::new();
+        let get = |path: &str| http.get(format!("http://{checkout}{path}")).send();
+
+        let page: app::CheckoutPage = get("/checkout/alice").await.unwrap().json().await.unwrap();
+        assert_eq!(page.recommendations_level, "FRESH", "{page:?}");
+        assert_eq!(page.total_cents, 4200);
+        assert_eq!(get("/ready").await.unwrap().status(), reqwest::StatusCode::OK);
+
+        let status: serde_json::Value = get("/levee/status").await.unwrap().json().await.unwrap();
+        assert_eq!(status["agent"]["source"], "default", "{status}");
+        assert_eq!(status["agent"]["revision"], 0);
+        assert_eq!(status["ready"], true);
+        assert_eq!(status["dependencies"]["recommendations"]["breaker"], "CLOSED");
+        assert_eq!(status["dependencies"]["recommendations"]["enabled"], true);
+
+        let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+        assert!(
+            metrics.lines().any(|l| l.starts_with("levee_calls_total")
+                && l.contains(r#"operation="GET /recommendations/{user}""#)
+                && l.contains(r#"outcome="ok""#)),
+            "{metrics}"
+        );
+    }
 
     /// The example's log, piped: no colour codes, and the agent's connection error printed
     /// with each cause once ("tcp connect error: tcp connect error" before). The test runs
