@@ -117,7 +117,10 @@ pub fn idempotent_by_name(operation: &str) -> bool {
 ///    attempt;
 /// 6. **per-attempt timeout** — min(attempt timeout, remaining − reserve, and the
 ///    non-critical cap for a non-critical dependency); injected faults (game days) act
-///    inside it, so breakers and retries see them as the real failure;
+///    inside it, so breakers and retries see them as the real failure. The attempt runs
+///    under its own request context whose deadline is that instant: it is what
+///    [`propagate`](super::propagate) tells the callee and what bounds a response body on
+///    the tower path;
 /// 7. **the call** — `attempt()`.
 ///
 /// The source article draws the breaker outside the retry, but its own reasons — the

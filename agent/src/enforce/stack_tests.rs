@@ -565,3 +565,37 @@ async fn propagated_deadline_is_the_attempt_deadline_not_the_request_budget() {
         .unwrap();
     assert_eq!(header["levee-deadline-ms"], "80");
 }
+
+/// The tower path takes the operation per request: an `Operation` extension first, then
+/// the layer's `operation_from`, then the layer's fixed operation; each selects its own
+/// scope (here `GET /a` has a breaker of its own).
+#[tokio::test(start_paused = true)]
+async fn tower_operation_is_taken_per_request() {
+    use tower::{Layer, Service, ServiceExt};
+    let own_breaker = r#", "operations": {"GET /a": {"circuit_breaker": {"window": {"type": "count", "size": 10},
+        "minimum_calls": 3, "failure_rate_threshold": 0.5, "wait_in_open": "1s"}}}"#;
+    let shared = shared_with(&policy(own_breaker));
+    let d = dep(&shared, "p");
+    let inner = tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, io::Error>(http::Response::new(String::new()))
+    });
+    let mut svc = d
+        .layer()
+        .operation("GET /layer")
+        .policy(HttpPolicy)
+        .operation_from(|req: &http::Request<String>| {
+            (req.uri().path() == "/b").then(|| Operation::from_static("GET /a"))
+        })
+        .layer(inner);
+    let mut with_ext = http::Request::get("http://p/x").body(String::new()).unwrap();
+    with_ext.extensions_mut().insert(Operation::from_static("GET /a"));
+    for req in [
+        with_ext,
+        http::Request::get("http://p/b").body(String::new()).unwrap(),
+        http::Request::get("http://p/c").body(String::new()).unwrap(),
+    ] {
+        assert_eq!(svc.ready().await.unwrap().call(req).await.unwrap().status(), 200);
+    }
+    assert_eq!(d.breaker("GET /a").window.calls, 2, "the extension and operation_from chose GET /a");
+    assert_eq!(d.breaker("GET /layer").window.calls, 1, "the layer's operation: the dependency's scope");
+}

@@ -33,8 +33,9 @@ impl<P> DependencyLayer<P> {
         self
     }
 
-    /// Takes each request's operation from `f` (falling back to the policy's, then the
-    /// layer's): e.g. `|req: &http::Request<_>| Some(route_of(req.uri()))`.
+    /// Takes each request's operation from `f` when the policy finds none on the request
+    /// itself (an [`Operation`] extension), before the layer's own: e.g.
+    /// `|req: &http::Request<_>| Some(route_of(req.uri()))`.
     pub fn operation_from<F>(self, f: F) -> DependencyLayer<OperationFrom<P, F>> {
         DependencyLayer {
             dependency: self.dependency,

@@ -463,7 +463,7 @@ where
     type Response = P::Response;
 
     fn operation(&self, req: &Req) -> Option<Operation> {
-        (self.f)(req).or_else(|| self.policy.operation(req))
+        self.policy.operation(req).or_else(|| (self.f)(req))
     }
 
     fn idempotent(&self, req: &Req) -> Option<bool> {
