@@ -44,6 +44,7 @@ struct Seen {
     hits: AtomicU32,
     marked: AtomicU32,
     with_deadline: AtomicU32,
+    with_criticality: AtomicU32,
 }
 
 /// An HTTP server answering 503 to the first `failures` requests, then 200.
@@ -61,6 +62,9 @@ async fn http_server(failures: u32, seen: Arc<Seen>) -> SocketAddr {
                     headers.get("levee-deadline-ms").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
                 if budget.is_some_and(|ms| ms > 0 && ms <= 1000) {
                     seen.with_deadline.fetch_add(1, Ordering::SeqCst);
+                }
+                if headers.get("levee-criticality").is_some_and(|v| v == "CRITICAL") {
+                    seen.with_criticality.fetch_add(1, Ordering::SeqCst);
                 }
                 if n < failures {
                     (http::StatusCode::SERVICE_UNAVAILABLE, "busy")
@@ -507,6 +511,7 @@ async fn middleware_enforces_a_plain_send_retries_5xx_and_propagates() {
     assert_eq!(seen.hits.load(Ordering::SeqCst), 3, "two 503s retried, then the 200");
     assert_eq!(seen.marked.load(Ordering::SeqCst), 3, "every attempt says it is retried upstream");
     assert_eq!(seen.with_deadline.load(Ordering::SeqCst), 3, "every attempt carries its deadline");
+    assert_eq!(seen.with_criticality.load(Ordering::SeqCst), 3, "and the request's criticality");
     assert_eq!(dep.breaker("GET /price").window.calls, 3, "the breaker saw each attempt");
 }
 
