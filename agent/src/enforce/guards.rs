@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -135,7 +135,7 @@ pub(crate) struct DepState {
     pub(crate) guards: ArcSwap<Option<Arc<Guards>>>,
     pub(crate) ops: ArcSwap<HashMap<Arc<str>, Arc<Guards>>>,
     /// Call counters of operations that share the dependency's guards, by operation.
-    op_calls: ArcSwap<HashMap<Arc<str>, CallCounters>>,
+    op_calls: OperationCalls,
     pub(crate) faults: FaultInjector,
 }
 
@@ -155,7 +155,7 @@ impl DepState {
             name,
             guards: ArcSwap::from_pointee(None),
             ops: ArcSwap::from_pointee(HashMap::new()),
-            op_calls: ArcSwap::from_pointee(HashMap::new()),
+            op_calls: OperationCalls::new(),
             faults,
         }
     }
@@ -203,26 +203,49 @@ impl DepState {
     }
 
     /// The call counters labelled with `operation`, for an operation without guards of
-    /// its own: registered on its first call (one allocation, then a lock-free lookup),
-    /// at most [`MAX_LABELLED_OPERATIONS`] per dependency, the rest under
-    /// [`OTHER_OPERATION`].
-    pub(crate) fn operation_calls(&self, operation: &str) -> CallCounters {
-        let map = self.op_calls.load();
-        if let Some(c) = map.get(operation) {
-            return c.clone();
+    /// its own (see [`OperationCalls`]).
+    pub(crate) fn operation_calls(&self, operation: &str) -> &CallCounters {
+        self.op_calls.get(&self.name, operation)
+    }
+}
+
+/// An operation's name and its call counters.
+type NamedCounters = (Box<str>, CallCounters);
+
+/// Call counters per operation name, found without a lock or an allocation once
+/// registered: a fixed open-addressed table of [`MAX_LABELLED_OPERATIONS`] write-once
+/// slots, probed from an FNV-1a hash of the name. A name is registered on its first call
+/// (one allocation); past the table's size, names share [`OTHER_OPERATION`].
+pub(crate) struct OperationCalls {
+    slots: Box<[OnceLock<NamedCounters>]>,
+    other: OnceLock<CallCounters>,
+}
+
+impl OperationCalls {
+    fn new() -> Self {
+        Self {
+            slots: (0..MAX_LABELLED_OPERATIONS).map(|_| OnceLock::new()).collect(),
+            other: OnceLock::new(),
         }
-        let label = if map.len() >= MAX_LABELLED_OPERATIONS { OTHER_OPERATION } else { operation };
-        if let Some(c) = map.get(label) {
-            return c.clone();
+    }
+
+    fn get(&self, dependency: &str, operation: &str) -> &CallCounters {
+        let n = self.slots.len();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in operation.bytes() {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        drop(map);
-        let counters = CallCounters::new(&Labels::new(&self.name, label));
-        let key: Arc<str> = label.into();
-        self.op_calls.rcu(|m| {
-            let mut m = HashMap::clone(m);
-            m.entry(key.clone()).or_insert_with(|| counters.clone());
-            m
-        });
-        self.op_calls.load().get(label).cloned().unwrap_or(counters)
+        let start = (hash % n as u64) as usize;
+        for i in 0..n {
+            let slot = &self.slots[(start + i) % n];
+            // Slots are written once and never emptied: a name is always found at the
+            // first slot of its probe sequence holding it, and never registered twice.
+            let (name, counters) = slot
+                .get_or_init(|| (operation.into(), CallCounters::new(&Labels::new(dependency, operation))));
+            if **name == *operation {
+                return counters;
+            }
+        }
+        self.other.get_or_init(|| CallCounters::new(&Labels::new(dependency, OTHER_OPERATION)))
     }
 }

@@ -121,7 +121,7 @@ impl DepView {
             };
             let measure =
                 o.circuit_breaker.as_ref().unwrap_or(&policy.circuit_breaker).slow_call_duration.is_some();
-            let calls = Arc::ptr_eq(&guards, &dep_guards).then(|| state.operation_calls(op));
+            let calls = Arc::ptr_eq(&guards, &dep_guards).then(|| state.operation_calls(op).clone());
             ops.insert(
                 op.as_str().into(),
                 Scope { calls, attempt_timeout: timeout, measure, idempotent: o.idempotent, guards },
@@ -193,13 +193,10 @@ impl DepView {
     /// The `levee_calls_total` counters of a call of `operation`: labelled with the
     /// operation whenever one is given (the dependency's name for the dependency as a
     /// whole), whether or not the policy configures it.
-    pub(crate) fn calls(&self, operation: &str, scope: &Scope) -> guards::CallCounters {
+    pub(crate) fn calls<'a>(&'a self, operation: &str, scope: &'a Scope) -> &'a guards::CallCounters {
         if !std::ptr::eq(scope, &self.default_scope) || operation == &*self.name {
             // A scope of its own is labelled with its operation already.
-            if let Some(c) = &scope.calls {
-                return c.clone();
-            }
-            return scope.guards.calls.clone();
+            return scope.calls.as_ref().unwrap_or(&scope.guards.calls);
         }
         self.state.operation_calls(operation)
     }
