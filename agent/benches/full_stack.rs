@@ -19,7 +19,7 @@ use levee_agent::deadline::{Deadline, with_deadline};
 use levee_agent::policy::{DependencyPolicy, Flag, FlagType, Retry, ServiceConfig};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tokio::time::Instant;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -192,6 +192,28 @@ fn main() {
     // Hot-path discipline, checked on every run (smoke mode in CI included): a call that
     // succeeds allocates nothing. Anything per call would show as ≥ 1.0 here.
     assert!(ours_allocs < 0.01, "the success path allocates: {ours_allocs:.2} allocations per call");
+    // The same stack through the tower layer (`DependencyService`): its response future
+    // holds the enforcement state machine on the heap, one allocation per call; checked
+    // so that it never grows.
+    let mut layered = dep
+        .layer()
+        .operation("GET /x")
+        .layer(tower::service_fn(|_: u32| std::future::ready(Ok::<u32, io::Error>(1))));
+    let tower_calls = |svc: &mut levee_agent::DependencyService<_>, n: u64| {
+        rt.block_on(with_deadline(Deadline::after(Duration::from_secs(3600)), async {
+            for _ in 0..n {
+                assert!(svc.ready().await.unwrap().call(1).await.is_ok());
+            }
+        }))
+    };
+    tower_calls(&mut layered, 10);
+    let region = Region::new(GLOBAL);
+    tower_calls(&mut layered, calls);
+    let layer_allocs = region.change().allocations as f64 / calls as f64;
+    assert!(layer_allocs < 1.01, "the tower path allocates more than its response future: {layer_allocs:.2}");
+    let start = Instant::now();
+    tower_calls(&mut layered, n);
+    let layer_ns = start.elapsed().as_nanos() as f64 / n as f64;
     let mut svc = theirs.clone();
     let region = Region::new(GLOBAL);
     rt.block_on(async {
@@ -204,6 +226,7 @@ fn main() {
     println!("{:<18} {:>10} {:>14}", "impl", "ns/call", "allocs/call");
     println!("{:<18} {:>10.1} {:>14.2}", "levee", ours, ours_allocs);
     println!("{:<18} {:>10.1} {:>14}", "levee, no deadline", ours_no_deadline, "");
+    println!("{:<18} {:>10.1} {:>14.2}", "levee, tower layer", layer_ns, layer_allocs);
     println!("{:<18} {:>10.1} {:>14.2}", "tower-resilience", tr, tr_allocs);
     println!("ratio tower-resilience / levee: {:.1}x\n", tr / ours);
 }

@@ -307,6 +307,31 @@ impl Drop for Inner {
     }
 }
 
+/// The status as JSON (what an endpoint such as the example's `/levee/status` answers):
+/// `{"source": "live"|"cache"|"default", "revision": 3, "hash": "…", "age_seconds": 1.5
+/// (or null), "connected": true, "last_error": null, "last_nack": {"revision": 4,
+/// "detail": "…"} (or null)}`.
+impl serde::Serialize for AgentStatus {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        #[derive(serde::Serialize)]
+        struct Nack<'a> {
+            revision: u64,
+            detail: &'a str,
+        }
+        let mut st = s.serialize_struct("AgentStatus", 7)?;
+        st.serialize_field("source", self.source.as_str())?;
+        st.serialize_field("revision", &self.revision)?;
+        st.serialize_field("hash", &self.hash)?;
+        st.serialize_field("age_seconds", &self.age.map(|a| a.as_secs_f64()))?;
+        st.serialize_field("connected", &self.connected)?;
+        st.serialize_field("last_error", &self.last_error)?;
+        let nack = self.last_nack.as_ref().map(|n| Nack { revision: n.revision, detail: &n.detail });
+        st.serialize_field("last_nack", &nack)?;
+        st.end()
+    }
+}
+
 /// The Levee agent of one service. Cheap to clone (all clones share one sync task); the
 /// background tasks stop on [`shutdown`](Self::shutdown) or when the last clone is dropped.
 #[derive(Clone)]

@@ -60,9 +60,9 @@ pub use admission::{Admission, AdmissionLayer, AdmissionPermit, AdmissionRequest
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
 pub use applied::{Applied, Source};
 pub use enforce::{
-    AttemptTimeout, CallError, DeadlineError, Dependency, DependencyLayer, DependencyService, Endpoints,
-    GrpcJudge, HttpJudge, InjectedFault, Judge, Judgement, KillSwitched, NotReplayable, ReplayBody,
-    ReplayRequest, WithFallback,
+    AttemptTimeout, CallError, CallPolicy, DeadlineError, Dependency, DependencyLayer, DependencyService,
+    Endpoints, ErrorPolicy, GrpcPolicy, HttpPolicy, InjectedFault, Judgement, KillSwitched, NotReplayable,
+    Operation, ReplayBody, ReplayRequest, WithFallback,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};

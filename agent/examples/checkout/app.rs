@@ -1,14 +1,24 @@
-//! The example shop: two real HTTP dependencies and a checkout service embedding the agent.
+//! The example shop: two real HTTP dependencies and a checkout service embedding the agent,
+//! showing the whole crate at work.
 //!
 //! * `pricing` (critical): `GET /price/{user}` → the cart total.
-//! * `recommendations` (non-critical): `GET /recommendations/{user}` → personal picks. Its
-//!   behaviour is steered at runtime with `POST /control {"delay_ms": 5000, "fail": false}`,
-//!   to play an incident.
-//! * `checkout`: `GET /checkout/{user}` calls both through the Levee agent. When
-//!   recommendations is switched off in Levee (flag `recommendations.enabled`), slow or
-//!   failing, checkout answers with top sellers instead, marked `"degraded"`. Its inbound
-//!   side goes through Levee's admission layer: the route is CRITICAL in the policy, so
-//!   under overload SHEDDABLE callers are shed first (`levee-criticality` header).
+//! * `recommendations` (non-critical): `GET /recommendations/{user}` → personal picks.
+//! * Both are steered at runtime with `POST /control {"delay_ms": 5000, "fail": false}`, to
+//!   play an incident.
+//! * `checkout`: `GET /checkout/{user}` calls both through `reqwest-middleware` clients
+//!   carrying the Levee middleware (`dependency.middleware()`): kill switch, deadline,
+//!   bulkhead, retry, breaker and attempt timeout on a plain `client.get(url).send()`. The
+//!   recommendations are the feature "Personal recommendations" of the degradation matrix,
+//!   served through `Feature::serve`: when recommendations is switched off in Levee (flag
+//!   `recommendations.enabled`), slow or failing, checkout answers with top sellers
+//!   instead, marked `"degraded"`. Its inbound side goes through Levee's admission layer:
+//!   the route is CRITICAL in the policy, so under overload SHEDDABLE callers are shed
+//!   first (`levee-criticality` header).
+//! * Around the routes, the agent's inbound context layer gives every request its deadline
+//!   (the policy's `default_deadline`, or the caller's `levee-deadline-ms`), criticality and
+//!   retry marker. `GET /ready` answers 200 while every critical dependency can be called,
+//!   `GET /metrics` is the Prometheus exposition of the agent's metrics, and
+//!   `GET /levee/status` the agent's status as JSON.
 //!
 //! This file is also compiled into the server's end-to-end tests.
 
@@ -21,15 +31,18 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use levee_agent::admission::RouteTemplate;
+use levee_agent::feature::Feature;
 use levee_agent::policy::{
     BulkheadPolicy, CircuitBreakerPolicy, Criticality, DependencyCriticality, DependencyPolicy,
-    FallbackLevel, Flag, FlagType, Policy, Retry, Route, ServiceConfig, Window,
+    FallbackLevel, Flag, FlagType, MatrixRow, Policy, Retry, Route, ServiceConfig, Window,
 };
-use levee_agent::retry::{Classify, ErrorKind};
-use levee_agent::{Agent, Dependency};
+use levee_agent::{Agent, Operation};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -37,8 +50,13 @@ use tokio::net::TcpListener;
 /// Top sellers: the generic answer when personal recommendations are unavailable.
 pub const TOP_SELLERS: [&str; 3] = ["bestseller-1", "bestseller-2", "bestseller-3"];
 
+/// The feature of the degradation matrix that the recommendations make up.
+pub const RECOMMENDATIONS_FEATURE: &str = "Personal recommendations";
+
 /// The checkout service's compiled-in safe defaults: used before the first sync and
-/// whenever neither the server nor the disk cache has a configuration.
+/// whenever neither the server nor the disk cache has a configuration. A dependency (or a
+/// matrix row) that the live policy names is taken from the live policy as a whole, not
+/// merged field by field with these.
 pub fn safe_defaults() -> ServiceConfig {
     let mut cfg = ServiceConfig {
         policy: Policy { default_deadline: Duration::from_millis(800), ..Policy::default() },
@@ -79,6 +97,15 @@ pub fn safe_defaults() -> ServiceConfig {
         "GET /checkout/{user}".into(),
         Route { criticality: Criticality::Critical, ..Route::default() },
     );
+    cfg.policy.degradation_matrix.push(MatrixRow {
+        feature: RECOMMENDATIONS_FEATURE.into(),
+        dependencies: vec!["recommendations".into()],
+        on_failure: FallbackLevel::Generic,
+        owner: "growth team".into(),
+        decision: "top sellers are good enough while personal picks are down".into(),
+        alert_after: Duration::from_secs(30 * 60),
+        enabled_flag: None,
+    });
     cfg.flags.insert(
         "recommendations.enabled".into(),
         Flag {
@@ -94,9 +121,10 @@ pub fn safe_defaults() -> ServiceConfig {
     cfg
 }
 
-/// Runtime knobs of the fake recommendations service.
+/// Runtime knobs of a fake dependency (pricing or recommendations), set with its
+/// `POST /control`.
 #[derive(Debug, Default)]
-pub struct RecsControl {
+pub struct DependencyControl {
     /// Added latency, ms.
     pub delay_ms: AtomicU64,
     /// Answer 503 when set.
@@ -104,6 +132,9 @@ pub struct RecsControl {
     /// Requests received.
     pub hits: AtomicU64,
 }
+
+/// The knobs of the recommendations service (its tests steer it directly).
+pub type RecsControl = DependencyControl;
 
 #[derive(Debug, Deserialize)]
 struct ControlBody {
@@ -122,24 +153,17 @@ async fn serve(router: Router, addr: SocketAddr) -> std::io::Result<SocketAddr> 
     Ok(local)
 }
 
-/// Starts `pricing` on `addr` (port 0 for any).
-pub async fn start_pricing(addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    let router = Router::new().route(
-        "/price/{user}",
-        get(|Path(user): Path<String>| async move { Json(json!({"user": user, "total_cents": 4200})) }),
-    );
-    serve(router, addr).await
-}
-
-/// Starts `recommendations` on `addr`, steered by `control`.
-pub async fn start_recommendations(
-    addr: SocketAddr,
-    control: Arc<RecsControl>,
-) -> std::io::Result<SocketAddr> {
-    let router = Router::new()
+/// A fake dependency: `route` answers `answer(user)` after the configured delay (or 503),
+/// and `POST /control` sets delay and failure.
+fn fake_dependency(
+    route: &str,
+    control: Arc<DependencyControl>,
+    answer: fn(String) -> serde_json::Value,
+) -> Router {
+    Router::new()
         .route(
-            "/recommendations/{user}",
-            get(|State(c): State<Arc<RecsControl>>, Path(user): Path<String>| async move {
+            route,
+            get(move |State(c): State<Arc<DependencyControl>>, Path(user): Path<String>| async move {
                 c.hits.fetch_add(1, Ordering::Relaxed);
                 let delay = c.delay_ms.load(Ordering::Relaxed);
                 if delay > 0 {
@@ -148,19 +172,34 @@ pub async fn start_recommendations(
                 if c.fail.load(Ordering::Relaxed) {
                     return Err(StatusCode::SERVICE_UNAVAILABLE);
                 }
-                Ok(Json(json!([format!("for-{user}-1"), format!("for-{user}-2")])))
+                Ok(Json(answer(user)))
             }),
         )
         .route(
             "/control",
-            post(|State(c): State<Arc<RecsControl>>, Json(b): Json<ControlBody>| async move {
+            post(|State(c): State<Arc<DependencyControl>>, Json(b): Json<ControlBody>| async move {
                 c.delay_ms.store(b.delay_ms, Ordering::Relaxed);
                 c.fail.store(b.fail, Ordering::Relaxed);
                 Json(json!({"delay_ms": b.delay_ms, "fail": b.fail}))
             }),
         )
-        .with_state(control);
-    serve(router, addr).await
+        .with_state(control)
+}
+
+/// Starts `pricing` on `addr` (port 0 for any).
+pub async fn start_pricing(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let control = Arc::new(DependencyControl::default());
+    serve(fake_dependency("/price/{user}", control, |user| json!({"user": user, "total_cents": 4200})), addr)
+        .await
+}
+
+/// Starts `recommendations` on `addr`, steered by `control`.
+pub async fn start_recommendations(
+    addr: SocketAddr,
+    control: Arc<RecsControl>,
+) -> std::io::Result<SocketAddr> {
+    let answer = |user: String| json!([format!("for-{user}-1"), format!("for-{user}-2")]);
+    serve(fake_dependency("/recommendations/{user}", control, answer), addr).await
 }
 
 /// What `GET /checkout/{user}` answers.
@@ -180,46 +219,36 @@ pub struct CheckoutPage {
 
 #[derive(Clone, Debug)]
 struct Checkout {
-    http: reqwest::Client,
+    /// `reqwest` clients carrying the Levee middleware of their dependency.
+    pricing: ClientWithMiddleware,
+    recommendations: ClientWithMiddleware,
     pricing_url: String,
     recs_url: String,
-    pricing: Dependency,
-    recommendations: Dependency,
+    /// The feature the recommendations make up (degradation matrix row).
+    recs_feature: Feature,
 }
 
-#[derive(Debug, thiserror::Error)]
-enum UpstreamError {
-    #[error("transport: {0}")]
-    Transport(#[from] reqwest::Error),
-    #[error("status {0}")]
-    Status(StatusCode),
-}
+const PRICING_OP: &str = "GET /price/{user}";
+const RECS_OP: &str = "GET /recommendations/{user}";
 
-impl Classify for UpstreamError {
-    fn error_kind(&self) -> ErrorKind {
-        match self {
-            UpstreamError::Transport(e) if e.is_connect() => ErrorKind::Connect,
-            UpstreamError::Transport(e) if e.is_timeout() => ErrorKind::AttemptTimeout,
-            UpstreamError::Transport(_) => ErrorKind::Reset,
-            UpstreamError::Status(s) => ErrorKind::HttpStatus(s.as_u16()),
-        }
-    }
-}
-
-/// GET with the request context propagated: remaining deadline, criticality, and the retry
-/// marker when this call may be retried (so the service called does not retry again).
+/// A GET through a client with the Levee middleware: the call is enforced, the answer
+/// judged (a 5xx after the last attempt comes back as an answer, turned into an error
+/// here), and the body was read inside the attempt.
 async fn get_json<T: serde::de::DeserializeOwned>(
-    http: &reqwest::Client,
+    client: &ClientWithMiddleware,
     url: &str,
-    will_retry: bool,
-) -> Result<T, UpstreamError> {
-    let mut headers = axum::http::HeaderMap::new();
-    levee_agent::enforce::propagate(&mut headers, will_retry);
-    let res = http.get(url).headers(headers).send().await?;
+    operation: &'static str,
+) -> Result<T, String> {
+    let res = client
+        .get(url)
+        .with_extension(Operation::from_static(operation))
+        .send()
+        .await
+        .map_err(|e| levee_agent::report::ErrorChain(&e).to_string())?;
     if !res.status().is_success() {
-        return Err(UpstreamError::Status(res.status()));
+        return Err(format!("status {}", res.status()));
     }
-    Ok(res.json().await?)
+    res.json().await.map_err(|e| e.to_string())
 }
 
 async fn checkout(
@@ -227,41 +256,82 @@ async fn checkout(
     Path(user): Path<String>,
 ) -> Result<Json<CheckoutPage>, (StatusCode, Json<serde_json::Value>)> {
     // Critical: no price, no checkout page; say so clearly.
-    let price_url = format!("{}/price/{user}", c.pricing_url);
-    let op = "GET /price/{user}";
-    let retry = c.pricing.will_retry(op);
-    let total =
-        c.pricing.call(op, || get_json::<serde_json::Value>(&c.http, &price_url, retry)).await.map_err(
-            |e| {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Json(json!({"error": "pricing unavailable", "detail": e.to_string()})),
-                )
-            },
-        )?;
-    // Non-critical: degrade to top sellers.
+    let total: serde_json::Value =
+        get_json(&c.pricing, &format!("{}/price/{user}", c.pricing_url), PRICING_OP).await.map_err(|e| {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "pricing unavailable", "detail": e})))
+        })?;
+    // Non-critical: a feature of the degradation matrix, degrading to top sellers.
+    let mut cause = None;
     let recs_url = format!("{}/recommendations/{user}", c.recs_url);
-    let op = "GET /recommendations/{user}";
-    let retry = c.recommendations.will_retry(op);
-    let recs = c
-        .recommendations
-        .call_or_fallback(
-            op,
-            || get_json::<Vec<String>>(&c.http, &recs_url, retry),
-            |_| async { TOP_SELLERS.iter().map(|s| s.to_string()).collect() },
-        )
+    let primary = async {
+        let r = get_json::<Vec<String>>(&c.recommendations, &recs_url, RECS_OP).await;
+        if let Err(e) = &r {
+            cause = Some(e.clone());
+        }
+        r
+    };
+    let served = c
+        .recs_feature
+        .serve(primary, |level| async move {
+            match level {
+                FallbackLevel::Generic => Ok(TOP_SELLERS.iter().map(|s| s.to_string()).collect()),
+                FallbackLevel::EmptyMarked => Ok(Vec::new()),
+                _ => Err("no stale copy kept"),
+            }
+        })
         .await;
+    let (recommendations, level) = match served {
+        Ok(s) => (s.value, s.level),
+        Err(_) => (Vec::new(), FallbackLevel::FeatureError),
+    };
     let mut degraded = Vec::new();
-    if let Some(cause) = &recs.cause {
-        degraded.push(format!("recommendations: {cause}"));
+    if level != FallbackLevel::Fresh {
+        let why = cause.unwrap_or_else(|| "switched off in the degradation matrix".into());
+        degraded.push(format!("recommendations: {why}"));
     }
     Ok(Json(CheckoutPage {
         user,
         total_cents: total["total_cents"].as_u64().unwrap_or(0),
-        recommendations: recs.value,
-        recommendations_level: recs.level.as_str().to_string(),
+        recommendations,
+        recommendations_level: level.as_str().to_string(),
         degraded,
     }))
+}
+
+/// The Prometheus handle of this process: the agent's metrics go through the `metrics`
+/// facade, recorded by the exporter installed here once (a process that installed another
+/// recorder first gets an empty exposition). Call it before building the agent: a metric
+/// handle registered earlier records nowhere.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// `GET /levee/status`: the agent's status (source, revision, age, connection, last
+/// error), readiness, and each dependency's kill switch and breaker, as JSON.
+fn status_json(agent: &Agent) -> serde_json::Value {
+    let deps: serde_json::Map<String, serde_json::Value> = [
+        ("pricing", PRICING_OP),
+        ("recommendations", RECS_OP),
+    ]
+    .into_iter()
+    .map(|(name, op)| {
+        let d = agent.dependency(name);
+        let b = d.breaker(op);
+        (
+            name.to_string(),
+            json!({"enabled": d.is_enabled(), "breaker": b.state.as_str(), "failure_rate": b.failure_rate}),
+        )
+    })
+    .collect();
+    json!({"agent": agent.status(), "ready": agent.readiness(), "dependencies": deps})
 }
 
 /// Starts `checkout` on `addr`, calling pricing and recommendations through `agent`.
@@ -271,27 +341,48 @@ pub async fn start_checkout(
     pricing: SocketAddr,
     recs: SocketAddr,
 ) -> std::io::Result<SocketAddr> {
+    // Before the dependency handles: metrics handles bind to the recorder of their time.
+    let metrics = metrics_handle();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("client");
     let state = Checkout {
-        http: reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("client"),
+        pricing: ClientBuilder::new(http.clone()).with(agent.dependency("pricing").middleware()).build(),
+        recommendations: ClientBuilder::new(http)
+            .with(agent.dependency("recommendations").middleware())
+            .build(),
         pricing_url: format!("http://{pricing}"),
         recs_url: format!("http://{recs}"),
-        pricing: agent.dependency("pricing"),
-        recommendations: agent.dependency("recommendations"),
+        recs_feature: agent.feature(RECOMMENDATIONS_FEATURE),
     };
-    let status_agent = agent.clone();
-    let router = Router::new()
+    // The shop's own routes, with inbound admission (limit, criticality, queue, levers)
+    // around them only; the template names the route (axum's MatchedPath does too when
+    // the `axum` feature is on).
+    let shop = Router::new()
         .route("/checkout/{user}", get(checkout))
-        // Admission (limit, criticality, queue, levers) before the handler; the template
-        // names the route (axum's MatchedPath does too when the `axum` feature is on).
         .route_layer(agent.admission_layer())
         .route_layer(axum::Extension(RouteTemplate("/checkout/{user}".into())))
-        .with_state(state)
+        .with_state(state);
+    let (ready_agent, status_agent) = (agent.clone(), agent.clone());
+    let operations = Router::new()
+        .route(
+            "/ready",
+            get(move || {
+                let ready = ready_agent.readiness();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                    }
+                }
+            }),
+        )
+        .route("/metrics", get(move || std::future::ready(metrics.render())))
         .route(
             "/levee/status",
-            get(move || {
-                let a = status_agent.clone();
-                async move { Json(json!(format!("{:?}", a.status()))) }
-            }),
+            get(move || std::future::ready(Json(status_json(&status_agent)).into_response())),
         );
+    // Every request gets its deadline, criticality and retry marker from the agent's
+    // inbound context layer (after routing, so routes are keyed by their template).
+    let router = shop.merge(operations).layer(agent.inbound_layer());
     serve(router, addr).await
 }

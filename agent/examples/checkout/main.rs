@@ -1,11 +1,15 @@
 //! Example service embedding the Levee agent. See `app.rs` and the README walkthrough.
 //!
-//! Environment:
+//! Run with `cargo run --release -p levee-agent --features reqwest-middleware,axum
+//! --example checkout`. Environment:
 //! * `LEVEE_AGENT_TOKEN` (required): agent token scoped to the environment and `checkout`.
 //! * `LEVEE_GRPC_URL`: the server's sync endpoint (default `http://127.0.0.1:8081`).
 //! * `LEVEE_ENVIRONMENT`: environment (default `prod`).
-//! * `LEVEE_CACHE_DIR`: disk cache (default `./levee-agent-cache`).
+//! * `LEVEE_CACHE_DIR`: disk cache (default `./levee-agent-cache`, relative to the
+//!   directory the command runs in).
 //! * `CHECKOUT_ADDR`: where checkout listens (default `127.0.0.1:3000`).
+//! * `PRICING_ADDR`, `RECOMMENDATIONS_ADDR`: where the two fake dependencies listen
+//!   (defaults `127.0.0.1:3001` and `127.0.0.1:3002`).
 
 mod app;
 
@@ -30,6 +34,7 @@ fn init_logging() {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     init_logging();
+    let _ = app::metrics_handle(); // the Prometheus recorder, before anything registers a metric
     let token = std::env::var("LEVEE_AGENT_TOKEN")
         .map_err(|_| "set LEVEE_AGENT_TOKEN to an agent token (see README)")?;
     let agent = Agent::builder(
@@ -41,17 +46,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .cache_dir(env("LEVEE_CACHE_DIR", "levee-agent-cache"))
     .defaults(app::safe_defaults())
     .build()?;
-    let any = "127.0.0.1:0".parse()?;
     let control = Arc::new(app::RecsControl::default());
-    let pricing = app::start_pricing(any).await?;
-    let recs = app::start_recommendations(any, control).await?;
+    let pricing = app::start_pricing(env("PRICING_ADDR", "127.0.0.1:3001").parse()?).await?;
+    let recs =
+        app::start_recommendations(env("RECOMMENDATIONS_ADDR", "127.0.0.1:3002").parse()?, control).await?;
     let checkout =
         app::start_checkout(env("CHECKOUT_ADDR", "127.0.0.1:3000").parse()?, &agent, pricing, recs).await?;
     let status = agent.status();
-    println!("pricing          http://{pricing}");
-    println!("recommendations  http://{recs}   (POST /control {{\"delay_ms\":5000}} or {{\"fail\":true}})");
     println!("checkout         http://{checkout}/checkout/alice");
-    println!("levee agent      source={:?} revision={}", status.source, status.revision);
+    println!(
+        "  status         http://{checkout}/levee/status   readiness http://{checkout}/ready   metrics http://{checkout}/metrics"
+    );
+    println!(
+        "pricing          http://{pricing}/price/alice     (POST /control {{\"delay_ms\":5000}} or {{\"fail\":true}})"
+    );
+    println!("recommendations  http://{recs}/recommendations/alice   (POST /control, as pricing)");
+    println!("levee agent      source={} revision={}", status.source, status.revision);
     tokio::signal::ctrl_c().await?;
     agent.shutdown().await;
     Ok(())
@@ -66,6 +76,44 @@ mod tests {
     use super::*;
 
     const CHILD: &str = "CHECKOUT_LOG_TEST_CLOSED_PORT";
+
+    /// The showcase endpoints on a real checkout (loopback, port 0, agent on its compiled-in
+    /// defaults): a page through the middleware and `Feature::serve`, `/ready`,
+    /// `/levee/status` as JSON (not a Debug string), and `/metrics` in the Prometheus format
+    /// with the call's operation as its label.
+    #[tokio::test]
+    async fn example_serves_pages_readiness_status_json_and_metrics() {
+        let agent = Agent::builder("http://127.0.0.1:9", "token", "prod", "checkout")
+            .defaults(app::safe_defaults())
+            .build()
+            .unwrap();
+        let any = "127.0.0.1:0".parse().unwrap();
+        let pricing = app::start_pricing(any).await.unwrap();
+        let recs = app::start_recommendations(any, Arc::new(app::RecsControl::default())).await.unwrap();
+        let checkout = app::start_checkout(any, &agent, pricing, recs).await.unwrap();
+        let http = reqwest::Client::new();
+        let get = |path: &str| http.get(format!("http://{checkout}{path}")).send();
+
+        let page: app::CheckoutPage = get("/checkout/alice").await.unwrap().json().await.unwrap();
+        assert_eq!(page.recommendations_level, "FRESH", "{page:?}");
+        assert_eq!(page.total_cents, 4200);
+        assert_eq!(get("/ready").await.unwrap().status(), reqwest::StatusCode::OK);
+
+        let status: serde_json::Value = get("/levee/status").await.unwrap().json().await.unwrap();
+        assert_eq!(status["agent"]["source"], "default", "{status}");
+        assert_eq!(status["agent"]["revision"], 0);
+        assert_eq!(status["ready"], true);
+        assert_eq!(status["dependencies"]["recommendations"]["breaker"], "CLOSED");
+        assert_eq!(status["dependencies"]["recommendations"]["enabled"], true);
+
+        let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+        assert!(
+            metrics.lines().any(|l| l.starts_with("levee_calls_total")
+                && l.contains(r#"operation="GET /recommendations/{user}""#)
+                && l.contains(r#"outcome="ok""#)),
+            "{metrics}"
+        );
+    }
 
     /// The example's log, piped: no colour codes, and the agent's connection error printed
     /// with each cause once ("tcp connect error: tcp connect error" before). The test runs

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -47,13 +47,41 @@ pub(crate) enum CallOutcome {
     Throttled = 8,
 }
 
+/// The `levee_calls_total` counters of one (dependency, operation) label pair, one per
+/// outcome, registered once. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct CallCounters(Arc<[Counter; OUTCOMES.len()]>);
+
+impl CallCounters {
+    fn new(labels: &Labels) -> Self {
+        Self(Arc::new(OUTCOMES.map(|o| labels.counter_with(names::CALLS, &[(names::LABEL_OUTCOME, o)]))))
+    }
+
+    #[inline]
+    pub(crate) fn count(&self, outcome: CallOutcome) {
+        self.0[outcome as usize].increment(1);
+    }
+}
+
+impl fmt::Debug for CallCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CallCounters")
+    }
+}
+
+/// Most operations of one dependency whose calls are counted under their own `operation`
+/// label without being named in the policy; past it they share [`OTHER_OPERATION`].
+pub const MAX_LABELLED_OPERATIONS: usize = 64;
+/// The `operation` label of calls past [`MAX_LABELLED_OPERATIONS`].
+pub const OTHER_OPERATION: &str = "_other";
+
 /// Breaker, bulkhead and retrier of one scope.
 pub(crate) struct Guards {
     pub(crate) labels: Labels,
     pub(crate) breaker: CircuitBreaker,
     pub(crate) bulkhead: Bulkhead,
     pub(crate) retrier: Retrier,
-    calls: [Counter; 9],
+    pub(crate) calls: CallCounters,
 }
 
 impl fmt::Debug for Guards {
@@ -78,7 +106,7 @@ impl Guards {
     ) -> Self {
         let labels = Labels::new(dependency, operation);
         let budget = Arc::new(RetryBudget::with_metrics(&retry.budget, &labels));
-        let calls = OUTCOMES.map(|o| labels.counter_with(names::CALLS, &[(names::LABEL_OUTCOME, o)]));
+        let calls = CallCounters::new(&labels);
         Guards {
             breaker: CircuitBreaker::with_metrics(breaker, attempt_timeout, labels.clone()),
             bulkhead: Bulkhead::with_metrics(bulkhead, &labels),
@@ -100,11 +128,6 @@ impl Guards {
         self.breaker.set_attempt_timeout(attempt_timeout);
         self.bulkhead.update(bulkhead);
     }
-
-    #[inline]
-    pub(crate) fn count(&self, outcome: CallOutcome) {
-        self.calls[outcome as usize].increment(1);
-    }
 }
 
 /// Everything stateful about one dependency: its own guards, those of operations with
@@ -114,6 +137,8 @@ pub(crate) struct DepState {
     pub(crate) name: Arc<str>,
     pub(crate) guards: ArcSwap<Option<Arc<Guards>>>,
     pub(crate) ops: ArcSwap<HashMap<Arc<str>, Arc<Guards>>>,
+    /// Call counters of operations that share the dependency's guards, by operation.
+    op_calls: OperationCalls,
     pub(crate) faults: FaultInjector,
     pub(crate) fallback: OnFallback,
     pub(crate) throttle: AdaptiveThrottle,
@@ -184,6 +209,7 @@ impl DepState {
             name,
             guards: ArcSwap::from_pointee(None),
             ops: ArcSwap::from_pointee(HashMap::new()),
+            op_calls: OperationCalls::new(),
             faults,
             fallback: OnFallback::default(),
             throttle,
@@ -230,5 +256,52 @@ impl DepState {
             m
         });
         self.ops.load().get(operation).cloned().unwrap_or(g)
+    }
+
+    /// The call counters labelled with `operation`, for an operation without guards of
+    /// its own (see [`OperationCalls`]).
+    pub(crate) fn operation_calls(&self, operation: &str) -> &CallCounters {
+        self.op_calls.get(&self.name, operation)
+    }
+}
+
+/// An operation's name and its call counters.
+type NamedCounters = (Box<str>, CallCounters);
+
+/// Call counters per operation name, found without a lock or an allocation once
+/// registered: a fixed open-addressed table of [`MAX_LABELLED_OPERATIONS`] write-once
+/// slots, probed from an FNV-1a hash of the name. A name is registered on its first call
+/// (one allocation); past the table's size, names share [`OTHER_OPERATION`].
+pub(crate) struct OperationCalls {
+    slots: Box<[OnceLock<NamedCounters>]>,
+    other: OnceLock<CallCounters>,
+}
+
+impl OperationCalls {
+    fn new() -> Self {
+        Self {
+            slots: (0..MAX_LABELLED_OPERATIONS).map(|_| OnceLock::new()).collect(),
+            other: OnceLock::new(),
+        }
+    }
+
+    fn get(&self, dependency: &str, operation: &str) -> &CallCounters {
+        let n = self.slots.len();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in operation.bytes() {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let start = (hash % n as u64) as usize;
+        for i in 0..n {
+            let slot = &self.slots[(start + i) % n];
+            // Slots are written once and never emptied: a name is always found at the
+            // first slot of its probe sequence holding it, and never registered twice.
+            let (name, counters) = slot
+                .get_or_init(|| (operation.into(), CallCounters::new(&Labels::new(dependency, operation))));
+            if **name == *operation {
+                return counters;
+            }
+        }
+        self.other.get_or_init(|| CallCounters::new(&Labels::new(dependency, OTHER_OPERATION)))
     }
 }

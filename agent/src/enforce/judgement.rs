@@ -6,7 +6,7 @@ use crate::retry::{Classify, ErrorKind};
 
 /// How one attempt that reached the dependency turned out, as a judge sees it: what the
 /// circuit breaker records and what the retry stage decides on. A judge maps a result to
-/// it: [`Judge::judge`](super::Judge::judge) for the tower layer, the `judge` of
+/// it: [`CallPolicy::judge`](super::CallPolicy::judge) for the tower layer, the `judge` of
 /// [`Dependency::call_judged`](super::Dependency::call_judged), or
 /// [`Judgement::classify`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

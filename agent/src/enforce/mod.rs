@@ -9,10 +9,12 @@
 //! and takes no lock; the view is rewritten whenever a snapshot is applied or a flag
 //! changes.
 
+mod client;
 mod error;
 mod guards;
 mod judgement;
-mod layer;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod run;
 
 #[cfg(test)]
@@ -29,11 +31,13 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
-pub use error::{AttemptTimeout, CallError, DeadlineError, InjectedFault, KillSwitched, NotReplayable};
-pub use layer::{
-    DependencyLayer, DependencyService, ErrorJudge, GrpcJudge, HttpJudge, Judge, ReplayBody, ReplayRequest,
-    propagate,
+pub use client::{
+    Attempt, AttemptBody, CallPolicy, DependencyLayer, DependencyService, ErrorPolicy, GrpcPolicy,
+    HttpPolicy, Operation, OperationFrom, ReplayBody, ReplayRequest, ResponseFuture, propagate,
 };
+pub use error::{AttemptTimeout, CallError, DeadlineError, InjectedFault, KillSwitched, NotReplayable};
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::LeveeMiddleware;
 pub use run::idempotent_by_name;
 
 pub(crate) use guards::DepState;
@@ -49,6 +53,9 @@ use crate::retry::Classify;
 /// Per-call settings of one (dependency, operation) scope and its guards.
 #[derive(Debug)]
 pub(crate) struct Scope {
+    /// Call counters labelled with this operation when its guards are the dependency's
+    /// (labelled with the dependency).
+    pub(crate) calls: Option<guards::CallCounters>,
     pub(crate) attempt_timeout: Duration,
     /// Whether attempt durations are needed (slow-call detection on).
     pub(crate) measure: bool,
@@ -114,9 +121,10 @@ impl DepView {
             };
             let measure =
                 o.circuit_breaker.as_ref().unwrap_or(&policy.circuit_breaker).slow_call_duration.is_some();
+            let calls = Arc::ptr_eq(&guards, &dep_guards).then(|| state.operation_calls(op).clone());
             ops.insert(
                 op.as_str().into(),
-                Scope { attempt_timeout: timeout, measure, idempotent: o.idempotent, guards },
+                Scope { calls, attempt_timeout: timeout, measure, idempotent: o.idempotent, guards },
             );
         }
         // Operator overrides of breakers. Each ends at its expiry, scheduled like a flag's
@@ -170,6 +178,7 @@ impl DepView {
             faults_active,
             state: state.clone(),
             default_scope: Scope {
+                calls: None,
                 attempt_timeout: policy.attempt_timeout,
                 measure: policy.circuit_breaker.slow_call_duration.is_some(),
                 idempotent: None,
@@ -180,6 +189,17 @@ impl DepView {
             enabled,
         };
         (view, wake)
+    }
+
+    /// The `levee_calls_total` counters of a call of `operation`: labelled with the
+    /// operation whenever one is given (the dependency's name for the dependency as a
+    /// whole), whether or not the policy configures it.
+    pub(crate) fn calls<'a>(&'a self, operation: &str, scope: &'a Scope) -> &'a guards::CallCounters {
+        if !std::ptr::eq(scope, &self.default_scope) || operation == &*self.name {
+            // A scope of its own is labelled with its operation already.
+            return scope.calls.as_ref().unwrap_or(&scope.guards.calls);
+        }
+        self.state.operation_calls(operation)
     }
 
     /// The scope of `operation`: its own when the policy names it, else the dependency's.

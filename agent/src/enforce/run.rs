@@ -54,14 +54,14 @@ impl<T, E> Classify for AttemptFailure<T, E> {
 }
 
 pin_project! {
-    /// A per-attempt timeout that costs nothing when the attempt is ready at once: the
-    /// timer is created (and the clock read) only if the first poll is pending.
+    /// A per-attempt timeout that costs little when the attempt is ready at once: the
+    /// timer is created only if the first poll is pending.
     struct LazyTimeout<F> {
         #[pin]
         fut: F,
         #[pin]
         sleep: Option<tokio::time::Sleep>,
-        budget: Duration,
+        until: Instant,
     }
 }
 
@@ -74,7 +74,7 @@ impl<F: Future> Future for LazyTimeout<F> {
             return Poll::Ready(Some(v));
         }
         if this.sleep.is_none() {
-            this.sleep.set(Some(tokio::time::sleep(*this.budget)));
+            this.sleep.set(Some(tokio::time::sleep_until(*this.until)));
         }
         match this.sleep.as_pin_mut() {
             Some(s) => s.poll(cx).map(|()| None),
@@ -128,7 +128,10 @@ pub fn idempotent_by_name(operation: &str) -> bool {
 ///    attempt;
 /// 7. **per-attempt timeout** — min(attempt timeout, remaining − reserve, and the
 ///    non-critical cap for a non-critical dependency); injected faults (game days) act
-///    inside it, so breakers, retries and the throttle see them as the real failure;
+///    inside it, so breakers, retries and the throttle see them as the real failure. The
+///    attempt runs under its own request context whose deadline is that instant: it is what
+///    [`propagate`](super::propagate) tells the callee and what bounds a response body on
+///    the tower path;
 /// 8. **the call** — `attempt()`; its answer tells the throttle whether the dependency
 ///    accepted it or rejected it for overload ([`ErrorKind::throttle_answer`]; no answer
 ///    counts for nothing there).
@@ -174,9 +177,10 @@ where
 {
     let scope = view.scope(operation);
     let guards = &*scope.guards;
+    let calls = view.calls(operation, scope);
     // 1. kill switch
     if !view.enabled {
-        guards.count(CallOutcome::KillSwitched);
+        calls.count(CallOutcome::KillSwitched);
         return Err(CallError::KillSwitched(KillSwitched::new(view.name.clone())));
     }
     // 2. deadline
@@ -188,7 +192,7 @@ where
     if let (Some(d), Some(now)) = (deadline, now)
         && now >= d.instant()
     {
-        guards.count(CallOutcome::DeadlineExceeded);
+        calls.count(CallOutcome::DeadlineExceeded);
         return Err(CallError::DeadlineExceeded(
             DeadlineError::new("the request's deadline had passed before the call", None),
             None,
@@ -209,11 +213,11 @@ where
     let _permit = match permit {
         Ok(p) => p,
         Err(BulkheadError::Full(e)) => {
-            guards.count(CallOutcome::BulkheadFull);
+            calls.count(CallOutcome::BulkheadFull);
             return Err(CallError::BulkheadFull(e));
         }
         Err(BulkheadError::DeadlineExceeded(_)) => {
-            guards.count(CallOutcome::DeadlineExceeded);
+            calls.count(CallOutcome::DeadlineExceeded);
             return Err(CallError::DeadlineExceeded(
                 DeadlineError::new("the deadline passed while waiting for a bulkhead slot", None),
                 None,
@@ -237,9 +241,10 @@ where
             // throttle lets the attempt through).
             let permit = throttle.try_acquire().map(|()| guards.breaker.try_acquire());
             // 7. per-attempt timeout (and faults inside it)
+            let start = first_now.filter(|_| n == 1).unwrap_or_else(Instant::now);
             let budget = match deadline {
                 Some(d) => d.attempt_budget_at(
-                    first_now.filter(|_| n == 1).unwrap_or_else(Instant::now),
+                    start,
                     scope.attempt_timeout,
                     view.reserve,
                     view.criticality,
@@ -247,6 +252,15 @@ where
                 ),
                 None => Ok(view.cap(scope.attempt_timeout)),
             };
+            // The attempt runs under its own deadline, `start + budget` =
+            // min(remaining − reserve, attempt timeout, non-critical cap): what
+            // `propagate` sends the callee (it must not outwork its caller) and what a
+            // tower layer bounds the response body by.
+            let attempt_ctx = budget.as_ref().ok().map(|b| deadline::RequestContext {
+                deadline: deadline::Deadline::at(start + *b),
+                criticality: ctx.map(|c| c.criticality).unwrap_or_default(),
+                inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
+            });
             let fault = if view.faults_active && matches!(permit, Ok(Ok(_))) {
                 view.state.faults.decide(&view.name, operation)
             } else {
@@ -272,19 +286,21 @@ where
                     }
                     return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
                 }
-                let Some(fut) = fut else { return Err(AttemptFailure::NoBudget) };
-                // The clock is read only when the breaker needs durations (slow-call
-                // detection) or the attempt is not ready at once.
-                let start = scope.measure.then(Instant::now);
+                let (Some(fut), Some(attempt_ctx)) = (fut, attempt_ctx) else {
+                    return Err(AttemptFailure::NoBudget);
+                };
+                // The breaker's durations are measured only when it needs them (slow-call
+                // detection).
+                let start = scope.measure.then_some(start);
                 let out = LazyTimeout {
-                    fut: async {
+                    fut: deadline::scope(attempt_ctx, async {
                         if let FaultDecision::Delay(d) = fault {
                             tokio::time::sleep(d).await;
                         }
                         fut.await
-                    },
+                    }),
                     sleep: None,
-                    budget,
+                    until: attempt_ctx.deadline.instant(),
                 }
                 .await
                 .ok_or(());
@@ -320,14 +336,14 @@ where
         .await;
     match result {
         Ok(v) => {
-            guards.count(CallOutcome::Ok);
+            calls.count(CallOutcome::Ok);
             Ok(v)
         }
         Err(RetryError { last, reason, attempts }) => {
             let deadline_stop = reason.is_deadline();
             let (outcome, err) = match last {
                 AttemptFailure::Value(v, _, _) => {
-                    guards.count(CallOutcome::Failed);
+                    calls.count(CallOutcome::Failed);
                     return Ok(v);
                 }
                 AttemptFailure::Inner(e, _, _) => (CallOutcome::Failed, CallError::Inner(e)),
@@ -336,7 +352,7 @@ where
                 AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),
                 AttemptFailure::Throttled(e) => (CallOutcome::Throttled, CallError::Throttled(e)),
                 AttemptFailure::NoBudget => {
-                    guards.count(CallOutcome::DeadlineExceeded);
+                    calls.count(CallOutcome::DeadlineExceeded);
                     let why = format!(
                         "no time left for attempt {} (remaining budget does not exceed the {:?} reserve)",
                         attempts, view.reserve
@@ -345,11 +361,11 @@ where
                 }
             };
             if deadline_stop {
-                guards.count(CallOutcome::DeadlineExceeded);
+                calls.count(CallOutcome::DeadlineExceeded);
                 let why = format!("{reason} after {attempts} attempt(s)");
                 return Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), Some(Box::new(err))));
             }
-            guards.count(outcome);
+            calls.count(outcome);
             Err(err)
         }
     }

@@ -381,7 +381,7 @@ async fn http_layer_retries_5xx_responses_and_returns_the_last_one() {
             Ok::<_, io::Error>(http::Response::builder().status(status).body(String::new()).unwrap())
         }
     });
-    let mut svc = d.layer().judge(HttpJudge).layer(inner);
+    let mut svc = d.layer().policy(HttpPolicy).layer(inner);
     let req = http::Request::get("http://p/ok").body(String::new()).unwrap();
     let res = svc.ready().await.unwrap().call(req).await.unwrap();
     assert_eq!(res.status(), 200);
@@ -595,4 +595,91 @@ async fn client_throttle_k_comes_from_the_policy() {
     apply(&shared, 2, &throttled_policy(r#""client_throttle": {"k": 1}, "#, r#"{"max_attempts": 1}"#));
     assert_eq!(d.slot.load().state.throttle.k(), 1.0, "changed live, counts kept");
     assert!((d.slot.load().state.throttle.reject_probability() - 41.0 / 62.0).abs() < 1e-12);
+}
+
+/// The callee is told what its caller will wait, not the whole request budget:
+/// min(remaining − reserve, attempt timeout) — on the tower path (`HttpPolicy` headers)
+/// and on the plain path (`propagate` inside the attempt future). Before, a non-critical
+/// dependency with an 80 ms attempt timeout was sent the request's 999 ms.
+#[tokio::test(start_paused = true)]
+async fn propagated_deadline_is_the_attempt_deadline_not_the_request_budget() {
+    use tower::{Layer, Service, ServiceExt};
+    let shared = shared_with(r#"{"policy": {"dependencies": {"p": {"attempt_timeout": "80ms"}}}}"#);
+    let d = dep(&shared, "p");
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s = sent.clone();
+    let inner = tower::service_fn(move |req: http::Request<String>| {
+        let ms = req.headers()["levee-deadline-ms"].to_str().unwrap().parse::<u64>().unwrap();
+        s.store(ms, Ordering::SeqCst);
+        async move { Ok::<_, io::Error>(http::Response::new(String::new())) }
+    });
+    let mut svc = d.layer().policy(HttpPolicy).layer(inner);
+    let ctx = RequestContext::new(Deadline::after(Duration::from_millis(1000)));
+    with_context(ctx, async {
+        let req = http::Request::get("http://p/x").body(String::new()).unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    })
+    .await;
+    assert_eq!(sent.load(Ordering::SeqCst), 80, "the attempt timeout, not the 1000 ms budget");
+
+    // Plain path: the budget minus the reserve when that is shorter than the timeout.
+    let reserve = crate::policy::defaults::RESERVE;
+    let budget = reserve + Duration::from_millis(30);
+    let header = with_deadline(Deadline::after(budget), async {
+        d.call("GET /x", || async {
+            let mut h = http::HeaderMap::new();
+            propagate(&mut h, false);
+            Ok::<_, io::Error>(h)
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    assert_eq!(header["levee-deadline-ms"], "30", "remaining {budget:?} − reserve {reserve:?}");
+    assert_eq!(header["levee-criticality"], "CRITICAL");
+
+    // Without a request deadline the callee still learns the attempt timeout.
+    let header = d
+        .call("GET /x", || async {
+            let mut h = http::HeaderMap::new();
+            propagate(&mut h, false);
+            Ok::<_, io::Error>(h)
+        })
+        .await
+        .unwrap();
+    assert_eq!(header["levee-deadline-ms"], "80");
+}
+
+/// The tower path takes the operation per request: an `Operation` extension first, then
+/// the layer's `operation_from`, then the layer's fixed operation; each selects its own
+/// scope (here `GET /a` has a breaker of its own).
+#[tokio::test(start_paused = true)]
+async fn tower_operation_is_taken_per_request() {
+    use tower::{Layer, Service, ServiceExt};
+    let own_breaker = r#", "operations": {"GET /a": {"circuit_breaker": {"window": {"type": "count", "size": 10},
+        "minimum_calls": 3, "failure_rate_threshold": 0.5, "wait_in_open": "1s"}}}"#;
+    let shared = shared_with(&policy(own_breaker));
+    let d = dep(&shared, "p");
+    let inner = tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, io::Error>(http::Response::new(String::new()))
+    });
+    let mut svc = d
+        .layer()
+        .operation("GET /layer")
+        .policy(HttpPolicy)
+        .operation_from(|req: &http::Request<String>| {
+            (req.uri().path() == "/b").then(|| Operation::from_static("GET /a"))
+        })
+        .layer(inner);
+    let mut with_ext = http::Request::get("http://p/x").body(String::new()).unwrap();
+    with_ext.extensions_mut().insert(Operation::from_static("GET /a"));
+    for req in [
+        with_ext,
+        http::Request::get("http://p/b").body(String::new()).unwrap(),
+        http::Request::get("http://p/c").body(String::new()).unwrap(),
+    ] {
+        assert_eq!(svc.ready().await.unwrap().call(req).await.unwrap().status(), 200);
+    }
+    assert_eq!(d.breaker("GET /a").window.calls, 2, "the extension and operation_from chose GET /a");
+    assert_eq!(d.breaker("GET /layer").window.calls, 1, "the layer's operation: the dependency's scope");
 }

@@ -166,6 +166,19 @@ pub fn lint(policy: &Policy) -> Vec<Lint> {
             });
         }
     }
+    for route in policy.inbound.routes.keys() {
+        if let Some(why) = route_never_matches(route) {
+            out.push(Lint {
+                path: format!("inbound.routes.{route}"),
+                code: "route_never_matches",
+                message: format!(
+                    "{route:?} can never match a request: {why}. Inbound routes are named \
+                     \"METHOD template\" for HTTP (\"GET /quote/{{sku}}\", the template the router \
+                     matched) or by the gRPC method path (\"/shop.Pricing/Quote\"); never by a raw path"
+                ),
+            });
+        }
+    }
     for (route, r) in &policy.inbound.routes {
         let Some(deadline) = r.deadline else { continue };
         let path = format!("inbound.routes.{route}.deadline");
@@ -206,4 +219,39 @@ pub fn lint(policy: &Policy) -> Vec<Lint> {
         }
     }
     out
+}
+
+/// Why an inbound route key is of no form the inbound layers produce (see
+/// `admission::route_key`): `"METHOD /template"` with an upper-case method, or a gRPC
+/// method path `/package.Service/Method`. `None` when it can match.
+pub fn route_never_matches(key: &str) -> Option<&'static str> {
+    if let Some((method, template)) = key.split_once(' ') {
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Some("the method must be upper case, as requests carry it (\"GET\", \"POST\", …)");
+        }
+        if !template.starts_with('/') {
+            return Some("the template after the method must start with '/'");
+        }
+        if template.contains(' ') {
+            return Some("method and template are separated by exactly one space");
+        }
+        if template.split('/').any(|seg| seg.starts_with(':')) {
+            return Some("`:name` is not a path parameter; templates write parameters as `{name}`");
+        }
+        return None;
+    }
+    // Without a method, only a gRPC method path can match.
+    let grpc =
+        key.strip_prefix('/').and_then(|rest| rest.split_once('/')).is_some_and(|(service, method)| {
+            !service.is_empty()
+                && !method.is_empty()
+                && !method.contains('/')
+                && !service.contains(['{', '}'])
+                && !method.contains(['{', '}'])
+        });
+    if grpc {
+        None
+    } else {
+        Some("without a method it must be a gRPC method path; prefix HTTP routes with their method")
+    }
 }

@@ -247,6 +247,36 @@ fn lint_compares_route_deadlines_with_every_worst_case() {
     assert!(!found[1].message.contains("dependencies.p"), "{}", found[1].message);
 }
 
+/// An inbound route key of no form the inbound layers produce (a raw path, a lower-case
+/// method, axum 0.7's `:param`) is accepted but warned about: its deadline and criticality
+/// would never apply.
+#[test]
+fn lint_warns_about_inbound_route_keys_that_can_never_match() {
+    let found = lints(
+        r#"{"policy":{"inbound":{"routes":{
+            "GET /quote/{sku}":{"deadline":"900ms"},
+            "/shop.Pricing/Quote":{"deadline":"900ms"},
+            "/quote/{sku}":{"deadline":"900ms"},
+            "get /quote/{sku}":{"deadline":"900ms"},
+            "GET /quote/:sku":{"deadline":"900ms"},
+            "GET quote":{"deadline":"900ms"},
+            "/health":{"criticality":"SHEDDABLE"}}}}}"#,
+    );
+    let mut never: Vec<&str> =
+        found.iter().filter(|(_, c)| *c == "route_never_matches").map(|(p, _)| p.as_str()).collect();
+    never.sort_unstable();
+    assert_eq!(
+        never,
+        vec![
+            "inbound.routes./health",
+            "inbound.routes./quote/{sku}",
+            "inbound.routes.GET /quote/:sku",
+            "inbound.routes.GET quote",
+            "inbound.routes.get /quote/{sku}",
+        ]
+    );
+}
+
 fn errors(json: &str) -> Vec<FieldError> {
     match check(json) {
         Err(PolicyError::Invalid(v)) => v.0,

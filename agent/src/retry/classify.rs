@@ -111,7 +111,7 @@ pub struct HttpStatusError {
 impl HttpStatusError {
     /// The failure `status` stands for, with `Retry-After` from `headers`; `None` when the
     /// status is not a failure of the dependency. The one rule for HTTP answers, used by
-    /// [`HttpJudge`](crate::HttpJudge) too.
+    /// [`HttpPolicy`](crate::HttpPolicy) too.
     pub fn from_parts(status: StatusCode, headers: &HeaderMap) -> Option<Self> {
         if !ErrorKind::HttpStatus(status.as_u16()).is_dependency_failure() {
             return None;

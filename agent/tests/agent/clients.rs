@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use levee_agent::breaker::State;
 use levee_agent::deadline::{Deadline, with_deadline};
 use levee_agent::policy::{ServiceConfig, decode_config};
-use levee_agent::{Agent, CallError, GrpcJudge, HttpJudge};
+use levee_agent::{Agent, CallError, GrpcPolicy, HttpPolicy};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -44,6 +44,7 @@ struct Seen {
     hits: AtomicU32,
     marked: AtomicU32,
     with_deadline: AtomicU32,
+    with_criticality: AtomicU32,
 }
 
 /// An HTTP server answering 503 to the first `failures` requests, then 200.
@@ -61,6 +62,9 @@ async fn http_server(failures: u32, seen: Arc<Seen>) -> SocketAddr {
                     headers.get("levee-deadline-ms").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
                 if budget.is_some_and(|ms| ms > 0 && ms <= 1000) {
                     seen.with_deadline.fetch_add(1, Ordering::SeqCst);
+                }
+                if headers.get("levee-criticality").is_some_and(|v| v == "CRITICAL") {
+                    seen.with_criticality.fetch_add(1, Ordering::SeqCst);
                 }
                 if n < failures {
                     (http::StatusCode::SERVICE_UNAVAILABLE, "busy")
@@ -102,7 +106,7 @@ async fn grpc_server(failures: u32, hits: Arc<AtomicU32>) -> SocketAddr {
     addr
 }
 
-/// A hyper client under the tower layer with `HttpJudge`: 503s are retried (GET is
+/// A hyper client under the tower layer with `HttpPolicy`: 503s are retried (GET is
 /// idempotent) until the 200, every attempt carries the remaining deadline and, since the
 /// stack retries, the retry marker for the service called.
 #[tokio::test]
@@ -114,7 +118,7 @@ async fn hyper_client_through_the_layer_retries_5xx_and_propagates_the_deadline(
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let mut svc =
-        ServiceBuilder::new().layer(dep.layer().operation("GET /price").judge(HttpJudge)).service(client);
+        ServiceBuilder::new().layer(dep.layer().operation("GET /price").policy(HttpPolicy)).service(client);
     let req = http::Request::get(format!("http://{addr}/price")).body(Full::new(Bytes::new())).unwrap();
     let res = with_deadline(Deadline::after(Duration::from_secs(1)), async {
         svc.ready().await.unwrap().call(req).await
@@ -129,7 +133,7 @@ async fn hyper_client_through_the_layer_retries_5xx_and_propagates_the_deadline(
     assert_eq!(dep.breaker("GET /price").window.calls, 3, "the breaker saw each attempt");
 }
 
-/// A tonic channel under the tower layer with `GrpcJudge`: UNAVAILABLE answers count as
+/// A tonic channel under the tower layer with `GrpcPolicy`: UNAVAILABLE answers count as
 /// failures, the breaker opens, and the next call is refused locally without reaching the
 /// server. Requests on a channel cannot be replayed: one attempt each.
 #[tokio::test]
@@ -140,7 +144,7 @@ async fn tonic_channel_through_the_layer_opens_the_breaker_on_unavailable() {
     let dep = agent.dependency("dep");
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-    let svc = ServiceBuilder::new().layer(dep.layer().operation(CHECK).judge(GrpcJudge)).service(channel);
+    let svc = ServiceBuilder::new().layer(dep.layer().operation(CHECK).policy(GrpcPolicy)).service(channel);
     let mut client = HealthClient::new(svc);
     for _ in 0..3 {
         let status = client.check(HealthCheckRequest { service: String::new() }).await.unwrap_err();
@@ -157,7 +161,7 @@ async fn tonic_channel_through_the_layer_opens_the_breaker_on_unavailable() {
     let dep = retrying.dependency("dep");
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-    let svc = ServiceBuilder::new().layer(dep.layer().operation(CHECK).judge(GrpcJudge)).service(channel);
+    let svc = ServiceBuilder::new().layer(dep.layer().operation(CHECK).policy(GrpcPolicy)).service(channel);
     hits.store(0, Ordering::SeqCst);
     let status =
         HealthClient::new(svc).check(HealthCheckRequest { service: String::new() }).await.unwrap_err();
@@ -203,7 +207,7 @@ async fn tonic_client_through_call_retries_unavailable() {
     assert_eq!(hits.load(Ordering::SeqCst), 1, "not idempotent: no retry");
 }
 
-/// A `reqwest::Client` as a tower service under the layer with `HttpJudge` (feature
+/// A `reqwest::Client` as a tower service under the layer with `HttpPolicy` (feature
 /// `reqwest`): the same retries and propagation as the hyper client.
 #[cfg(feature = "reqwest")]
 #[tokio::test]
@@ -214,7 +218,7 @@ async fn reqwest_client_through_the_layer_retries_5xx() {
     let dep = agent.dependency("dep");
     let http = reqwest::Client::new();
     let mut svc = ServiceBuilder::new()
-        .layer(dep.layer().operation("GET /price").judge(HttpJudge))
+        .layer(dep.layer().operation("GET /price").policy(HttpPolicy))
         .service(http.clone());
     let req = http.get(format!("http://{addr}/price")).build().unwrap();
     let res = with_deadline(Deadline::after(Duration::from_secs(1)), async {
@@ -349,4 +353,234 @@ async fn http_status_error_keeps_retry_after_from_the_response() {
         http::StatusCode::NOT_FOUND,
         "a 404 is an answer"
     );
+}
+
+/// A 300 ms attempt timeout under a 1 s deadline, for the late-body tests.
+const SHORT_ATTEMPT: &str = r#"{"retry": {"max_attempts": 1}, "attempt_timeout": "300ms"}"#;
+
+/// An HTTP server whose `/late` answers its head at once and its body 2 s later.
+async fn late_body_server() -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/late",
+        axum::routing::get(|| async {
+            let body = async_stream::stream! {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                yield Ok::<_, std::io::Error>(Bytes::from_static(b"late"));
+            };
+            axum::body::Body::from_stream(body)
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// The body's lateness is cut at the attempt timeout (300 ms), well before the 1 s
+/// deadline and the 2 s the body takes: `elapsed` is bounded on both sides and the error
+/// says it was the attempt's timer.
+fn assert_cut_at_the_attempt_timeout(elapsed: Duration, err: &(dyn std::error::Error + 'static)) {
+    assert!(elapsed >= Duration::from_millis(300), "cut before the attempt timeout: {elapsed:?}");
+    assert!(elapsed < Duration::from_millis(900), "the late body was waited for: {elapsed:?}");
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(t) = e.downcast_ref::<levee_agent::AttemptTimeout>() {
+            assert_eq!(t.timeout().as_millis().div_ceil(10), 30, "{t}");
+            return;
+        }
+        cur = e.source();
+    }
+    panic!("not an attempt timeout: {err:?}");
+}
+
+/// Plain path: the body read inside the attempt future is under the attempt timeout.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn late_body_fails_at_the_attempt_timeout_through_a_plain_call() {
+    let addr = late_body_server().await;
+    let agent = agent(SHORT_ATTEMPT);
+    let dep = agent.dependency("dep");
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/late");
+    let started = tokio::time::Instant::now();
+    let err = with_deadline(Deadline::after(Duration::from_secs(1)), async {
+        dep.call("GET /late", || async {
+            let res = http.get(&url).send().await?;
+            Ok::<_, levee_agent::BoxError>(res.bytes().await?)
+        })
+        .await
+    })
+    .await
+    .unwrap_err();
+    let elapsed = started.elapsed();
+    assert_cut_at_the_attempt_timeout(elapsed, err.into_box().as_ref());
+}
+
+/// Tower path (hyper client, `HttpPolicy`): the head comes back at once, and reading the
+/// body fails when the attempt's time is up — not after the 2 s the body takes.
+#[tokio::test]
+async fn late_body_fails_at_the_attempt_timeout_through_the_tower_layer() {
+    let addr = late_body_server().await;
+    let agent = agent(SHORT_ATTEMPT);
+    let dep = agent.dependency("dep");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let mut svc = ServiceBuilder::new().layer(dep.layer().policy(HttpPolicy)).service(client);
+    let started = tokio::time::Instant::now();
+    let err = with_deadline(Deadline::after(Duration::from_secs(1)), async {
+        let req = http::Request::get(format!("http://{addr}/late")).body(Full::new(Bytes::new())).unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.expect("the head is on time");
+        assert_eq!(res.status(), http::StatusCode::OK);
+        res.into_body().collect().await.map(|_| ())
+    })
+    .await
+    .unwrap_err();
+    assert_cut_at_the_attempt_timeout(started.elapsed(), err.as_ref());
+}
+
+/// Tower path on a `reqwest::Client` (feature `reqwest`): reqwest's own timeout is set to
+/// what is left of the attempt, and reqwest applies it to the body.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn late_body_fails_at_the_attempt_timeout_through_a_reqwest_tower_service() {
+    let addr = late_body_server().await;
+    let agent = agent(SHORT_ATTEMPT);
+    let dep = agent.dependency("dep");
+    let http = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new().layer(dep.layer().policy(HttpPolicy)).service(http.clone());
+    let started = tokio::time::Instant::now();
+    let err = with_deadline(Deadline::after(Duration::from_secs(1)), async {
+        let req = http.get(format!("http://{addr}/late")).build().unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.expect("the head is on time");
+        res.bytes().await
+    })
+    .await
+    .unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(elapsed >= Duration::from_millis(290) && elapsed < Duration::from_millis(900), "{elapsed:?}");
+}
+
+/// `reqwest-middleware`: a `ClientWithMiddleware` whose plain `get(url).send()` is
+/// enforced. The body is read inside the attempt, so the late body fails the `send()`
+/// itself at the attempt timeout.
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+async fn late_body_fails_at_the_attempt_timeout_through_the_middleware() {
+    let addr = late_body_server().await;
+    let agent = agent(SHORT_ATTEMPT);
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(agent.dependency("dep").middleware())
+        .build();
+    let started = tokio::time::Instant::now();
+    let err = with_deadline(Deadline::after(Duration::from_secs(1)), async {
+        client.get(format!("http://{addr}/late")).send().await
+    })
+    .await
+    .unwrap_err();
+    let reqwest_middleware::Error::Middleware(e) = &err else { panic!("{err:?}") };
+    assert_cut_at_the_attempt_timeout(started.elapsed(), e.as_ref());
+    assert_eq!(agent.dependency("dep").breaker("dep").window.calls, 1, "the breaker saw the failed attempt");
+}
+
+/// `reqwest-middleware`: through `client.get(url).send()` alone, 503s are retried (GET is
+/// idempotent), every attempt carries the attempt's deadline and the retry marker, the
+/// body arrives intact, and the breaker saw every attempt.
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+async fn middleware_enforces_a_plain_send_retries_5xx_and_propagates() {
+    use levee_agent::Operation;
+    let seen = Arc::new(Seen::default());
+    let addr = http_server(2, seen.clone()).await;
+    let agent = agent(RETRYING);
+    let dep = agent.dependency("dep");
+    let client =
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(dep.middleware()).build();
+    let res = with_deadline(Deadline::after(Duration::from_secs(1)), async {
+        client
+            .get(format!("http://{addr}/price"))
+            .with_extension(Operation::from_static("GET /price"))
+            .send()
+            .await
+    })
+    .await
+    .expect("the third attempt succeeds");
+    assert_eq!(res.status(), reqwest::StatusCode::OK);
+    assert_eq!(res.url().path(), "/price");
+    assert_eq!(res.text().await.unwrap(), "42");
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 3, "two 503s retried, then the 200");
+    assert_eq!(seen.marked.load(Ordering::SeqCst), 3, "every attempt says it is retried upstream");
+    assert_eq!(seen.with_deadline.load(Ordering::SeqCst), 3, "every attempt carries its deadline");
+    assert_eq!(seen.with_criticality.load(Ordering::SeqCst), 3, "and the request's criticality");
+    assert_eq!(dep.breaker("GET /price").window.calls, 3, "the breaker saw each attempt");
+}
+
+/// `reqwest-middleware`: a 429 whose `Retry-After` (5 s) does not fit the deadline ends
+/// the call after one attempt, the 429 handed back; three 503s open the breaker, which
+/// then refuses locally, found with `downcast_ref` on the middleware error.
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+async fn middleware_honours_retry_after_and_refuses_when_the_breaker_is_open() {
+    let hits = Arc::new(AtomicU32::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().route(
+        "/busy",
+        axum::routing::get(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { (http::StatusCode::TOO_MANY_REQUESTS, [(http::header::RETRY_AFTER, "5")], "busy") }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let agent = agent(RETRYING);
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(agent.dependency("dep").middleware())
+        .build();
+    let res = with_deadline(Deadline::after(Duration::from_millis(500)), async {
+        client.get(format!("http://{addr}/busy")).send().await
+    })
+    .await
+    .expect("when retries end on an answer, the answer is handed back");
+    assert_eq!(res.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "no retry before the server's Retry-After");
+
+    let seen = Arc::new(Seen::default());
+    let failing = http_server(u32::MAX, seen.clone()).await;
+    let breaking = self::agent(BREAKING);
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(breaking.dependency("dep").middleware())
+        .build();
+    for _ in 0..3 {
+        let res = client.get(format!("http://{failing}/price")).send().await.expect("a 503 is an answer");
+        assert_eq!(res.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let err = client.get(format!("http://{failing}/price")).send().await.unwrap_err();
+    let reqwest_middleware::Error::Middleware(e) = &err else { panic!("{err:?}") };
+    assert!(e.downcast_ref::<levee_agent::breaker::BreakerOpen>().is_some(), "{e:?}");
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 3, "refused locally");
+}
+
+/// `levee_calls_total{operation}` says the operation of the call whenever one is set —
+/// named in the policy or not — and the dependency's name only for the dependency as a
+/// whole (it said the dependency's name for every operation without guards of its own).
+#[tokio::test]
+async fn calls_are_counted_under_their_operation_label() {
+    let recorder = super::prometheus();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let agent = agent(r#"{"operations": {"GET /price/{user}": {"idempotent": true}}}"#);
+    let dep = agent.dependency("dep");
+    let ok = || async { Ok::<_, std::io::Error>(()) };
+    dep.call("GET /price/{user}", ok).await.unwrap();
+    dep.call("GET /stock/{sku}", ok).await.unwrap();
+    dep.call("GET /stock/{sku}", ok).await.unwrap();
+    dep.call("dep", ok).await.unwrap();
+    let rendered = handle.render();
+    let calls = |op: &str| {
+        super::series(&rendered, "levee_calls_total", &[&format!("operation=\"{op}\""), "outcome=\"ok\""])
+    };
+    assert_eq!(calls("GET /price/{user}"), Some(1.0), "{rendered}");
+    assert_eq!(calls("GET /stock/{sku}"), Some(2.0), "{rendered}");
+    assert_eq!(calls("dep"), Some(1.0), "the dependency as a whole: {rendered}");
 }

@@ -139,4 +139,30 @@ async fn faults_need_permission_and_a_future_expiry_and_expire_by_themselves(app
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?actor=levee", None).await;
     assert_eq!(audit[0]["action"], json!("expiry"), "{audit}");
 }
+
+/// A route deadline keyed by a raw path (`/quote/{sku}` without its method) is stored, but
+/// the server warns that it can never match: the inbound layers key routes as
+/// `"METHOD template"` or by gRPC method (the deadline would silently never apply).
+#[tokio::test]
+async fn route_keys_that_can_never_match_are_warned_about() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, h, _) = app.call(Method::GET, POLICY, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let etag = h.get("etag").unwrap().to_str().unwrap().to_string();
+    let body = json!({"reason": "route deadlines", "policy": {"inbound": {"routes": {
+        "/quote/{sku}": {"deadline": "900ms"}, "GET /quote/{sku}": {"deadline": "900ms"}}}}});
+    let (s, _, b) =
+        app.call_as(&app.token, Method::PUT, POLICY, Some(body), &[("if-match", etag.as_str())]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (s, _, lints) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout/lint", None).await;
+    assert_eq!(s, StatusCode::OK, "{lints}");
+    let never: Vec<&str> = lints
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["code"] == "route_never_matches")
+        .map(|l| l["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(never, ["inbound.routes./quote/{sku}"], "{lints}");
 }
