@@ -102,6 +102,7 @@ fn into_error(e: CallError<AttemptError>) -> Error {
         CallError::BulkheadFull(e) => Error::middleware(e),
         CallError::BreakerOpen(e) => Error::middleware(e),
         CallError::Timeout(e) => Error::middleware(e),
+        CallError::Throttled(e) => Error::middleware(e),
         CallError::Injected(e) => Error::middleware(e),
         CallError::DeadlineExceeded(d, last) => {
             let last = last.map(|l| match *l {

@@ -248,6 +248,7 @@ mod tests {
             last_seen: 1,
             applied_revision: 1,
             applied_hash: String::new(),
+            source: if connected { "live".into() } else { "disconnected".into() },
             status: Some(serde_json::json!({ "counters": counters })),
         }
     }

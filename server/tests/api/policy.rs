@@ -139,6 +139,7 @@ async fn faults_need_permission_and_a_future_expiry_and_expire_by_themselves(app
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?actor=levee", None).await;
     assert_eq!(audit[0]["action"], json!("expiry"), "{audit}");
 }
+}
 
 /// A route deadline keyed by a raw path (`/quote/{sku}` without its method) is stored, but
 /// the server warns that it can never match: the inbound layers key routes as
