@@ -539,7 +539,7 @@ impl Session {
                     // from; one about another revision (built before its ACK went out) only
                     // brings breakers and features, until the ACK says the rest.
                     if report.applied_revision == st.applied_revision {
-                        st.source = report.source.chars().take(16).collect();
+                        st.source = agent_text::one_of(&report.source, agent_text::SOURCES).to_string();
                     }
                     st.report = serde_json::from_str(&status_json(&report)).ok();
                     self.upsert(&report.service, true);

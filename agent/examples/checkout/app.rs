@@ -303,8 +303,7 @@ async fn checkout(
 /// recorder first gets an empty exposition). Call it before building the agent: a metric
 /// handle registered earlier records nowhere.
 pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
-    HANDLE
+    METRICS
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new().build_recorder();
             let handle = recorder.handle();
@@ -312,6 +311,16 @@ pub fn metrics_handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+static METRICS: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+
+/// For a process that installs its own Prometheus recorder (the server's end-to-end tests
+/// run Levee and this example in one process): checkout's `/metrics` renders `handle`, and
+/// [`metrics_handle`] installs nothing. Call it before [`start_checkout`]; later it does
+/// nothing.
+pub fn adopt_metrics_handle(handle: PrometheusHandle) {
+    let _ = METRICS.set(handle);
 }
 
 /// `GET /levee/status`: the agent's status (source, revision, age, connection, last

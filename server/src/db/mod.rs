@@ -752,10 +752,10 @@ impl Store {
             acks.push(AgentAck {
                 instance_id: r.try_get("instance_id")?,
                 acked_at,
-                latency_ms: (acked_at - rev.created_at).max(0),
+                latency: ms(acked_at - rev.created_at),
             });
         }
-        let mut lat: Vec<i64> = acks.iter().map(|a| a.latency_ms).collect();
+        let mut lat: Vec<i64> = acks.iter().map(|a| a.latency.as_millis() as i64).collect();
         lat.sort_unstable();
         let agents = self.agents(env, service).await?;
         let live = agents.iter().filter(|a| a.connected);
@@ -767,9 +767,9 @@ impl Store {
             applied: live.clone().filter(|a| a.applied_revision >= revision).count(),
             connected: live.count(),
             acked: acks.len(),
-            p50_ms: percentile(&lat, 50.0),
-            p99_ms: percentile(&lat, 99.0),
-            max_ms: lat.last().copied(),
+            p50: percentile(&lat, 50.0).map(ms),
+            p99: percentile(&lat, 99.0).map(ms),
+            max: lat.last().copied().map(ms),
             acks,
         }))
     }
@@ -821,6 +821,11 @@ impl Store {
         .await?;
         rows.iter().map(|r| Ok((r.try_get("environment")?, r.try_get("service")?))).collect()
     }
+}
+
+/// Milliseconds as a duration, a negative count (clocks of two replicas) as zero.
+fn ms(v: i64) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(v).unwrap_or(0))
 }
 
 /// Hides the password of a database URL for logs.

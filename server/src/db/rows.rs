@@ -489,12 +489,19 @@ pub struct Propagation {
     pub connected: usize,
     /// Agents that ACKed this very revision (pushed to them).
     pub acked: usize,
-    /// Median commit-to-ACK time over the agents that ACKed it, in milliseconds.
-    pub p50_ms: Option<i64>,
-    /// 99th percentile, in milliseconds (nearest rank).
-    pub p99_ms: Option<i64>,
-    /// Slowest, in milliseconds.
-    pub max_ms: Option<i64>,
+    /// Median commit-to-ACK time over the agents that ACKed it (a duration, `"42ms"`);
+    /// absent before the first ACK.
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "42ms")]
+    pub p50: Option<std::time::Duration>,
+    /// 99th percentile (nearest rank).
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "180ms")]
+    pub p99: Option<std::time::Duration>,
+    /// Slowest.
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "240ms")]
+    pub max: Option<std::time::Duration>,
     /// Each ACK, fastest first.
     pub acks: Vec<AgentAck>,
 }
@@ -507,8 +514,10 @@ pub struct AgentAck {
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub acked_at: i64,
-    /// From commit to this ACK, in milliseconds.
-    pub latency_ms: i64,
+    /// From commit to this ACK (a duration, `"42ms"`; millisecond resolution).
+    #[serde(with = "levee_agent::policy::duration")]
+    #[schema(value_type = String, example = "42ms")]
+    pub latency: std::time::Duration,
 }
 
 /// The nearest-rank percentile `p` (0–100) of sorted `values`.

@@ -67,10 +67,10 @@ pub async fn state(s: &AppState, env: &str, svc: &str) -> Result<LiveState, UiEr
     };
     let latency = match s.store.propagation(env, svc, row.revision).await? {
         Some(p) if p.acked > 0 => format!(
-            "Commit to ACK: p50 {} ms, p99 {} ms, max {} ms over {} ACK{}.",
-            p.p50_ms.unwrap_or(0),
-            p.p99_ms.unwrap_or(0),
-            p.max_ms.unwrap_or(0),
+            "Commit to ACK: p50 {}, p99 {}, max {} over {} ACK{}.",
+            super::page::duration(p.p50.unwrap_or_default()),
+            super::page::duration(p.p99.unwrap_or_default()),
+            super::page::duration(p.max.unwrap_or_default()),
             p.acked,
             if p.acked == 1 { "" } else { "s" }
         ),

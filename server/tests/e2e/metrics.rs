@@ -3,28 +3,18 @@
 //! and the Grafana dashboard in deploy/ uses only names that exist (server or agent).
 
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use levee_agent::proto::{AgentMessage, Nack, agent_message};
 use levee_server::Server;
 use levee_server::config::{Secret, Settings};
-use metrics_exporter_prometheus::PrometheusHandle;
 use reqwest::Method;
 
 use crate::control_plane::open;
 use crate::helpers::{ADMIN_PASSWORD, JWT_SECRET};
-use crate::support::{Api, agent, wait_until};
+use crate::support::{Api, agent, recorder, wait_until};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-
-/// The process-wide recorder (one per test binary), built as `levee serve` builds it.
-fn recorder() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| levee_server::app::prometheus_builder().install_recorder().expect("one recorder"))
-        .clone()
-}
 
 /// Metric names of the table in docs/operations.md's "Server metrics" section.
 fn documented_server_metrics() -> BTreeSet<String> {

@@ -82,7 +82,8 @@ async fn sec_2_foreign_text_in_logs_stays_data() {
         .send(AgentMessage {
             kind: Some(agent_message::Kind::Status(StatusReport {
                 service: "checkout".into(),
-                applied_revision: snap.revision,
+                // It refused the snapshot, so it still runs what it had: nothing.
+                applied_revision: 0,
                 source: "live (verified by the server)".into(),
                 breakers: vec![BreakerStatus {
                     dependency: "payments\nINFO breaker closed by admin".into(),

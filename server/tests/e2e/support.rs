@@ -202,9 +202,24 @@ impl Api {
     }
 }
 
+/// The process-wide Prometheus recorder of this test binary, built as `levee serve` builds
+/// it and also rendered by the example's `/metrics` (one process, one global recorder).
+pub fn recorder() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let h = levee_server::app::prometheus_builder().install_recorder().expect("the first recorder");
+            crate::checkout_app::adopt_metrics_handle(h.clone());
+            h
+        })
+        .clone()
+}
+
 /// Starts the example's dependencies and checkout around `agent`; returns the checkout URL
 /// and the recommendations control.
 pub async fn start_example(agent: &Agent) -> (String, std::sync::Arc<crate::checkout_app::RecsControl>) {
+    recorder();
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let control = std::sync::Arc::new(crate::checkout_app::RecsControl::default());
     let pricing = crate::checkout_app::start_pricing(any).await.unwrap();

@@ -87,7 +87,9 @@ async fn fleet_row_and_status_agree_and_propagation_is_recorded() {
         (Some(1), Some(1), Some(1)),
         "{p:#}"
     );
-    assert!(p["p50_ms"].as_i64().is_some() && p["max_ms"].as_i64() >= p["p50_ms"].as_i64(), "{p:#}");
+    let ms = |v: &Value| levee_agent::policy::duration::parse(v.as_str().expect("a duration string")).unwrap();
+    assert!(ms(&p["max"]) >= ms(&p["p50"]), "{p:#}");
+    assert!(ms(&p["acks"][0]["latency"]) <= ms(&p["max"]), "{p:#}");
     assert!(p["acks"][0]["instance_id"].as_str().unwrap().starts_with("web-a-"));
     assert!(p["committed_at"].as_str().unwrap().ends_with('Z'), "RFC 3339: {p:#}");
     let (s, _, _) =
