@@ -550,14 +550,10 @@ impl Session {
     }
 }
 
-/// Most counters of one agent status report the server stores.
-pub const MAX_STATUS_COUNTERS: usize = 4096;
-/// Longest counter name of a status report the server stores, in bytes.
-pub const MAX_COUNTER_NAME: usize = 512;
-
 /// The status report as stored: every string bounded and escaped, every word from a fixed
 /// vocabulary either known or [`agent_text::UNRECOGNIZED`], lists capped (SEC-2).
 fn status_json(r: &levee_agent::proto::StatusReport) -> String {
+    use crate::db::{MAX_COUNTER_NAME, MAX_STATUS_COUNTERS};
     use agent_text::{MAX_REASON_CHARS, MAX_REPORT_ENTRIES as N, name, one_of, text};
     serde_json::json!({
         "applied_revision": r.applied_revision,

@@ -78,6 +78,16 @@ pub fn is_unstorable_text(err: &anyhow::Error) -> bool {
     })
 }
 
+/// Most counters of one agent status report stored in [`AgentRow::status`] (the sync
+/// writer keeps no more; the service page reads no more, whatever an older row holds).
+pub const MAX_STATUS_COUNTERS: usize = 4096;
+/// Longest counter name of a stored status report, in bytes (a longer one is dropped).
+pub const MAX_COUNTER_NAME: usize = 512;
+
+/// Most ACKs a [`Propagation`] lists one by one (the fastest); its counts and percentiles
+/// cover them all.
+pub const MAX_ACKS_LISTED: usize = 1000;
+
 /// Channel used for cross-replica change notifications.
 pub const NOTIFY_CHANNEL: &str = "levee_changes";
 
@@ -739,7 +749,7 @@ impl Store {
         let Some(rev) = self.revision(env, service, revision).await? else { return Ok(None) };
         let rows = sqlx::query(
             "SELECT instance_id, acked_at FROM acks WHERE environment = $1 AND service = $2 AND revision = $3 \
-             ORDER BY acked_at LIMIT 10000",
+             ORDER BY acked_at",
         )
         .bind(env)
         .bind(service)
@@ -755,8 +765,12 @@ impl Store {
                 latency: ms(acked_at - rev.created_at),
             });
         }
+        // Every ACK counts in `acked` and the percentiles; the list itself is cut to the
+        // fastest MAX_ACKS_LISTED, so a fleet of tens of thousands stays a small answer.
         let mut lat: Vec<i64> = acks.iter().map(|a| a.latency.as_millis() as i64).collect();
         lat.sort_unstable();
+        let acked = acks.len();
+        acks.truncate(MAX_ACKS_LISTED);
         let agents = self.agents(env, service).await?;
         let live = agents.iter().filter(|a| a.connected);
         Ok(Some(Propagation {
@@ -766,7 +780,7 @@ impl Store {
             committed_at: rev.created_at,
             applied: live.clone().filter(|a| a.applied_revision >= revision).count(),
             connected: live.count(),
-            acked: acks.len(),
+            acked,
             p50: percentile(&lat, 50.0).map(ms),
             p99: percentile(&lat, 99.0).map(ms),
             max: lat.last().copied().map(ms),

@@ -502,7 +502,8 @@ pub struct Propagation {
     #[serde(with = "levee_agent::policy::duration::option")]
     #[schema(value_type = Option<String>, example = "240ms")]
     pub max: Option<std::time::Duration>,
-    /// Each ACK, fastest first.
+    /// The ACKs, fastest first: at most [`MAX_ACKS_LISTED`](super::MAX_ACKS_LISTED) of
+    /// them (`acked` and the percentiles count every one).
     pub acks: Vec<AgentAck>,
 }
 

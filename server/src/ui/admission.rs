@@ -6,7 +6,7 @@
 //! The agents' counters are untrusted input: only the names the agent writes
 //! (`levee_agent::admission::AdmissionStatus::contribute`) are read, label values are
 //! checked against their closed sets (criticality, reason) or bounded (route, dependency:
-//! [`MAX_LABEL`] bytes), at most [`MAX_COUNTERS`] counters of each report are looked at,
+//! [`MAX_LABEL`] bytes), at most [`MAX_STATUS_COUNTERS`] counters of each report are looked at,
 //! and at most [`MAX_ROWS`] rows are shown; askama escapes what is printed.
 
 use std::collections::BTreeMap;
@@ -14,10 +14,8 @@ use std::collections::BTreeMap;
 use levee_agent::policy::{AdmissionMode, Inbound, LimitAlgorithm};
 
 use super::page::{duration, percent};
-use crate::db::AgentRow;
+use crate::db::{AgentRow, MAX_STATUS_COUNTERS};
 
-/// Counters of one status report looked at (a report with more is read in part).
-pub const MAX_COUNTERS: usize = 4096;
 /// Longest route or dependency name read from a counter, in bytes.
 pub const MAX_LABEL: usize = 200;
 /// Most shed rows (and throttle rows) shown.
@@ -183,7 +181,7 @@ impl AdmissionView {
             let Some(counters) = a.status.as_ref().and_then(|s| s["counters"].as_object()) else { continue };
             let mut inst = InstanceAdmission { instance: a.instance_id.clone(), ..Default::default() };
             let mut any = false;
-            for (name, value) in counters.iter().take(MAX_COUNTERS) {
+            for (name, value) in counters.iter().take(MAX_STATUS_COUNTERS) {
                 let Some(v) = value.as_u64() else { continue };
                 match name.as_str() {
                     "admission_limit" => inst.limit = v,

@@ -164,3 +164,57 @@ async fn a_write_through_the_router_is_audited_with_its_request_id_and_published
     );
     assert_eq!(row.revision, Some(2));
 }
+
+/// Propagation counts every ACK, however large the fleet: `acked` and the percentiles
+/// cover all 1,200 agents while the listed ACKs stop at the fastest `MAX_ACKS_LISTED`
+/// (the query once stopped at a fixed number of rows, so a big fleet never looked done).
+#[tokio::test]
+async fn propagation_counts_every_ack_of_a_large_fleet_and_lists_the_fastest() {
+    use levee_server::db::{AckRow, MAX_ACKS_LISTED};
+    let app = Oneshot::new().await;
+    let token = app.login().await;
+    let env = app
+        .json(Method::POST, "/api/v1/environments", Some(&token), json!({"name": "prod", "reason": "r"}))
+        .await;
+    assert_eq!(env.status, StatusCode::CREATED, "{}", env.body);
+    let create = app
+        .json(
+            Method::POST,
+            "/api/v1/environments/prod/services",
+            Some(&token),
+            json!({"name": "checkout", "reason": "r", "flags": {"k": {"type": "bool", "value": true}}}),
+        )
+        .await;
+    assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
+    let committed = app.store.propagation("prod", "checkout", 1).await.unwrap().unwrap().committed_at;
+
+    const FLEET: usize = 1200;
+    // Agent i ACKs i ms after the commit: the fastest listed is agent 0, the slowest 1199.
+    let acks: Vec<AckRow> = (0..FLEET)
+        .map(|i| AckRow {
+            environment: "prod".into(),
+            service: "checkout".into(),
+            revision: 1,
+            instance_id: format!("agent-{i:04}"),
+            acked_at: committed + i as i64,
+        })
+        .collect();
+    app.store.write_fleet(&[], &[], &acks, "replica-a", committed + 60_000).await.unwrap();
+
+    let a = app
+        .send(
+            Request::builder()
+                .uri("/api/v1/environments/prod/services/checkout/revisions/1/propagation")
+                .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(a.body["acked"], FLEET, "every ACK is counted");
+    assert_eq!(a.body["max"], "1s 199ms", "the slowest ACK is beyond the listed ones");
+    let listed = a.body["acks"].as_array().unwrap();
+    assert_eq!(listed.len(), MAX_ACKS_LISTED);
+    assert_eq!(listed[0]["instance_id"], "agent-0000");
+    assert_eq!(listed[MAX_ACKS_LISTED - 1]["instance_id"], format!("agent-{:04}", MAX_ACKS_LISTED - 1));
+}
