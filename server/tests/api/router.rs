@@ -70,6 +70,25 @@ impl Oneshot {
     }
 }
 
+impl Oneshot {
+    /// Environment `prod` with service `checkout` (one bool flag `k`, on): revision 1.
+    async fn create_prod_checkout(&self, token: &str) {
+    let env = self
+        .json(Method::POST, "/api/v1/environments", Some(token), json!({"name": "prod", "reason": "r"}))
+        .await;
+    assert_eq!(env.status, StatusCode::CREATED, "{}", env.body);
+    let create = self
+        .json(
+            Method::POST,
+            "/api/v1/environments/prod/services",
+            Some(token),
+            json!({"name": "checkout", "reason": "r", "flags": {"k": {"type": "bool", "value": true}}}),
+        )
+        .await;
+    assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
+    }
+}
+
 fn get(path: &str) -> Request<Body> {
     Request::builder().uri(path).body(Body::empty()).unwrap()
 }
@@ -126,20 +145,8 @@ async fn the_api_refuses_an_unauthenticated_call_and_the_ui_sends_it_to_the_logi
 async fn a_write_through_the_router_is_audited_with_its_request_id_and_published_once() {
     let app = Oneshot::new().await;
     let token = app.login().await;
-    let env = app
-        .json(Method::POST, "/api/v1/environments", Some(&token), json!({"name": "prod", "reason": "r"}))
-        .await;
-    assert_eq!(env.status, StatusCode::CREATED, "{}", env.body);
     assert!(app.hub.current("prod", "checkout").is_none());
-    let create = app
-        .json(
-            Method::POST,
-            "/api/v1/environments/prod/services",
-            Some(&token),
-            json!({"name": "checkout", "reason": "r", "flags": {"k": {"type": "bool", "value": true}}}),
-        )
-        .await;
-    assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
+    app.create_prod_checkout(&token).await;
     assert_eq!(app.hub.current("prod", "checkout").unwrap().revision, 1, "creating publishes revision 1");
 
     let flip = Request::builder()
@@ -173,19 +180,7 @@ async fn propagation_counts_every_ack_of_a_large_fleet_and_lists_the_fastest() {
     use levee_server::db::{AckRow, MAX_ACKS_LISTED};
     let app = Oneshot::new().await;
     let token = app.login().await;
-    let env = app
-        .json(Method::POST, "/api/v1/environments", Some(&token), json!({"name": "prod", "reason": "r"}))
-        .await;
-    assert_eq!(env.status, StatusCode::CREATED, "{}", env.body);
-    let create = app
-        .json(
-            Method::POST,
-            "/api/v1/environments/prod/services",
-            Some(&token),
-            json!({"name": "checkout", "reason": "r", "flags": {"k": {"type": "bool", "value": true}}}),
-        )
-        .await;
-    assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
+    app.create_prod_checkout(&token).await;
     let committed = app.store.propagation("prod", "checkout", 1).await.unwrap().unwrap().committed_at;
 
     const FLEET: usize = 1200;
