@@ -627,20 +627,7 @@ impl Store {
                 "INSERT INTO agents (environment, service, instance_id, agent_version, connected, connected_at, \
                  last_seen, applied_revision, applied_hash, status, replica, lease_until) VALUES ",
             );
-            for i in 0..chunk.len() {
-                let b = i * 12;
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                sql.push('(');
-                for c in 1..=12 {
-                    if c > 1 {
-                        sql.push_str(", ");
-                    }
-                    sql.push_str(&format!("${}", b + c));
-                }
-                sql.push(')');
-            }
+            push_values(&mut sql, chunk.len(), 12);
             sql.push_str(
                 " ON CONFLICT (environment, service, instance_id) DO UPDATE SET agent_version = excluded.agent_version, \
                  connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen, \
@@ -682,19 +669,23 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
-        for a in acks {
-            sqlx::query(
-                "INSERT INTO acks (environment, service, revision, instance_id, acked_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (environment, service, revision, instance_id) \
-                 DO NOTHING",
-            )
-            .bind(&a.environment)
-            .bind(&a.service)
-            .bind(a.revision as i64)
-            .bind(&a.instance_id)
-            .bind(a.acked_at)
-            .execute(&mut *tx)
-            .await?;
+        // ACKs in statements of FLEET_ROWS_PER_STATEMENT rows too: a flip reaching 10,000
+        // agents is 20 statements, not 10,000.
+        for chunk in acks.chunks(FLEET_ROWS_PER_STATEMENT) {
+            let mut sql =
+                String::from("INSERT INTO acks (environment, service, revision, instance_id, acked_at) VALUES ");
+            push_values(&mut sql, chunk.len(), 5);
+            sql.push_str(" ON CONFLICT (environment, service, revision, instance_id) DO NOTHING");
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for a in chunk {
+                q = q
+                    .bind(&a.environment)
+                    .bind(&a.service)
+                    .bind(a.revision as i64)
+                    .bind(&a.instance_id)
+                    .bind(a.acked_at);
+            }
+            q.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -838,6 +829,20 @@ impl Store {
 }
 
 /// Milliseconds as a duration, a negative count (clocks of two replicas) as zero.
+/// Appends `rows` parenthesised groups of `cols` numbered placeholders (`($1, $2), ($3, $4)`)
+/// for a multi-row `VALUES` (the same `$n` syntax serves SQLite and PostgreSQL).
+fn push_values(sql: &mut String, rows: usize, cols: usize) {
+    use std::fmt::Write;
+    for i in 0..rows {
+        sql.push_str(if i == 0 { "(" } else { ", (" });
+        for c in 1..=cols {
+            let sep = if c == 1 { "" } else { ", " };
+            let _ = write!(sql, "{sep}${}", i * cols + c);
+        }
+        sql.push(')');
+    }
+}
+
 fn ms(v: i64) -> std::time::Duration {
     std::time::Duration::from_millis(u64::try_from(v).unwrap_or(0))
 }
