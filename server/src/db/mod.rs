@@ -21,7 +21,7 @@ pub use mutate::{AuditCtx, AuditDiff, Change, Committed, MutateError, Parts};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::RequestRow;
 pub use rows::*;
-pub use schedule::ScheduledRow;
+pub use schedule::{Claimed, ScheduledRow};
 
 use std::str::FromStr;
 use std::time::Duration;
