@@ -154,7 +154,7 @@ async fn bootstrap_admin(
             Ok(Some(p))
         }
         (Some(_), Some(p)) if reset => {
-            let change = UserChange::new("admin", Some(p.to_string()), None)
+            let change = UserChange::new("admin", Some(p.to_string()), None, None)
                 .map_err(|e| anyhow::anyhow!("LEVEE_ADMIN_PASSWORD: {e}"))?;
             let reason = Reason::parse("LEVEE_RESET_ADMIN_PASSWORD at server start")
                 .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -133,12 +133,14 @@ impl NewUser {
     }
 }
 
-/// A change to a user: a new password, a new role, or both, checked for its form.
+/// A change to a user: a new password, a new role, disabling or enabling it, or several of
+/// these, checked for its form.
 #[derive(Clone)]
 pub struct UserChange {
     username: Name,
     password: Option<String>,
     role: Option<Role>,
+    disabled: Option<bool>,
 }
 
 impl std::fmt::Debug for UserChange {
@@ -147,6 +149,7 @@ impl std::fmt::Debug for UserChange {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<new>"))
             .field("role", &self.role)
+            .field("disabled", &self.disabled)
             .finish()
     }
 }
@@ -157,15 +160,20 @@ impl UserChange {
     ///
     /// # Errors
     /// [`BadInput`] naming the field (never quoting the password).
-    pub fn new(username: &str, password: Option<String>, role: Option<Role>) -> Result<UserChange, BadInput> {
+    pub fn new(
+        username: &str,
+        password: Option<String>,
+        role: Option<Role>,
+        disabled: Option<bool>,
+    ) -> Result<UserChange, BadInput> {
         let username = Name::parse("username", username)?;
         if let Some(p) = &password {
             check_password(p).map_err(|m| BadInput::new("password", "", m))?;
         }
-        if password.is_none() && role.is_none() {
-            return Err(BadInput::new("role", "", "give a new password, a new role, or both"));
+        if password.is_none() && role.is_none() && disabled.is_none() {
+            return Err(BadInput::new("role", "", "give a new password, a new role or disabled (one or more)"));
         }
-        Ok(UserChange { username, password, role })
+        Ok(UserChange { username, password, role, disabled })
     }
 }
 
@@ -240,12 +248,17 @@ impl Actions {
         Ok(())
     }
 
-    /// Changes a user's password and/or role (audited as `user.update`, the role before and
-    /// after and whether the password changed; never the password or its hash). Every
-    /// session the user had open ends at once.
+    /// Changes a user's password, role and/or whether it is disabled (audited as
+    /// `user.update`: the role and disabled before and after and whether the password
+    /// changed; never the password or its hash). Every session the user had open ends at
+    /// once; a disabled user cannot log in until enabled again.
+    ///
+    /// An actor cannot disable or demote itself (so the last admin cannot lock everyone out
+    /// by mistake); another admin can.
     ///
     /// # Errors
-    /// [`TokenError`]: [`Missing::User`] when there is no such user.
+    /// [`TokenError`]: [`Missing::User`] when there is no such user;
+    /// [`TokenError::InvalidField`] on `disabled` / `role` for a change of oneself.
     pub async fn update_user(
         &self,
         by: &Actor,
@@ -259,22 +272,43 @@ impl Actions {
             .user(&username)
             .await?
             .ok_or_else(|| TokenError::NotFound(Missing::User { name: username.clone() }))?;
+        if by.name == username && !matches!(by.via, super::Via::Server) {
+            let refuse = |path: &str, value: String| {
+                TokenError::InvalidField(levee_agent::policy::FieldError {
+                    path: path.into(),
+                    value,
+                    message: "you cannot disable or demote yourself; another admin can".into(),
+                })
+            };
+            if change.disabled == Some(true) {
+                return Err(refuse("disabled", "true".into()));
+            }
+            if let Some(r) = change.role.filter(|r| *r != Role::Admin && before.role == Role::Admin) {
+                return Err(refuse("role", format!("{:?}", r.as_str())));
+            }
+        }
         let hash = match change.password {
             Some(p) => Some(hash_password(p).await?),
             None => None,
         };
         let mut audit = audit_row(by, reason, Action::UserUpdate, format!("user {username}"));
-        audit.before = Some(serde_json::json!({"username": username, "role": before.role}).to_string());
+        audit.before = Some(
+            serde_json::json!({"username": username, "role": before.role, "disabled": before.disabled})
+                .to_string(),
+        );
         audit.after = Some(
             serde_json::json!({
                 "username": username,
                 "role": change.role.unwrap_or(before.role),
+                "disabled": change.disabled.unwrap_or(before.disabled),
                 "password_changed": hash.is_some(),
                 "sessions_ended": true,
             })
             .to_string(),
         );
-        if !self.store.update_user(&username, hash.as_deref(), change.role, Some(&audit)).await? {
+        let ok =
+            self.store.update_user(&username, hash.as_deref(), change.role, change.disabled, Some(&audit)).await?;
+        if !ok {
             return Err(TokenError::NotFound(Missing::User { name: username }));
         }
         Ok(())

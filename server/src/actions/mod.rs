@@ -51,7 +51,7 @@ pub use profiles::{
     activation_services,
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
-pub use schedule::{NewSchedule, Planned, describe};
+pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};
 pub use security::{
     AUDIT_LOGIN, AUDIT_LOGIN_FAILED, AUDIT_LOGIN_THROTTLED, AUDIT_REFUSED, INVALID_USERNAME, LoginAttempt,
 };
@@ -72,6 +72,9 @@ pub struct Actions {
     store: Store,
     hub: Hub,
     keys: Keys,
+    /// This run of the server, as it claims scheduled changes: the host name (when the
+    /// environment gives one), the process id and a random suffix, unique per `Actions`.
+    replica: std::sync::Arc<str>,
 }
 
 /// The service a change is for, and the revision the change was based on.
@@ -106,7 +109,15 @@ pub struct Written {
 impl Actions {
     /// The actions over `store`, publishing to `hub`, minting tokens with `keys`.
     pub fn new(store: Store, hub: Hub, keys: Keys) -> Actions {
-        Actions { store, hub, keys }
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "levee".into());
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let replica = format!("{host}:{}:{}", std::process::id(), &run[..8]).into();
+        Actions { store, hub, keys, replica }
+    }
+
+    /// This run of the server as it claims scheduled changes (see [`Actions::new`]).
+    pub fn replica(&self) -> &str {
+        &self.replica
     }
 
     /// Writes one revision of `at`'s service as `by`, for `reason`: `edit` changes the

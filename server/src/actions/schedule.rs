@@ -3,13 +3,21 @@
 //!
 //! A change is stored (it survives a restart) with what its target looked like when it was
 //! scheduled. When it is due, one replica claims it ([`Store::claim_change`], a conditional
-//! UPDATE) and runs it as its author (via `server`): if the target changed since it was
-//! scheduled, the change is not applied and its conflict is recorded and audited instead;
-//! otherwise it is applied through the ordinary action (so the audit log lists it as that
-//! action, applied). A revert is itself a scheduled change, created when the change is
-//! applied, expecting the value the change set; a profile's revert is its expiry.
-//! Rescheduling or cancelling changes the stored job itself, so the old time no longer
-//! exists anywhere.
+//! UPDATE) with a lease of [`SCHEDULE_LEASE`], and runs it as its author (via `server`): if
+//! the target changed since it was scheduled, the change is not applied and its conflict is
+//! recorded and audited instead; otherwise it is applied through the ordinary action (so the
+//! audit log lists it as that action, applied). A revert is itself a scheduled change,
+//! created when the change is applied, expecting the value the change set; a profile's
+//! revert is its expiry. Rescheduling or cancelling changes the stored job itself, so the
+//! old time no longer exists anywhere.
+//!
+//! A change whose replica died mid-run stays `running` until its lease expires; then the
+//! next run claims it again (exactly one, conditionally on the previous claimer) and either
+//! applies it, or — when the target already holds what the change sets, because the dead
+//! run applied it before dying — records it as applied without applying it twice and
+//! schedules its revert if that is missing. The takeover is audited once, as
+//! `schedule.run` naming the replica whose lease expired, and logged. A run records its
+//! end only while it still holds the claim.
 //!
 //! [`Store::claim_change`]: crate::db::Store::claim_change
 
@@ -18,7 +26,11 @@ use serde_json::{Value, json};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, Role, ScheduledRow, now_ms};
+use crate::db::{AuditRow, Claimed, Role, ScheduledRow, now_ms};
+
+/// How long a claim on a scheduled change holds. Far longer than a run takes (a few
+/// database writes); a change still running after it is taken over by another run.
+pub const SCHEDULE_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What a scheduled change does.
 #[derive(Clone, Debug, PartialEq)]
@@ -207,25 +219,104 @@ impl Actions {
         self.store.scheduled(id).await?.ok_or_else(missing)
     }
 
-    /// Runs every scheduled change due at `now` that this replica claims (see the module
-    /// documentation). Returns how many ran (applied or not).
+    /// Runs every scheduled change due at `now`, and every one whose claim expired, that
+    /// this replica claims (see the module documentation). Returns how many ran (applied or
+    /// not).
     ///
     /// # Errors
     /// [`ChangeError::Storage`] when the due changes cannot be listed.
     pub async fn run_due_changes(&self, now: Timestamp) -> Result<usize, ChangeError> {
         let mut n = 0;
+        let until = now.unix_ms() + SCHEDULE_LEASE.as_millis() as i64;
         for id in self.store.due_changes(now.unix_ms()).await? {
-            let Some(c) = self.store.claim_change(id, "levee", now.unix_ms()).await? else { continue };
-            let ran = self.run_change(&c).await;
-            if let Err(e) = self.store.finish_change(id, ran.state, &ran.outcome, ran.revision).await {
-                tracing::error!(error = ?e, id, "recording how a scheduled change ended");
+            let Some(claimed) = self.store.claim_change(id, &self.replica, now.unix_ms(), until).await? else {
+                continue;
+            };
+            if let Some(dead) = &claimed.reclaimed_from {
+                tracing::warn!(id, previous = %dead, "scheduled change left running by an expired claim: taking it over");
+            }
+            let ran = self.run_change(&claimed).await;
+            match self.store.finish_change(id, &self.replica, ran.state, &ran.outcome, ran.revision).await {
+                Ok(true) => {}
+                Ok(false) => tracing::error!(id, outcome = %ran.outcome, "scheduled change taken over by another run before this one recorded its end"),
+                Err(e) => tracing::error!(error = ?e, id, "recording how a scheduled change ended"),
             }
             n += 1;
         }
         Ok(n)
     }
 
-    async fn run_change(&self, c: &ScheduledRow) -> Ran {
+    /// Schedules the revert of applied change `c`, due at its `revert_at`: it puts `before`
+    /// back, expecting `after` (the target as `c` left it, made at `revision`).
+    async fn schedule_revert(
+        &self,
+        c: &ScheduledRow,
+        at: i64,
+        before: &Value,
+        after: Option<String>,
+        revision: u64,
+    ) -> Result<i64, ChangeError> {
+        let revert = ScheduledRow {
+            environment: c.environment.clone(),
+            service: c.service.clone(),
+            kind: c.kind.clone(),
+            target: c.target.clone(),
+            payload: before.to_string(),
+            expected: after,
+            base_revision: Some(revision),
+            run_at: at,
+            reverts: Some(c.id),
+            state: "pending".into(),
+            created_by: c.created_by.clone(),
+            created_role: c.created_role.clone(),
+            created_at: now_ms(),
+            reason: format!("revert of scheduled change {}: {}", c.id, c.reason),
+            ..Default::default()
+        };
+        Ok(self.store.schedule(&revert, None).await?)
+    }
+
+    /// When taking over `c`: whether its target already holds what `c` sets (the dead run
+    /// applied it), and then how the run ends, its revert scheduled if missing.
+    async fn already_applied(
+        &self,
+        c: &ScheduledRow,
+        rev: u64,
+        now: Option<&str>,
+        dead: &str,
+    ) -> Result<Option<Ran>, ChangeError> {
+        let parse = |t: &str| serde_json::from_str::<Value>(t).ok();
+        let (Some(now), Some(expected)) = (now.and_then(parse), c.expected.as_deref().and_then(parse)) else {
+            return Ok(None);
+        };
+        let payload = parse(&c.payload).unwrap_or(Value::Null);
+        let (set, before) = if c.kind == "flag" {
+            let mut set = expected.clone();
+            set["value"] = payload;
+            (set, expected["value"].clone())
+        } else {
+            (payload, expected)
+        };
+        if now != set {
+            return Ok(None);
+        }
+        let mut outcome =
+            format!("already in place at revision {rev} when the claim of {dead} expired: not applied again");
+        if let Some(at) = c.revert_at {
+            match self.store.revert_of(c.id).await? {
+                Some(id) => outcome.push_str(&format!("; its revert is scheduled change {id}")),
+                None => {
+                    let id = self.schedule_revert(c, at, &before, Some(now.to_string()), rev).await?;
+                    outcome.push_str(&format!("; its revert is scheduled change {id}"));
+                }
+            }
+        }
+        Ok(Some(Ran { state: "applied", outcome, revision: None }))
+    }
+
+    async fn run_change(&self, claimed: &Claimed) -> Ran {
+        let c = &claimed.change;
+        let dead = claimed.reclaimed_from.as_deref();
         let by = Actor {
             name: c.created_by.clone(),
             role: Role::parse(&c.created_role).unwrap_or(Role::Viewer),
@@ -250,6 +341,12 @@ impl Actions {
                     } else {
                         Some(json!(cfg.policy).to_string())
                     };
+                    if let Some(dead) = dead
+                        && now != c.expected
+                        && let Some(ran) = self.already_applied(c, rev, now.as_deref(), dead).await?
+                    {
+                        return Ok(ran);
+                    }
                     if now != c.expected {
                         let what =
                             if c.kind == "flag" { format!("flag {}", c.target) } else { "the policy".into() };
@@ -275,29 +372,27 @@ impl Actions {
                     };
                     let mut outcome = format!("applied as revision {}", written.snapshot.revision);
                     if let Some(at) = c.revert_at {
-                        let revert = ScheduledRow {
-                            environment: c.environment.clone(),
-                            service: c.service.clone(),
-                            kind: c.kind.clone(),
-                            target: c.target.clone(),
-                            payload: before.to_string(),
-                            expected: after,
-                            base_revision: Some(written.snapshot.revision),
-                            run_at: at,
-                            reverts: Some(c.id),
-                            state: "pending".into(),
-                            created_by: c.created_by.clone(),
-                            created_role: c.created_role.clone(),
-                            created_at: now_ms(),
-                            reason: format!("revert of scheduled change {}: {}", c.id, c.reason),
-                            ..Default::default()
-                        };
-                        let id = self.store.schedule(&revert, None).await?;
+                        let id = self.schedule_revert(c, at, &before, after, written.snapshot.revision).await?;
                         outcome.push_str(&format!("; its revert is scheduled change {id}"));
                     }
                     Ok(Ran { state: "applied", outcome, revision: Some(written.snapshot.revision) })
                 }
                 "profile" => {
+                    if let Some(dead) = dead
+                        && let Some(a) = self.store.active_profile(&c.environment).await?
+                        && a.profile == c.target
+                        && a.applied_by == c.created_by
+                        && a.applied_at >= c.created_at
+                    {
+                        return Ok(Ran {
+                            state: "applied",
+                            outcome: format!(
+                                "profile {} already active when the claim of {dead} expired: not applied again",
+                                a.profile
+                            ),
+                            revision: None,
+                        });
+                    }
                     let until = serde_json::from_str::<Value>(&c.payload)
                         .ok()
                         .and_then(|v| v["expires_at"].as_str().and_then(Timestamp::parse))
@@ -317,9 +412,13 @@ impl Actions {
             }
         }
         .await;
-        let ran = res.unwrap_or_else(|e| Ran::failed(&e));
-        if ran.state != "applied" {
-            // Not applied: audited as what happened, never as applied.
+        let mut ran = res.unwrap_or_else(|e| Ran::failed(&e));
+        if let Some(dead) = dead {
+            ran.outcome = format!("taken over after the claim of {dead} expired: {}", ran.outcome);
+        }
+        if ran.state != "applied" || dead.is_some() {
+            // Not applied: audited as what happened, never as applied. A takeover is
+            // audited too (once: only one run claims it), whatever its outcome.
             let mut audit: AuditRow = audit_row(
                 &by,
                 &reason,
@@ -328,7 +427,7 @@ impl Actions {
             );
             audit.environment = Some(c.environment.clone());
             audit.service = c.service.clone();
-            audit.outcome = ran.state.to_string();
+            audit.outcome = if ran.state == "applied" { "ok".into() } else { ran.state.to_string() };
             audit.after = Some(json!(ran.outcome).to_string());
             if let Err(e) = self.store.append_audit(&audit).await {
                 tracing::error!(error = ?e, id = c.id, "auditing a scheduled change that did not apply");

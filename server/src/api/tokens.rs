@@ -178,12 +178,16 @@ pub struct UpdateUser {
     /// A new role.
     #[serde(default)]
     pub role: Option<Role>,
+    /// `true` disables the user (it cannot log in), `false` enables it again. Nobody can
+    /// disable or demote themselves.
+    #[serde(default)]
+    pub disabled: Option<bool>,
     /// Why, recorded in the audit log; required.
     pub reason: String,
 }
 
-/// Changes a user's password and/or role (admin). Audited as `user.update` (never the
-/// password); every session the user had open ends at once.
+/// Changes a user's password, role and/or whether it is disabled (admin). Audited as
+/// `user.update` (never the password); every session the user had open ends at once.
 #[utoipa::path(patch, path = "/api/v1/users/{username}", tag = "users", request_body = UpdateUser,
     params(("username" = String, Path)),
     responses((status = 204), (status = 400, body = super::Problem), (status = 403, body = super::Problem),
@@ -197,7 +201,7 @@ pub async fn update_user(
 ) -> ApiResult<StatusCode> {
     let by = auth.actor(Action::UserUpdate, &rid)?;
     let reason = Reason::parse(&req.reason)?;
-    let change = UserChange::new(&username, req.password, req.role)?;
+    let change = UserChange::new(&username, req.password, req.role, req.disabled)?;
     s.actions.update_user(&by, &reason, change).await?;
     Ok(StatusCode::NO_CONTENT)
 }

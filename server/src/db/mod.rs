@@ -21,7 +21,7 @@ pub use mutate::{AuditCtx, AuditDiff, Change, Committed, MutateError, Parts};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::RequestRow;
 pub use rows::*;
-pub use schedule::ScheduledRow;
+pub use schedule::{Claimed, ScheduledRow};
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -247,7 +247,7 @@ impl Store {
         Ok(true)
     }
 
-    /// Replaces a user's password hash and/or role and bumps its session epoch (ending
+    /// Replaces a user's password hash, role and/or disabled flag and bumps its session epoch (ending
     /// every session it had open), with its audit row in the same transaction when one is
     /// given. Returns `false` when there is no such user (nothing is written).
     pub async fn update_user(
@@ -255,16 +255,18 @@ impl Store {
         username: &str,
         password_hash: Option<&str>,
         role: Option<Role>,
+        disabled: Option<bool>,
         audit: Option<&AuditRow>,
     ) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let res = sqlx::query(
             "UPDATE users SET password_hash = COALESCE($1, password_hash), role = COALESCE($2, role), \
-             session_epoch = session_epoch + 1 WHERE username = $3",
+             disabled = COALESCE($3, disabled), session_epoch = session_epoch + 1 WHERE username = $4",
         )
         .bind(password_hash)
         .bind(role.map(Role::as_str))
+        .bind(disabled.map(i64::from))
         .bind(username)
         .execute(&mut *tx)
         .await?;

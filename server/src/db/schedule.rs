@@ -37,8 +37,11 @@ pub struct ScheduledRow {
     pub created_role: String,
     pub created_at: i64,
     pub reason: String,
-    /// Who ran it (the replica's actor name).
+    /// The replica that claimed it last (its run id, see `Actions::replica`).
     pub claimed_by: Option<String>,
+    /// Until when that claim holds (ms since the epoch); a change still `running` after it
+    /// is claimed again by another run.
+    pub claim_expires_at: Option<i64>,
     pub finished_at: Option<i64>,
     /// What happened, in words (the conflict, the error).
     pub outcome: Option<String>,
@@ -49,8 +52,18 @@ pub struct ScheduledRow {
 macro_rules! scheduled_columns {
     () => {
         "id, environment, service, kind, target, payload, expected, base_revision, run_at, revert_at, \
-     reverts, state, created_by, created_role, created_at, reason, claimed_by, finished_at, outcome, revision"
+     reverts, state, created_by, created_role, created_at, reason, claimed_by, claim_expires_at, finished_at, \
+     outcome, revision"
     };
+}
+
+/// A change claimed by [`Store::claim_change`].
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub change: ScheduledRow,
+    /// The claimer whose lease expired, when the change was taken over from a run that
+    /// never finished it; `None` for a change claimed when due.
+    pub reclaimed_from: Option<String>,
 }
 
 impl ScheduledRow {
@@ -73,6 +86,7 @@ impl ScheduledRow {
             created_at: r.try_get("created_at")?,
             reason: r.try_get("reason")?,
             claimed_by: r.try_get("claimed_by")?,
+            claim_expires_at: r.try_get("claim_expires_at")?,
             finished_at: r.try_get("finished_at")?,
             outcome: r.try_get("outcome")?,
             revision: r.try_get::<Option<i64>, _>("revision")?.map(|v| v as u64),
@@ -157,10 +171,12 @@ impl Store {
         pending.iter().chain(done.iter()).map(ScheduledRow::from_row).collect()
     }
 
-    /// Ids of pending changes due at `now`, oldest first.
+    /// Ids of changes to run at `now`, oldest first: pending ones that are due, and running
+    /// ones whose claim expired (or has no expiry: claimed before leases existed).
     pub async fn due_changes(&self, now: i64) -> anyhow::Result<Vec<i64>> {
         let rows = sqlx::query(
-            "SELECT id FROM scheduled_changes WHERE state = 'pending' AND run_at <= $1 ORDER BY run_at, id",
+            "SELECT id FROM scheduled_changes WHERE (state = 'pending' AND run_at <= $1) \
+             OR (state = 'running' AND (claim_expires_at IS NULL OR claim_expires_at <= $1)) ORDER BY run_at, id",
         )
         .bind(now)
         .fetch_all(&self.pool)
@@ -168,47 +184,90 @@ impl Store {
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
-    /// Claims pending change `id` for `by` if it is due at `now`: a conditional UPDATE, so
-    /// with several replicas exactly one gets it. The change as claimed, or `None`.
-    pub async fn claim_change(&self, id: i64, by: &str, now: i64) -> anyhow::Result<Option<ScheduledRow>> {
+    /// Claims change `id` for `by` until `until` if, at `now`, it is pending and due, or
+    /// running with an expired claim: a conditional UPDATE (on the previous claimer, for a
+    /// running one), so with several replicas exactly one gets it. The change as claimed,
+    /// or `None`.
+    pub async fn claim_change(
+        &self,
+        id: i64,
+        by: &str,
+        now: i64,
+        until: i64,
+    ) -> anyhow::Result<Option<Claimed>> {
+        let Some(before) = self.scheduled(id).await? else { return Ok(None) };
         let _g = self.write_guard().await;
-        let res = sqlx::query(
-            "UPDATE scheduled_changes SET state = 'running', claimed_by = $1 \
-             WHERE id = $2 AND state = 'pending' AND run_at <= $3",
-        )
-        .bind(by)
-        .bind(id)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
+        let res = match (before.state.as_str(), &before.claimed_by) {
+            ("pending", _) => {
+                sqlx::query(
+                    "UPDATE scheduled_changes SET state = 'running', claimed_by = $1, claim_expires_at = $2 \
+                     WHERE id = $3 AND state = 'pending' AND run_at <= $4",
+                )
+                .bind(by)
+                .bind(until)
+                .bind(id)
+                .bind(now)
+                .execute(&self.pool)
+                .await?
+            }
+            ("running", Some(previous)) => {
+                sqlx::query(
+                    "UPDATE scheduled_changes SET claimed_by = $1, claim_expires_at = $2 \
+                     WHERE id = $3 AND state = 'running' AND claimed_by = $4 \
+                     AND (claim_expires_at IS NULL OR claim_expires_at <= $5)",
+                )
+                .bind(by)
+                .bind(until)
+                .bind(id)
+                .bind(previous)
+                .bind(now)
+                .execute(&self.pool)
+                .await?
+            }
+            _ => return Ok(None),
+        };
         if res.rows_affected() != 1 {
             return Ok(None);
         }
         drop(_g);
-        self.scheduled(id).await
+        let reclaimed_from = (before.state == "running").then(|| before.claimed_by.clone().unwrap_or_default());
+        Ok(self.scheduled(id).await?.map(|change| Claimed { change, reclaimed_from }))
     }
 
-    /// Records how a claimed change ended: `applied` (with the revision it made),
-    /// `conflict` or `failed`, with what happened in words.
+    /// The pending or finished change that reverts change `id`, if one was scheduled.
+    pub async fn revert_of(&self, id: i64) -> anyhow::Result<Option<i64>> {
+        let row = sqlx::query("SELECT id FROM scheduled_changes WHERE reverts = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("id")).transpose()?)
+    }
+
+    /// Records how a change claimed by `by` ended: `applied` (with the revision it made),
+    /// `conflict` or `failed`, with what happened in words. `false` (nothing written) when
+    /// `by` no longer holds the claim: its lease expired and another run took it over.
     pub async fn finish_change(
         &self,
         id: i64,
+        by: &str,
         state: &str,
         outcome: &str,
         revision: Option<u64>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
-        sqlx::query(
-            "UPDATE scheduled_changes SET state = $1, outcome = $2, revision = $3, finished_at = $4 WHERE id = $5",
+        let res = sqlx::query(
+            "UPDATE scheduled_changes SET state = $1, outcome = $2, revision = $3, finished_at = $4 \
+             WHERE id = $5 AND state = 'running' AND claimed_by = $6",
         )
         .bind(state)
         .bind(outcome)
         .bind(revision.map(|r| r as i64))
         .bind(now_ms())
         .bind(id)
+        .bind(by)
         .execute(&self.pool)
         .await?;
-        Ok(())
+        Ok(res.rows_affected() == 1)
     }
 
     /// Moves pending change `id` to `run_at` (and `revert_at`), or cancels it (`run_at`

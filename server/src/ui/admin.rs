@@ -1,6 +1,8 @@
-//! `GET /ui/admin`: users and tokens (admin). Create a user; mint an API or agent token —
-//! its secret is shown once, on the page answering the form, and never again; list and
-//! revoke tokens. Each change is the same action as the API's, audited with `via = "ui"`.
+//! `GET /ui/admin`: users and tokens (admin). Create a user; change a user's role or
+//! disable / enable it (a confirmation page says what happens, then the change ends the
+//! user's sessions); mint an API or agent token — its secret is shown once, on the page
+//! answering the form, and never again; list and revoke tokens. Each change is the same
+//! action as the API's, audited with `via = "ui"`.
 
 use askama::Template;
 use axum::extract::State;
@@ -11,7 +13,7 @@ use serde::Deserialize;
 use super::error::UiError;
 use super::page::{Layout, Page, seg, time};
 use super::session::{Posted, UiUser, reason};
-use crate::actions::{Action, CreateError, NewToken, NewUser, TokenError};
+use crate::actions::{Action, CreateError, NewToken, NewUser, TokenError, UserChange};
 use crate::db::{Role, TokenKind};
 use crate::web::{AppState, RequestId};
 
@@ -230,4 +232,123 @@ pub async fn revoke(
     };
     s.actions.revoke_token(&by, &why, &form.id).await?;
     Ok(done(&format!("Revoked token {}", form.id)))
+}
+
+/// Form changing a user (its confirmation, then the change itself with a reason).
+#[derive(Debug, Deserialize)]
+pub struct UserEditForm {
+    username: String,
+    /// `viewer`, `operator` or `admin`.
+    role: String,
+    /// `active` or `disabled`.
+    state: String,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Template)]
+#[template(path = "user_confirm.html")]
+struct UserConfirmPage {
+    layout: Layout,
+    csrf: String,
+    username: String,
+    role: String,
+    state: String,
+    effects: Vec<String>,
+    reason: String,
+    error: Option<String>,
+}
+
+/// What `form` changes of the user as stored: the new role and disabled flag (`None` when
+/// unchanged) and the effects in words.
+async fn user_change(
+    s: &AppState,
+    form: &UserEditForm,
+) -> Result<Result<(Option<Role>, Option<bool>, Vec<String>), String>, UiError> {
+    let name = form.username.trim();
+    let Some(current) = s.store.user(name).await? else {
+        return Err(UiError::NotFound(format!("no user {name:?}")));
+    };
+    let Some(role) = Role::parse(&form.role) else {
+        return Ok(Err(format!("role {:?} is not viewer, operator or admin", form.role)));
+    };
+    let disabled = match form.state.as_str() {
+        "active" => false,
+        "disabled" => true,
+        other => return Ok(Err(format!("state {other:?} is not active or disabled"))),
+    };
+    let mut effects = Vec::new();
+    let role = (role != current.role).then(|| {
+        effects.push(format!("role {} → {}", current.role.as_str(), role.as_str()));
+        role
+    });
+    let disabled = (disabled != current.disabled).then(|| {
+        effects.push(if disabled {
+            format!("{name} is disabled: it cannot log in until an admin enables it again")
+        } else {
+            format!("{name} is enabled: it can log in again")
+        });
+        disabled
+    });
+    if effects.is_empty() {
+        return Ok(Err(format!("nothing to change: {name} already has this role and state")));
+    }
+    effects.push(format!("every session {name} has open ends now"));
+    Ok(Ok((role, disabled, effects)))
+}
+
+/// `POST /ui/admin/users/confirm`: what changing the user does; asks for a reason.
+pub async fn confirm_user(
+    State(s): State<AppState>,
+    rid: RequestId,
+    Posted { user, form }: Posted<UserEditForm>,
+) -> Result<Response, UiError> {
+    user.actor(Action::UserUpdate, &rid)?;
+    match user_change(&s, &form).await? {
+        Err(m) => render(&s, &user, None, None, Some(m)).await,
+        Ok((_, _, effects)) => Ok(Page::ok(confirm_page(&user, &form, effects, None)).into_response()),
+    }
+}
+
+fn confirm_page(user: &UiUser, form: &UserEditForm, effects: Vec<String>, error: Option<String>) -> UserConfirmPage {
+    UserConfirmPage {
+        layout: user.layout(),
+        csrf: user.csrf.clone(),
+        username: form.username.trim().to_string(),
+        role: form.role.clone(),
+        state: form.state.clone(),
+        effects,
+        reason: form.reason.clone(),
+        error,
+    }
+}
+
+/// `POST /ui/admin/users/update`: changes the user's role and/or state as confirmed.
+pub async fn update_user(
+    State(s): State<AppState>,
+    rid: RequestId,
+    Posted { user, form }: Posted<UserEditForm>,
+) -> Result<Response, UiError> {
+    let by = user.actor(Action::UserUpdate, &rid)?;
+    let (role, disabled, effects) = match user_change(&s, &form).await? {
+        Ok(c) => c,
+        Err(m) => return render(&s, &user, None, None, Some(m)).await,
+    };
+    let why = match reason(&form.reason) {
+        Ok(r) => r,
+        Err(m) => {
+            let page = confirm_page(&user, &form, effects, Some(m));
+            return Ok(Page::with_status(StatusCode::BAD_REQUEST, page).into_response());
+        }
+    };
+    let name = form.username.trim();
+    let change = match UserChange::new(name, None, role, disabled) {
+        Ok(c) => c,
+        Err(e) => return render(&s, &user, None, None, Some(e.to_string())).await,
+    };
+    match s.actions.update_user(&by, &why, change).await {
+        Ok(()) => Ok(done(&format!("Changed user {name}: {}", effects.join("; ")))),
+        Err(TokenError::InvalidField(f)) => render(&s, &user, None, None, Some(f.to_string())).await,
+        Err(e) => Err(e.into()),
+    }
 }

@@ -71,6 +71,8 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/audit", get(audit::page))
         .route("/ui/admin", get(admin::page))
         .route("/ui/admin/users", post(admin::create_user))
+        .route("/ui/admin/users/confirm", post(admin::confirm_user))
+        .route("/ui/admin/users/update", post(admin::update_user))
         .route("/ui/admin/tokens", post(admin::mint))
         .route("/ui/admin/tokens/revoke", post(admin::revoke))
         .route("/ui/environments/{env}", get(overview::services))

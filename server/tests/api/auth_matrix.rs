@@ -331,6 +331,45 @@ async fn password_and_role_changes(app: TestApp) {
     let (s, h, b) =
         app.call(Method::PATCH, "/api/v1/users/nobody", Some(json!({"role": "admin", "reason": "t"}))).await;
     assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
+
+    // Disabling ends the sessions and refuses logins until enabled again; audited.
+    let session = app.login("olivia", "a-brand-new-password").await;
+    let (s, _, b) = app
+        .call(Method::PATCH, "/api/v1/users/olivia", Some(json!({"disabled": true, "reason": "left the company"})))
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    assert_refused(&app, &session).await;
+    let login = |password: &'static str| {
+        app.client
+            .post(app.url("/api/v1/auth/login"))
+            .json(&json!({"username": "olivia", "password": password}))
+            .send()
+    };
+    assert_eq!(login("a-brand-new-password").await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let (_, _, users) = app.call(Method::GET, "/api/v1/users", None).await;
+    assert!(users.as_array().unwrap().iter().any(|u| u["username"] == "olivia" && u["disabled"] == true), "{users}");
+    let (s, _, b) = app
+        .call(Method::PATCH, "/api/v1/users/olivia", Some(json!({"disabled": false, "reason": "came back"})))
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+    assert_eq!(login("a-brand-new-password").await.unwrap().status(), StatusCode::OK);
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?actor=admin", None).await;
+    assert!(
+        audit.as_array().unwrap().iter().any(|r| r["action"] == "user.update"
+            && r["reason"] == "left the company"
+            && r["before"]["disabled"] == false
+            && r["after"]["disabled"] == true),
+        "{audit}"
+    );
+    // Nobody disables or demotes themselves: the answer names the field.
+    for (body, field) in [(json!({"disabled": true, "reason": "t"}), "disabled"), (json!({"role": "operator", "reason": "t"}), "role")] {
+        let (s, h, b) = app.call(Method::PATCH, "/api/v1/users/admin", Some(body)).await;
+        assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(b["errors"][0]["path"], field, "{b}");
+        assert!(b.to_string().contains(field) && b.to_string().contains("yourself"), "{b}");
+    }
+    let (s, _, _) = app.call(Method::GET, ENVS, None).await;
+    assert_eq!(s, StatusCode::OK, "the admin is still an admin");
 }
 
 /// An agent token is minted only for an environment and services that exist.

@@ -217,3 +217,136 @@ async fn with_two_replicas_exactly_one_applies_a_due_change() {
         a.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
     assert_eq!(revs.as_array().unwrap().len(), 2, "one revision made: {revs}");
 }
+
+const LEASE_MS: i64 = levee_server::actions::SCHEDULE_LEASE.as_millis() as i64;
+
+/// Claims change `id` as a replica that then dies without finishing it.
+async fn claim_and_die(app: &TestApp, id: i64, t: Timestamp) {
+    let store = &app.server.as_ref().unwrap().store;
+    let claimed = store.claim_change(id, "dead-replica", t.unix_ms(), t.unix_ms() + LEASE_MS).await.unwrap();
+    assert!(claimed.is_some_and(|c| c.reclaimed_from.is_none()), "the dead replica claimed it when due");
+}
+
+async fn get_change(app: &TestApp, id: i64) -> Value {
+    let (s, _, c) = app.call(Method::GET, &format!("{SCHED}/{id}"), None).await;
+    assert_eq!(s, StatusCode::OK, "{c}");
+    c
+}
+
+/// The `schedule.run` audit rows of change `id`.
+async fn run_audits(app: &TestApp, id: i64) -> Vec<Value> {
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout", None).await;
+    let tag = format!("(scheduled change {id})");
+    audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "schedule.run" && r["target"].as_str().unwrap_or("").contains(&tag))
+        .cloned()
+        .collect()
+}
+
+async fn a_crashed_run_is_taken_over_after_its_lease(app: TestApp) {
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), Some(at(2 * HOUR))).await;
+    let id = c["id"].as_i64().unwrap();
+    let t = at(HOUR + 1000);
+    claim_and_die(&app, id, t).await;
+    // While the lease holds, nobody else runs it.
+    assert_eq!(run_due(&app, t).await, 0);
+    assert_eq!(run_due(&app, Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS - 1)).await, 0);
+    assert_eq!(get_change(&app, id).await["state"], "running");
+    assert_eq!(flag(&app).await, json!(true));
+
+    // Once it expired, one run takes it over and applies it, once.
+    let later = Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS + 1000);
+    assert_eq!(run_due(&app, later).await, 1);
+    assert_eq!(run_due(&app, later).await, 0, "taken over once");
+    assert_eq!(flag(&app).await, json!(false));
+    let done = get_change(&app, id).await;
+    assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
+    let outcome = done["outcome"].as_str().unwrap();
+    assert!(outcome.starts_with("taken over after the claim of dead-replica expired: applied as revision 2"), "{outcome}");
+    let runs = run_audits(&app, id).await;
+    assert_eq!(runs.len(), 1, "the takeover is audited once: {runs:?}");
+    assert_eq!(runs[0]["outcome"], "ok");
+    assert!(runs[0]["after"].as_str().unwrap().contains("dead-replica"), "{:?}", runs[0]);
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout", None).await;
+    let sets = audit.as_array().unwrap().iter().filter(|r| r["action"] == "flag.set" && r["via"] == "server").count();
+    assert_eq!(sets, 1, "applied once: {audit}");
+    // The dead run cannot record an end over the one that took over.
+    let store = &app.server.as_ref().unwrap().store;
+    assert!(!store.finish_change(id, "dead-replica", "failed", "late", None).await.unwrap());
+    assert_eq!(get_change(&app, id).await["state"], "applied");
+    // Its revert was scheduled and runs.
+    let (_, _, list) = app.call(Method::GET, &format!("{SCHED}?service=checkout"), None).await;
+    assert_eq!((list[0]["state"].as_str(), list[0]["reverts"].as_i64()), (Some("pending"), Some(id)), "{list}");
+    assert_eq!(run_due(&app, at(2 * HOUR + 1000)).await, 1);
+    assert_eq!(flag(&app).await, json!(true));
+}
+
+#[tokio::test]
+async fn a_change_left_running_by_a_crashed_replica_is_taken_over_after_its_lease_on_sqlite() {
+    a_crashed_run_is_taken_over_after_its_lease(TestApp::spawn().await).await;
+}
+
+#[tokio::test]
+async fn a_change_left_running_by_a_crashed_replica_is_taken_over_after_its_lease_on_postgres() {
+    if let Some(app) = TestApp::spawn_on(Db::Postgres).await {
+        a_crashed_run_is_taken_over_after_its_lease(app).await;
+    }
+}
+
+async fn a_crashed_run_that_applied_is_not_applied_twice(app: TestApp) {
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), Some(at(2 * HOUR))).await;
+    let id = c["id"].as_i64().unwrap();
+    let t = at(HOUR + 1000);
+    claim_and_die(&app, id, t).await;
+    // The dead run had applied the flip (revision 2) before it died, without recording it.
+    let (s, _, b) = app.call(Method::PATCH, FLAG, Some(json!({"value": false, "reason": "applied, then crashed"}))).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(run_due(&app, Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS + 1000)).await, 1);
+    let done = get_change(&app, id).await;
+    assert_eq!(done["state"], "applied", "{done}");
+    let outcome = done["outcome"].as_str().unwrap();
+    assert!(outcome.contains("already in place at revision 2 when the claim of dead-replica expired: not applied again"), "{outcome}");
+    let (_, _, revs) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
+    assert_eq!(revs.as_array().unwrap().len(), 2, "no second revision: {revs}");
+    assert_eq!(run_audits(&app, id).await.len(), 1, "audited once");
+    // The revert the dead run never scheduled is scheduled now, and puts the flag back.
+    let (_, _, list) = app.call(Method::GET, &format!("{SCHED}?service=checkout"), None).await;
+    assert_eq!((list[0]["state"].as_str(), list[0]["reverts"].as_i64()), (Some("pending"), Some(id)), "{list}");
+    assert_eq!(run_due(&app, at(2 * HOUR + 1000)).await, 1);
+    assert_eq!(flag(&app).await, json!(true));
+}
+
+#[tokio::test]
+async fn a_change_a_crashed_replica_applied_is_recorded_not_applied_twice_on_sqlite() {
+    a_crashed_run_that_applied_is_not_applied_twice(TestApp::spawn().await).await;
+}
+
+#[tokio::test]
+async fn a_change_a_crashed_replica_applied_is_recorded_not_applied_twice_on_postgres() {
+    if let Some(app) = TestApp::spawn_on(Db::Postgres).await {
+        a_crashed_run_that_applied_is_not_applied_twice(app).await;
+    }
+}
+
+#[tokio::test]
+async fn with_two_replicas_exactly_one_takes_over_an_expired_claim() {
+    let Some(url) = postgres_url().await else { return };
+    let a = TestApp::spawn_with(Some(url.clone())).await;
+    let b = TestApp::spawn_with(Some(url)).await;
+    a.seed().await;
+    let c = schedule_flip(&a, false, at(HOUR), None).await;
+    let id = c["id"].as_i64().unwrap();
+    let t = at(HOUR + 1000);
+    claim_and_die(&a, id, t).await;
+    let later = Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS + 1000);
+    let (ra, rb) = tokio::join!(run_due(&a, later), run_due(&b, later));
+    assert_eq!(ra + rb, 1, "one replica takes the change over");
+    let done = get_change(&b, id).await;
+    assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
+    assert_eq!(run_audits(&a, id).await.len(), 1, "audited once");
+}

@@ -218,3 +218,89 @@ async fn an_admin_creates_a_user_and_mints_a_token_shown_once_then_revokes_it() 
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert!(!n.get("/").await.body.contains("href=\"/ui/admin\""));
 }
+
+on_both_backends! {
+    /// An admin changes a user's role and disables it from the users page: a confirmation
+    /// page says what happens, the change needs a reason, is audited, and ends the user's
+    /// sessions; a disabled user cannot log in until enabled again; nobody disables themselves.
+    async fn an_admin_changes_a_role_and_disables_a_user_from_the_page(app) {
+        app.seed().await;
+        app.user("olivia", "operator").await;
+        let mut o = app.logged_in("olivia").await;
+        assert_eq!(o.get("/ui/environments/prod").await.status, StatusCode::OK);
+        let mut b = app.logged_in("admin").await;
+        let page = b.get("/ui/admin").await;
+        assert!(page.body.contains("id=\"user-olivia\""), "{}", page.body);
+        let csrf = page.csrf();
+        let edit = |role: &'static str, state: &'static str| {
+            [("username", "olivia"), ("role", role), ("state", state)]
+        };
+        // Without the session's token the form is refused.
+        let r = b.post("/ui/admin/users/confirm", &edit("viewer", "active")).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+        // Nothing changes: said so, nothing to confirm.
+        let f = edit("operator", "active");
+        let r = b.post("/ui/admin/users/confirm", &[&[("csrf", csrf.as_str())][..], &f[..]].concat()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+        assert!(r.body.contains("nothing to change"), "{}", r.body);
+        // The confirmation says what happens and changes nothing yet.
+        let f = edit("viewer", "active");
+        let with_csrf = [&[("csrf", csrf.as_str())][..], &f[..]].concat();
+        let r = b.post("/ui/admin/users/confirm", &with_csrf).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert!(r.body.contains("role operator → viewer"), "{}", r.body);
+        assert!(r.body.contains("every session olivia has open ends now"), "{}", r.body);
+        assert_eq!(o.get("/ui/environments/prod").await.status, StatusCode::OK, "not changed before confirming");
+        // A reason is required.
+        let r = b.post("/ui/admin/users/update", &with_csrf).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+        assert!(r.body.contains("a reason is required"), "{}", r.body);
+        let r = b.post("/ui/admin/users/update", &[&with_csrf[..], &[("reason", "moved teams")]].concat()).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+        let r = o.get("/ui/environments/prod").await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "olivia's session ended: {}", r.body);
+        assert!(r.location().starts_with("/login"), "{}", r.location());
+        let (_, _, users) = app.api(Method::GET, "/users", None).await;
+        let olivia = users.as_array().unwrap().iter().find(|u| u["username"] == "olivia").unwrap().clone();
+        assert_eq!((olivia["role"].as_str(), olivia["disabled"].as_bool()), (Some("viewer"), Some(false)));
+
+        // Disable: she cannot log in any more; enable: she can again.
+        let f = edit("viewer", "disabled");
+        let dis = [&[("csrf", csrf.as_str()), ("reason", "left the company")][..], &f[..]].concat();
+        let r = b.post("/ui/admin/users/confirm", &dis).await;
+        assert!(r.body.contains("olivia is disabled: it cannot log in"), "{}", r.body);
+        let r = b.post("/ui/admin/users/update", &dis).await;
+        assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+        assert!(b.get("/ui/admin").await.body.contains("<span class=\"bad\">disabled</span>"));
+        let r = app.browser().login("olivia", crate::helpers::PASSWORD).await;
+        assert_ne!(r.status, StatusCode::SEE_OTHER, "a disabled user cannot log in: {}", r.body);
+        let f = edit("viewer", "active");
+        let en = [&[("csrf", csrf.as_str()), ("reason", "came back")][..], &f[..]].concat();
+        assert_eq!(b.post("/ui/admin/users/update", &en).await.status, StatusCode::SEE_OTHER);
+        app.logged_in("olivia").await;
+
+        // An admin cannot disable or demote themselves here.
+        let me = [("csrf", csrf.as_str()), ("reason", "oops"), ("username", "admin"), ("role", "admin"), ("state", "disabled")];
+        let r = b.post("/ui/admin/users/update", &me).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+        assert!(r.body.contains("disabled") && r.body.contains("cannot disable or demote yourself"), "{}", r.body);
+        assert_eq!(b.get("/ui/admin").await.status, StatusCode::OK, "still logged in");
+
+        // Audited, via the UI, with before and after.
+        let (_, _, audit) = app.api(Method::GET, "/audit?actor=admin", None).await;
+        let rows: Vec<&serde_json::Value> =
+            audit.as_array().unwrap().iter().filter(|r| r["action"] == "user.update").collect();
+        assert_eq!(rows.len(), 3, "{audit}");
+        assert!(rows.iter().all(|r| r["via"] == "ui"), "{audit}");
+        assert!(rows.iter().any(|r| r["reason"] == "left the company"
+            && r["before"]["disabled"] == false && r["after"]["disabled"] == true), "{audit}");
+        assert!(rows.iter().any(|r| r["before"]["role"] == "operator" && r["after"]["role"] == "viewer"));
+
+        // Not for operators.
+        app.user("nora", "operator").await;
+        let mut n = app.logged_in("nora").await;
+        let ncsrf = n.get("/ui/environments/prod").await.csrf();
+        let r = n.post("/ui/admin/users/confirm", &[&[("csrf", ncsrf.as_str())][..], &f[..]].concat()).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    }
+}
