@@ -867,6 +867,21 @@ enum Overdue {
     Moved(u64),
 }
 
+/// A [`BreakerPermit`] held apart from its breaker (see [`BreakerPermit::detach`]); it
+/// must be reattached to the same breaker, which records or releases it.
+#[derive(Debug)]
+pub(crate) struct DetachedBreakerPermit {
+    generation: u64,
+    kind: Kind,
+}
+
+impl CircuitBreaker {
+    /// The permit `detached` from this breaker, back as a [`BreakerPermit`].
+    pub(crate) fn reattach(&self, detached: DetachedBreakerPermit) -> BreakerPermit<'_> {
+        BreakerPermit { breaker: self, generation: detached.generation, kind: detached.kind, done: false }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// CLOSED or FORCED_CLOSED: the outcome goes to the window.
@@ -902,6 +917,15 @@ impl BreakerPermit<'_> {
             Kind::Probe => self.breaker.record_probe(self.generation, outcome, elapsed),
             Kind::Passthrough => {}
         }
+    }
+
+    /// Gives the permit up without recording or releasing anything, for a future that
+    /// holds it across polls beside the breaker's owner (the enforcement future): it is
+    /// taken back with [`CircuitBreaker::reattach`] on the same breaker.
+    pub(crate) fn detach(self) -> DetachedBreakerPermit {
+        let d = DetachedBreakerPermit { generation: self.generation, kind: self.kind };
+        std::mem::forget(self);
+        d
     }
 
     /// Whether this permit is a HALF_OPEN probe.

@@ -15,6 +15,7 @@ mod state;
 mod window;
 
 pub use error::BreakerOpen;
+pub(crate) use machine::DetachedBreakerPermit;
 pub use machine::{BreakerPermit, CircuitBreaker, Outcome};
 pub use state::{BreakerSnapshot, State, Transition, TransitionReason};
 pub use window::WindowCounts;

@@ -7,6 +7,7 @@ mod semaphore;
 
 pub use error::{BulkheadError, BulkheadFull};
 pub use little::LittleEstimate;
+pub(crate) use semaphore::DetachedBulkheadPermit;
 pub use semaphore::{Bulkhead, BulkheadPermit};
 
 #[cfg(test)]

@@ -250,6 +250,31 @@ impl Bulkhead {
     }
 }
 
+/// A [`BulkheadPermit`] held apart from its bulkhead (see [`BulkheadPermit::detach`]): the
+/// slot stays taken until it is reattached to the same bulkhead and dropped.
+#[derive(Debug)]
+pub(crate) struct DetachedBulkheadPermit {
+    started: Option<Instant>,
+}
+
+impl Bulkhead {
+    /// The permit `detached` from this bulkhead, back as a [`BulkheadPermit`].
+    pub(crate) fn reattach(&self, detached: DetachedBulkheadPermit) -> BulkheadPermit<'_> {
+        BulkheadPermit { inner: &self.inner, started: detached.started }
+    }
+}
+
+impl BulkheadPermit<'_> {
+    /// Keeps the slot without the borrow of the bulkhead, for a future that holds it across
+    /// polls beside the bulkhead's owner (the enforcement future); see
+    /// [`Bulkhead::reattach`].
+    pub(crate) fn detach(self) -> DetachedBulkheadPermit {
+        let d = DetachedBulkheadPermit { started: self.started };
+        std::mem::forget(self);
+        d
+    }
+}
+
 /// Counts a waiter for as long as it waits (also when its future is dropped).
 struct WaitingGuard<'a>(&'a AtomicU32);
 

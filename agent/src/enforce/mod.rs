@@ -42,6 +42,7 @@ pub use run::idempotent_by_name;
 
 pub(crate) use guards::DepState;
 use guards::Guards;
+pub use guards::{MAX_LABELLED_OPERATIONS, OTHER_OPERATION};
 pub use judgement::Judgement;
 
 use crate::applied::ResolveCtx;

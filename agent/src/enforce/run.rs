@@ -5,17 +5,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use pin_project_lite::pin_project;
+use std::ops::Deref;
 
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
 use super::guards::CallOutcome;
 use super::{AttemptTimeout, CallError, DeadlineError, DepView, InjectedFault, Judgement, KillSwitched};
-use crate::breaker::{BreakerOpen, Outcome};
-use crate::bulkhead::BulkheadError;
+use crate::breaker::{BreakerOpen, DetachedBreakerPermit, Outcome};
+use crate::bulkhead::{BulkheadError, DetachedBulkheadPermit};
 use crate::deadline;
 use crate::fault::FaultDecision;
-use crate::retry::{CallInfo, Classify, ErrorKind, RetryError, Throttled};
+use crate::retry::{CallInfo, Classify, Decision, ErrorKind, Throttled};
 
 /// Why one attempt did not succeed.
 pub(crate) enum AttemptFailure<T, E> {
@@ -140,233 +142,578 @@ pub fn idempotent_by_name(operation: &str) -> bool {
 /// breaker must see each failed attempt, and no retry may run while it is open — need it
 /// inside; with it outside, one breaker outcome stands for a whole retried sequence and a
 /// half-open probe becomes several attempts.
-pub(crate) async fn run<T, E, F, Fut, J>(
-    view: &DepView,
-    operation: &str,
+#[allow(clippy::type_complexity)]
+pub(crate) fn run<'v, T, E, F, Fut, J>(
+    view: &'v DepView,
+    operation: &'v str,
     idempotent_hint: Option<bool>,
     attempt: F,
     judge: J,
-) -> Result<T, CallError<E>>
+) -> Run<&'v DepView, &'v str, Closures<F, J, fn(Outcome)>, Fut>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     J: Fn(&Result<T, E>) -> Judgement,
 {
-    run_observed(view, operation, idempotent_hint, true, attempt, judge, &|_| {}).await
+    Run::new(view, operation, idempotent_hint, true, Closures { attempt, judge, observe: ignore })
 }
+
+fn ignore(_: Outcome) {}
 
 /// [`run`], telling `observe` the outcome of every attempt that reached the dependency
 /// (the same outcome the circuit breaker records: timeouts and injected failures are
 /// failures). Attempts refused locally (open breaker, no budget) are not reported. Used
 /// by outlier detection to judge the endpoint each attempt went to. `replayable: false`
 /// (a request whose body cannot be sent twice) allows one attempt whatever the policy.
-pub(crate) async fn run_observed<T, E, F, Fut, J, O>(
-    view: &DepView,
-    operation: &str,
+pub(crate) fn run_observed<'v, T, E, F, Fut, J, O>(
+    view: &'v DepView,
+    operation: &'v str,
     idempotent_hint: Option<bool>,
     replayable: bool,
-    mut attempt: F,
+    attempt: F,
     judge: J,
-    observe: &O,
-) -> Result<T, CallError<E>>
+    observe: O,
+) -> Run<&'v DepView, &'v str, Closures<F, J, O>, Fut>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     J: Fn(&Result<T, E>) -> Judgement,
     O: Fn(Outcome),
 {
-    let scope = view.scope(operation);
-    let guards = &*scope.guards;
-    let calls = view.calls(operation, scope);
-    // 1. kill switch
-    if !view.enabled {
-        calls.count(CallOutcome::KillSwitched);
-        return Err(CallError::KillSwitched(KillSwitched::new(view.name.clone())));
+    Run::new(view, operation, idempotent_hint, replayable, Closures { attempt, judge, observe })
+}
+
+/// What [`Run`] calls: one attempt's future, its judgement, and who hears each outcome.
+pub(crate) trait Attempts {
+    type Output;
+    type Error;
+    type Future: Future<Output = Result<Self::Output, Self::Error>>;
+
+    /// The next attempt (called only when it will be awaited).
+    fn attempt(&mut self) -> Self::Future;
+
+    /// How an attempt's result turns out.
+    fn judge(&self, result: &Result<Self::Output, Self::Error>) -> Judgement;
+
+    /// The outcome of an attempt that reached the dependency (see [`run_observed`]).
+    fn observe(&self, _outcome: Outcome) {}
+}
+
+/// [`Attempts`] made of closures (the plain call and the middleware).
+pub(crate) struct Closures<F, J, O> {
+    attempt: F,
+    judge: J,
+    observe: O,
+}
+
+impl<F, Fut, T, E, J, O> Attempts for Closures<F, J, O>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    J: Fn(&Result<T, E>) -> Judgement,
+    O: Fn(Outcome),
+{
+    type Output = T;
+    type Error = E;
+    type Future = Fut;
+
+    fn attempt(&mut self) -> Fut {
+        (self.attempt)()
     }
-    // 2. deadline
-    let ctx = deadline::current();
-    let deadline = ctx.map(|c| c.deadline);
-    // The clock is read once here; the first attempt reuses the reading when nothing
-    // waited in between (each read costs tens of ns on the success path).
-    let now = deadline.map(|_| Instant::now());
-    if let (Some(d), Some(now)) = (deadline, now)
-        && now >= d.instant()
+
+    fn judge(&self, result: &Result<T, E>) -> Judgement {
+        (self.judge)(result)
+    }
+
+    fn observe(&self, outcome: Outcome) {
+        (self.observe)(outcome);
+    }
+}
+
+/// The operation a [`Run`] enforces: a borrowed name, or a tower request's own (`None` =
+/// the dependency as a whole).
+pub(crate) trait OperationName {
+    fn operation<'a>(&'a self, dependency: &'a str) -> &'a str;
+}
+
+impl OperationName for &str {
+    fn operation<'a>(&'a self, _dependency: &'a str) -> &'a str {
+        self
+    }
+}
+
+impl OperationName for Option<super::Operation> {
+    fn operation<'a>(&'a self, dependency: &'a str) -> &'a str {
+        self.as_ref().map_or(dependency, super::Operation::as_str)
+    }
+}
+
+pin_project! {
+    /// An injected delay, then the attempt (the sleep is created on the first poll).
+    pub(crate) struct Delayed<F> {
+        delay: Option<Duration>,
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for Delayed<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let mut this = self.project();
+        if let Some(d) = this.delay.take() {
+            this.sleep.set(Some(tokio::time::sleep(d)));
+        }
+        if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+            std::task::ready!(sleep.poll(cx));
+            this.sleep.set(None);
+        }
+        this.fut.poll(cx)
+    }
+}
+
+type AttemptFuture<Fut> = LazyTimeout<TaskLocalFuture<deadline::RequestContext, Delayed<Fut>>>;
+
+/// Waiting for a bulkhead slot (the only stage that allocates: a caller that finds a free
+/// slot never waits).
+type SlotWait = Pin<Box<dyn Future<Output = Result<DetachedBulkheadPermit, BulkheadError>> + Send>>;
+
+pin_project! {
+    #[project = StageProj]
+    enum Stage<Fut> {
+        Start,
+        Slot { wait: SlotWait },
+        Attempt { #[pin] fut: AttemptFuture<Fut> },
+        Backoff { #[pin] sleep: tokio::time::Sleep },
+        Done,
+    }
+}
+
+pin_project! {
+    /// One call through every enforcement stage (see [`run`] for the order), as a
+    /// hand-written state machine: it can be named (the tower path's response future holds
+    /// it inline) and allocates nothing on the success path. Stages: start (kill switch,
+    /// deadline, bulkhead slot) → [waiting for a slot] → attempt → [backoff → attempt]… →
+    /// done. Its permits are held detached from the guards (which the view owns) and given
+    /// back when the call ends or the future is dropped.
+    pub(crate) struct Run<V, Op, A, Fut>
+    where
+        V: Deref<Target = DepView>,
+        Op: OperationName,
     {
-        calls.count(CallOutcome::DeadlineExceeded);
-        return Err(CallError::DeadlineExceeded(
-            DeadlineError::new("the request's deadline had passed before the call", None),
-            None,
-        ));
+        #[pin]
+        stage: Stage<Fut>,
+        core: Core<V, Op, A>,
     }
-    // 3. bulkhead
-    // A free slot is taken without another deadline check (stage 2 has just made it);
-    // waiting for one goes through `acquire`, which re-checks the deadline once granted.
-    let mut first_now = now;
-    let immediate = guards.bulkhead.try_acquire().ok();
-    let permit = match immediate {
-        Some(p) => Ok(p),
-        None => {
-            first_now = None;
-            guards.bulkhead.acquire(deadline).await
+}
+
+/// The state of a [`Run`] besides its stage.
+struct Core<V: Deref<Target = DepView>, Op: OperationName, A> {
+    view: V,
+    op: Op,
+    attempts: A,
+    idempotent_hint: Option<bool>,
+    replayable: bool,
+    ctx: Option<deadline::RequestContext>,
+    /// The clock read at the start, reused by the first attempt when nothing waited.
+    first_now: Option<Instant>,
+    info: CallInfo,
+    /// Attempts started (the running one included).
+    n: u32,
+    slot: Option<DetachedBulkheadPermit>,
+    breaker: Option<DetachedBreakerPermit>,
+    /// The running attempt's budget and (when the breaker measures durations) start.
+    budget: Duration,
+    started: Option<Instant>,
+}
+
+impl<V: Deref<Target = DepView>, Op: OperationName, A> Drop for Core<V, Op, A> {
+    fn drop(&mut self) {
+        // A call dropped mid-flight gives its slot back and releases an unreported probe,
+        // exactly as dropping the permits themselves would.
+        if self.slot.is_none() && self.breaker.is_none() {
+            return;
         }
-    };
-    let _permit = match permit {
-        Ok(p) => p,
-        Err(BulkheadError::Full(e)) => {
-            calls.count(CallOutcome::BulkheadFull);
-            return Err(CallError::BulkheadFull(e));
+        let guards = &*self.view.scope(self.op.operation(&self.view.name)).guards;
+        if let Some(p) = self.breaker.take() {
+            drop(guards.breaker.reattach(p));
         }
-        Err(BulkheadError::DeadlineExceeded(_)) => {
+        if let Some(p) = self.slot.take() {
+            drop(guards.bulkhead.reattach(p));
+        }
+    }
+}
+
+/// What the start stage leads to.
+enum Begin<E> {
+    Attempt,
+    Wait(SlotWait),
+    Fail(CallError<E>),
+}
+
+impl<V, Op, A> Run<V, Op, A, A::Future>
+where
+    V: Deref<Target = DepView>,
+    Op: OperationName,
+    A: Attempts,
+{
+    pub(crate) fn new(view: V, op: Op, idempotent_hint: Option<bool>, replayable: bool, attempts: A) -> Self {
+        Self {
+            stage: Stage::Start,
+            core: Core {
+                view,
+                op,
+                attempts,
+                idempotent_hint,
+                replayable,
+                ctx: None,
+                first_now: None,
+                info: CallInfo {
+                    idempotent: false,
+                    deadline: None,
+                    reserve: Duration::ZERO,
+                    inbound_retried: false,
+                },
+                n: 0,
+                slot: None,
+                breaker: None,
+                budget: Duration::ZERO,
+                started: None,
+            },
+        }
+    }
+}
+
+impl<V, Op, A> Core<V, Op, A>
+where
+    V: Deref<Target = DepView>,
+    Op: OperationName,
+    A: Attempts,
+{
+    /// 1. kill switch, 2. deadline, 3. bulkhead (a free slot at once).
+    fn begin(&mut self) -> Begin<A::Error> {
+        let view = &*self.view;
+        let operation = self.op.operation(&view.name);
+        let scope = view.scope(operation);
+        let calls = view.calls(operation, scope);
+        // 1. kill switch
+        if !view.enabled {
+            calls.count(CallOutcome::KillSwitched);
+            return Begin::Fail(CallError::KillSwitched(KillSwitched::new(view.name.clone())));
+        }
+        // 2. deadline
+        let ctx = deadline::current();
+        self.ctx = ctx;
+        let deadline = ctx.map(|c| c.deadline);
+        // The clock is read once here; the first attempt reuses the reading when nothing
+        // waited in between (each read costs tens of ns on the success path).
+        let now = deadline.map(|_| Instant::now());
+        if let (Some(d), Some(now)) = (deadline, now)
+            && now >= d.instant()
+        {
             calls.count(CallOutcome::DeadlineExceeded);
-            return Err(CallError::DeadlineExceeded(
-                DeadlineError::new("the deadline passed while waiting for a bulkhead slot", None),
+            return Begin::Fail(CallError::DeadlineExceeded(
+                DeadlineError::new("the request's deadline had passed before the call", None),
                 None,
             ));
         }
-    };
-    // 4. retry
-    let idempotent = scope.idempotent.or(idempotent_hint).unwrap_or_else(|| idempotent_by_name(operation));
-    let info = CallInfo {
-        idempotent: idempotent && replayable && !view.retries_paused,
-        deadline,
-        reserve: view.reserve,
-        inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
-    };
-    let judge = &judge;
-    let throttle = &view.state.throttle;
-    let result = guards
-        .retrier
-        .run(info, |n| {
-            // 5. client-side throttle, then 6. circuit breaker (only asked when the
-            // throttle lets the attempt through).
-            let permit = throttle.try_acquire().map(|()| guards.breaker.try_acquire());
-            // 7. per-attempt timeout (and faults inside it)
-            let start = first_now.filter(|_| n == 1).unwrap_or_else(Instant::now);
-            let budget = match deadline {
-                Some(d) => d.attempt_budget_at(
-                    start,
-                    scope.attempt_timeout,
-                    view.reserve,
-                    view.criticality,
-                    view.non_critical_cap,
-                ),
-                None => Ok(view.cap(scope.attempt_timeout)),
-            };
-            // The attempt runs under its own deadline, `start + budget` =
-            // min(remaining − reserve, attempt timeout, non-critical cap): what
-            // `propagate` sends the callee (it must not outwork its caller) and what a
-            // tower layer bounds the response body by.
-            let attempt_ctx = budget.as_ref().ok().map(|b| deadline::RequestContext {
-                deadline: deadline::Deadline::at(start + *b),
-                criticality: ctx.map(|c| c.criticality).unwrap_or_default(),
-                inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
-            });
-            let fault = if view.faults_active && matches!(permit, Ok(Ok(_))) {
-                view.state.faults.decide(&view.name, operation)
-            } else {
-                FaultDecision::None
-            };
-            // 8. the call: only created when it will be awaited.
-            let fut = match (&permit, &budget, fault.error_kind()) {
-                (Ok(Ok(_)), Ok(_), None) => Some(attempt()),
-                _ => None,
-            };
-            async move {
-                let permit =
-                    permit.map_err(AttemptFailure::Throttled)?.map_err(AttemptFailure::BreakerOpen)?;
-                let Ok(budget) = budget else {
-                    // Dropping the permit unrecorded: the attempt never happened.
-                    return Err(AttemptFailure::NoBudget);
-                };
-                if let Some(kind) = fault.error_kind() {
-                    permit.record(outcome_of(kind), Duration::ZERO);
-                    observe(outcome_of(kind));
-                    if let Some(accepted) = kind.throttle_answer() {
-                        throttle.record(accepted);
-                    }
-                    return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
-                }
-                let (Some(fut), Some(attempt_ctx)) = (fut, attempt_ctx) else {
-                    return Err(AttemptFailure::NoBudget);
-                };
-                // The breaker's durations are measured only when it needs them (slow-call
-                // detection).
-                let start = scope.measure.then_some(start);
-                let out = LazyTimeout {
-                    fut: deadline::scope(attempt_ctx, async {
-                        if let FaultDecision::Delay(d) = fault {
-                            tokio::time::sleep(d).await;
-                        }
-                        fut.await
-                    }),
-                    sleep: None,
-                    until: attempt_ctx.deadline.instant(),
-                }
-                .await
-                .ok_or(());
-                let elapsed = start.map(|s| s.elapsed()).unwrap_or(Duration::ZERO);
-                match out {
-                    Err(_) => {
-                        permit.record(Outcome::Failure, elapsed);
-                        observe(Outcome::Failure);
-                        Err(AttemptFailure::Timeout(AttemptTimeout::new(view.name.clone(), budget)))
-                    }
-                    Ok(r) => match judge(&r) {
-                        Judgement::Success => {
-                            permit.record(Outcome::Success, elapsed);
-                            observe(Outcome::Success);
-                            throttle.record(true);
-                            r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
-                        }
-                        Judgement::Failure { kind, retry_after } => {
-                            permit.record(outcome_of(kind), elapsed);
-                            observe(outcome_of(kind));
-                            if let Some(accepted) = kind.throttle_answer() {
-                                throttle.record(accepted);
-                            }
-                            Err(match r {
-                                Ok(v) => AttemptFailure::Value(v, kind, retry_after),
-                                Err(e) => AttemptFailure::Inner(e, kind, retry_after),
-                            })
-                        }
-                    },
-                }
+        // 4. retry: what the retry stage needs to know, fixed for the whole call.
+        let idempotent =
+            scope.idempotent.or(self.idempotent_hint).unwrap_or_else(|| idempotent_by_name(operation));
+        self.info = CallInfo {
+            idempotent: idempotent && self.replayable && !view.retries_paused,
+            deadline,
+            reserve: view.reserve,
+            inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
+        };
+        // 3. bulkhead
+        // A free slot is taken without another deadline check (stage 2 has just made it);
+        // waiting for one goes through `acquire`, which re-checks the deadline once granted.
+        match scope.guards.bulkhead.try_acquire() {
+            Ok(p) => {
+                self.slot = Some(p.detach());
+                self.first_now = now;
+                Begin::Attempt
             }
-        })
-        .await;
-    match result {
-        Ok(v) => {
-            calls.count(CallOutcome::Ok);
-            Ok(v)
+            Err(_) => {
+                let guards = scope.guards.clone();
+                Begin::Wait(Box::pin(async move {
+                    guards.bulkhead.acquire(deadline).await.map(crate::bulkhead::BulkheadPermit::detach)
+                }))
+            }
         }
-        Err(RetryError { last, reason, attempts }) => {
-            let deadline_stop = reason.is_deadline();
-            let (outcome, err) = match last {
-                AttemptFailure::Value(v, _, _) => {
-                    calls.count(CallOutcome::Failed);
-                    return Ok(v);
-                }
-                AttemptFailure::Inner(e, _, _) => (CallOutcome::Failed, CallError::Inner(e)),
-                AttemptFailure::BreakerOpen(e) => (CallOutcome::BreakerOpen, CallError::BreakerOpen(e)),
-                AttemptFailure::Timeout(e) => (CallOutcome::Timeout, CallError::Timeout(e)),
-                AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),
-                AttemptFailure::Throttled(e) => (CallOutcome::Throttled, CallError::Throttled(e)),
-                AttemptFailure::NoBudget => {
-                    calls.count(CallOutcome::DeadlineExceeded);
-                    let why = format!(
-                        "no time left for attempt {} (remaining budget does not exceed the {:?} reserve)",
-                        attempts, view.reserve
-                    );
-                    return Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), None));
-                }
-            };
-            if deadline_stop {
-                calls.count(CallOutcome::DeadlineExceeded);
-                let why = format!("{reason} after {attempts} attempt(s)");
-                return Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), Some(Box::new(err))));
+    }
+
+    /// The end of the wait for a bulkhead slot.
+    fn slot_granted(
+        &mut self,
+        r: Result<DetachedBulkheadPermit, BulkheadError>,
+    ) -> Result<(), CallError<A::Error>> {
+        let calls = self.calls();
+        match r {
+            Ok(p) => {
+                self.slot = Some(p);
+                Ok(())
             }
-            calls.count(outcome);
-            Err(err)
+            Err(BulkheadError::Full(e)) => {
+                calls.count(CallOutcome::BulkheadFull);
+                Err(CallError::BulkheadFull(e))
+            }
+            Err(BulkheadError::DeadlineExceeded(_)) => {
+                calls.count(CallOutcome::DeadlineExceeded);
+                Err(CallError::DeadlineExceeded(
+                    DeadlineError::new("the deadline passed while waiting for a bulkhead slot", None),
+                    None,
+                ))
+            }
+        }
+    }
+
+    fn calls(&self) -> &super::guards::CallCounters {
+        let view = &*self.view;
+        let operation = self.op.operation(&view.name);
+        view.calls(operation, view.scope(operation))
+    }
+
+    /// Starts attempt `n + 1`: 5. client-side throttle, 6. circuit breaker, 7. per-attempt
+    /// timeout and faults, 8. the call. An attempt refused locally fails at once.
+    #[allow(clippy::type_complexity)]
+    fn start_attempt(&mut self) -> Result<AttemptFuture<A::Future>, AttemptFailure<A::Output, A::Error>> {
+        self.n += 1;
+        let n = self.n;
+        let view = &*self.view;
+        let operation = self.op.operation(&view.name);
+        let scope = view.scope(operation);
+        let guards = &*scope.guards;
+        let throttle = &view.state.throttle;
+        let ctx = self.ctx;
+        let deadline = self.info.deadline;
+        // 5. client-side throttle, then 6. circuit breaker (only asked when the throttle
+        // lets the attempt through).
+        throttle.try_acquire().map_err(AttemptFailure::Throttled)?;
+        let permit = guards.breaker.try_acquire().map_err(AttemptFailure::BreakerOpen)?;
+        // 7. per-attempt timeout (and faults inside it)
+        let start = self.first_now.take().filter(|_| n == 1).unwrap_or_else(Instant::now);
+        let budget = match deadline {
+            Some(d) => d.attempt_budget_at(
+                start,
+                scope.attempt_timeout,
+                view.reserve,
+                view.criticality,
+                view.non_critical_cap,
+            ),
+            None => Ok(view.cap(scope.attempt_timeout)),
+        };
+        // Dropping the permit unrecorded: the attempt never happened.
+        let Ok(budget) = budget else { return Err(AttemptFailure::NoBudget) };
+        let fault = if view.faults_active {
+            view.state.faults.decide(&view.name, operation)
+        } else {
+            FaultDecision::None
+        };
+        if let Some(kind) = fault.error_kind() {
+            permit.record(outcome_of(kind), Duration::ZERO);
+            self.attempts.observe(outcome_of(kind));
+            if let Some(accepted) = kind.throttle_answer() {
+                throttle.record(accepted);
+            }
+            return Err(AttemptFailure::Injected(InjectedFault::new(view.name.clone(), kind)));
+        }
+        // The attempt runs under its own deadline, `start + budget` = min(remaining −
+        // reserve, attempt timeout, non-critical cap): what `propagate` sends the callee
+        // (it must not outwork its caller) and what a tower layer bounds the response body
+        // by.
+        let until = deadline::Deadline::at(start + budget);
+        let attempt_ctx = deadline::RequestContext {
+            deadline: until,
+            criticality: ctx.map(|c| c.criticality).unwrap_or_default(),
+            inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
+        };
+        // The breaker's durations are measured only when it needs them (slow-call
+        // detection).
+        self.started = scope.measure.then_some(start);
+        self.budget = budget;
+        self.breaker = Some(permit.detach());
+        // 8. the call: only created when it will be awaited.
+        let delay = match fault {
+            FaultDecision::Delay(d) => Some(d),
+            _ => None,
+        };
+        let fut = self.attempts.attempt();
+        Ok(LazyTimeout {
+            fut: deadline::scope(attempt_ctx, Delayed { delay, sleep: None, fut }),
+            sleep: None,
+            until: until.instant(),
+        })
+    }
+
+    /// Judges and records the end of the running attempt (`None`: its timeout fired).
+    #[allow(clippy::type_complexity)]
+    fn end_attempt(
+        &mut self,
+        out: Option<Result<A::Output, A::Error>>,
+    ) -> Result<A::Output, AttemptFailure<A::Output, A::Error>> {
+        let elapsed = self.started.take().map(|s| s.elapsed()).unwrap_or(Duration::ZERO);
+        let view = &*self.view;
+        let operation = self.op.operation(&view.name);
+        let guards = &*view.scope(operation).guards;
+        let throttle = &view.state.throttle;
+        let Some(detached) = self.breaker.take() else {
+            unreachable!("an attempt runs with its breaker permit")
+        };
+        let permit = guards.breaker.reattach(detached);
+        let Some(r) = out else {
+            permit.record(Outcome::Failure, elapsed);
+            self.attempts.observe(Outcome::Failure);
+            return Err(AttemptFailure::Timeout(AttemptTimeout::new(view.name.clone(), self.budget)));
+        };
+        match self.attempts.judge(&r) {
+            Judgement::Success => {
+                permit.record(Outcome::Success, elapsed);
+                self.attempts.observe(Outcome::Success);
+                throttle.record(true);
+                r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
+            }
+            Judgement::Failure { kind, retry_after } => {
+                permit.record(outcome_of(kind), elapsed);
+                self.attempts.observe(outcome_of(kind));
+                if let Some(accepted) = kind.throttle_answer() {
+                    throttle.record(accepted);
+                }
+                Err(match r {
+                    Ok(v) => AttemptFailure::Value(v, kind, retry_after),
+                    Err(e) => AttemptFailure::Inner(e, kind, retry_after),
+                })
+            }
+        }
+    }
+
+    /// The retry stage's answer to a failed attempt: a backoff, or the call's result.
+    fn after_failure(
+        &mut self,
+        last: AttemptFailure<A::Output, A::Error>,
+    ) -> Result<Duration, Result<A::Output, CallError<A::Error>>> {
+        let view = &*self.view;
+        let operation = self.op.operation(&view.name);
+        let scope = view.scope(operation);
+        let (reason, attempts) = match scope.guards.retrier.next_step(&self.info, self.n, &last) {
+            Decision::RetryAfter(delay) => return Ok(delay),
+            Decision::Stop(reason) => (reason, self.n),
+        };
+        let calls = view.calls(operation, scope);
+        let deadline_stop = reason.is_deadline();
+        let (outcome, err) = match last {
+            AttemptFailure::Value(v, _, _) => {
+                calls.count(CallOutcome::Failed);
+                return Err(Ok(v));
+            }
+            AttemptFailure::Inner(e, _, _) => (CallOutcome::Failed, CallError::Inner(e)),
+            AttemptFailure::BreakerOpen(e) => (CallOutcome::BreakerOpen, CallError::BreakerOpen(e)),
+            AttemptFailure::Timeout(e) => (CallOutcome::Timeout, CallError::Timeout(e)),
+            AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),
+            AttemptFailure::Throttled(e) => (CallOutcome::Throttled, CallError::Throttled(e)),
+            AttemptFailure::NoBudget => {
+                calls.count(CallOutcome::DeadlineExceeded);
+                let why = format!(
+                    "no time left for attempt {} (remaining budget does not exceed the {:?} reserve)",
+                    attempts, view.reserve
+                );
+                return Err(Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), None)));
+            }
+        };
+        if deadline_stop {
+            calls.count(CallOutcome::DeadlineExceeded);
+            let why = format!("{reason} after {attempts} attempt(s)");
+            return Err(Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), Some(Box::new(err)))));
+        }
+        calls.count(outcome);
+        Err(Err(err))
+    }
+
+    /// The call ends: the slot is given back.
+    fn finish(&mut self) {
+        if let Some(p) = self.slot.take() {
+            let view = &*self.view;
+            let guards = &*view.scope(self.op.operation(&view.name)).guards;
+            drop(guards.bulkhead.reattach(p));
+        }
+    }
+}
+
+impl<V, Op, A> Future for Run<V, Op, A, A::Future>
+where
+    V: Deref<Target = DepView>,
+    Op: OperationName,
+    A: Attempts,
+{
+    type Output = Result<A::Output, CallError<A::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let core = this.core;
+        loop {
+            // Each arm either returns or says what follows: the result of an attempt that
+            // ended (or was refused) now, or a new attempt to start.
+            let ended = match this.stage.as_mut().project() {
+                StageProj::Start => match core.begin() {
+                    Begin::Attempt => None,
+                    Begin::Wait(wait) => {
+                        this.stage.set(Stage::Slot { wait });
+                        continue;
+                    }
+                    Begin::Fail(e) => {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(Err(e));
+                    }
+                },
+                StageProj::Slot { wait } => {
+                    let r = std::task::ready!(wait.as_mut().poll(cx));
+                    if let Err(e) = core.slot_granted(r) {
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(Err(e));
+                    }
+                    None
+                }
+                StageProj::Attempt { fut } => {
+                    let out = std::task::ready!(fut.poll(cx));
+                    Some(core.end_attempt(out))
+                }
+                StageProj::Backoff { sleep } => {
+                    std::task::ready!(sleep.poll(cx));
+                    None
+                }
+                StageProj::Done => panic!("`Run` polled after completion"),
+            };
+            let result = match ended {
+                Some(r) => r,
+                None => match core.start_attempt() {
+                    Ok(fut) => {
+                        this.stage.set(Stage::Attempt { fut });
+                        continue;
+                    }
+                    Err(refused) => Err(refused),
+                },
+            };
+            match result {
+                Ok(v) => {
+                    core.view.scope(core.op.operation(&core.view.name)).guards.retrier.budget().deposit();
+                    core.calls().count(CallOutcome::Ok);
+                    core.finish();
+                    this.stage.set(Stage::Done);
+                    return Poll::Ready(Ok(v));
+                }
+                Err(last) => match core.after_failure(last) {
+                    Ok(delay) => this.stage.set(Stage::Backoff { sleep: tokio::time::sleep(delay) }),
+                    Err(out) => {
+                        core.finish();
+                        this.stage.set(Stage::Done);
+                        return Poll::Ready(out);
+                    }
+                },
+            }
         }
     }
 }

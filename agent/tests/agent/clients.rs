@@ -584,3 +584,89 @@ async fn calls_are_counted_under_their_operation_label() {
     assert_eq!(calls("GET /stock/{sku}"), Some(2.0), "{rendered}");
     assert_eq!(calls("dep"), Some(1.0), "the dependency as a whole: {rendered}");
 }
+
+/// Issue 7: one tonic channel under one layer with `GrpcPolicy` and no fixed operation:
+/// each call's operation is the gRPC method of its path, so the method's own override in
+/// the policy (here a breaker that opens after 3 failures) applies to it, and the calls are
+/// counted under the method's name — not under the dependency's.
+#[tokio::test]
+async fn grpc_policy_takes_the_operation_from_the_method_path() {
+    let recorder = super::prometheus();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let hits = Arc::new(AtomicU32::new(0));
+    let addr = grpc_server(u32::MAX, hits.clone()).await;
+    let agent = agent(
+        r#"{"retry": {"max_attempts": 1},
+            "operations": {"/grpc.health.v1.Health/Check": {"circuit_breaker":
+                {"window": {"type": "count", "size": 10}, "minimum_calls": 3,
+                 "failure_rate_threshold": 0.5, "wait_in_open": "60s"}}}}"#,
+    );
+    let dep = agent.dependency("dep");
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    let svc = ServiceBuilder::new().layer(dep.layer().policy(GrpcPolicy)).service(channel);
+    let mut client = HealthClient::new(svc);
+    for _ in 0..3 {
+        let status = client.check(HealthCheckRequest { service: String::new() }).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+    assert_eq!(dep.breaker(CHECK).state, State::Open, "the method's own breaker saw its 3 failures");
+    assert_eq!(dep.breaker("dep").state, State::Closed, "the dependency's breaker is not the method's");
+    let refused = client.check(HealthCheckRequest { service: String::new() }).await.unwrap_err();
+    assert_eq!(hits.load(Ordering::SeqCst), 3, "the method's open breaker refused locally: {refused:?}");
+    let rendered = handle.render();
+    let calls = |op: &str, outcome: &str| {
+        super::series(
+            &rendered,
+            "levee_calls_total",
+            &[&format!("operation=\"{op}\""), &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    assert_eq!(calls(CHECK, "failed"), Some(3.0), "{rendered}");
+    assert_eq!(calls(CHECK, "breaker_open"), Some(1.0), "{rendered}");
+    assert_eq!(calls("dep", "failed"), Some(0.0), "{rendered}");
+}
+
+/// Issue 7: operation names taken from request paths are bounded per dependency: the first
+/// `MAX_LABELLED_OPERATIONS` (64) methods are labelled by name, every later one shares
+/// `_other` (`OTHER_OPERATION`), and all calls are still counted. Paths that are not
+/// `/service/method` fall back to the layer's operation. Real HTTP on loopback.
+#[tokio::test]
+async fn grpc_method_names_are_bounded_per_dependency() {
+    use levee_agent::enforce::{MAX_LABELLED_OPERATIONS, OTHER_OPERATION};
+    let recorder = super::prometheus();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let agent = agent(r#"{"retry": {"max_attempts": 1}}"#);
+    let dep = agent.dependency("dep");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let mut svc =
+        ServiceBuilder::new().layer(dep.layer().operation("fixed").policy(GrpcPolicy)).service(client);
+    // The layer's operation takes the first label slot, so 63 remain for methods.
+    for path in ["/health", "/a/b/c", "//m"] {
+        let req = http::Request::get(format!("http://{addr}{path}")).body(Full::new(Bytes::new())).unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+    let extra = 6;
+    for i in 0..MAX_LABELLED_OPERATIONS + extra {
+        let req =
+            http::Request::post(format!("http://{addr}/pkg.Svc/M{i}")).body(Full::new(Bytes::new())).unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(res.status(), http::StatusCode::OK);
+    }
+    let rendered = handle.render();
+    let ok = |op: &str| {
+        super::series(&rendered, "levee_calls_total", &[&format!("operation=\"{op}\""), "outcome=\"ok\""])
+    };
+    let labelled =
+        (0..MAX_LABELLED_OPERATIONS + extra).filter(|i| ok(&format!("/pkg.Svc/M{i}")).is_some()).count();
+    assert_eq!(labelled, MAX_LABELLED_OPERATIONS - 1, "{rendered}");
+    assert_eq!(ok(OTHER_OPERATION), Some((extra + 1) as f64), "{rendered}");
+    assert_eq!(ok("fixed"), Some(3.0), "paths that name no method take the layer's: {rendered}");
+}

@@ -23,22 +23,59 @@ use crate::retry::{Classify, ErrorKind, HttpStatusError, Idempotency, RETRIED_HE
 /// method, decides idempotency when the policy does not.
 ///
 /// Set per request as an `http::Request` extension (read by [`HttpPolicy`] and
-/// [`GrpcPolicy`]), per layer with [`DependencyLayer::operation`](super::DependencyLayer::operation),
-/// or computed from the request with
-/// [`DependencyLayer::operation_from`](super::DependencyLayer::operation_from). A
-/// `&'static str` costs no allocation.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Operation(Cow<'static, str>);
+/// [`GrpcPolicy`]), taken from the request path by [`GrpcPolicy`], per layer with
+/// [`DependencyLayer::operation`](super::DependencyLayer::operation), or computed from the
+/// request with [`DependencyLayer::operation_from`](super::DependencyLayer::operation_from).
+/// A `&'static str` and a request path ([`Operation::from_path`]) cost no allocation.
+///
+/// Names are not bounded here: the metrics label a dependency's first
+/// [`MAX_LABELLED_OPERATIONS`](crate::enforce::MAX_LABELLED_OPERATIONS) (64) distinct
+/// operations by name and every later one as
+/// [`OTHER_OPERATION`](crate::enforce::OTHER_OPERATION) (`_other`), whose calls are counted
+/// like any other; only operations named in the policy get guards of their own.
+#[derive(Clone, Debug)]
+pub struct Operation(Repr);
+
+#[derive(Clone, Debug)]
+enum Repr {
+    Name(Cow<'static, str>),
+    /// A request path: a reference-counted copy of the URI's bytes (for a path from
+    /// `PathAndQuery::from_static`, as tonic's generated clients use, not even a count).
+    Path(http::uri::PathAndQuery),
+}
 
 impl Operation {
     /// An operation named by a string literal (no allocation).
     pub const fn from_static(name: &'static str) -> Self {
-        Self(Cow::Borrowed(name))
+        Self(Repr::Name(Cow::Borrowed(name)))
+    }
+
+    /// The operation named by a request's path (`/pkg.Service/Method` for gRPC), without
+    /// its query; shares the URI's bytes instead of copying them.
+    pub fn from_path(path: &http::uri::PathAndQuery) -> Self {
+        Self(Repr::Path(path.clone()))
     }
 
     /// The operation's name.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Repr::Name(n) => n,
+            Repr::Path(p) => p.path(),
+        }
+    }
+}
+
+impl PartialEq for Operation {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Operation {}
+
+impl std::hash::Hash for Operation {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
     }
 }
 
@@ -50,14 +87,22 @@ impl From<&'static str> for Operation {
 
 impl From<String> for Operation {
     fn from(name: String) -> Self {
-        Self(Cow::Owned(name))
+        Self(Repr::Name(Cow::Owned(name)))
     }
 }
 
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
+}
+
+/// The gRPC method a request path names, `/pkg.Service/Method` (two non-empty segments),
+/// as an [`Operation`]; `None` for any other path.
+pub(crate) fn grpc_method(uri: &http::Uri) -> Option<Operation> {
+    let pq = uri.path_and_query()?;
+    let (service, method) = pq.path().strip_prefix('/')?.split_once('/')?;
+    (!service.is_empty() && !method.is_empty() && !method.contains('/')).then(|| Operation::from_path(pq))
 }
 
 /// The attempt that produced a response, for [`CallPolicy::finish`]: its deadline
@@ -373,8 +418,10 @@ impl CallPolicy<reqwest::Request, reqwest::Response> for HttpPolicy {
 /// `grpc-retry-pushback-ms` honoured (gRPC A6); a non-200 HTTP status is judged as HTTP;
 /// transport errors by their source chain. Each attempt carries `grpc-timeout` (the
 /// attempt's deadline), the criticality and the retry marker. The operation is the
-/// request's [`Operation`] extension, else the layer's; the response body is an
-/// [`AttemptBody`] (a stream that outlives the attempt's deadline fails).
+/// request's [`Operation`] extension, else the gRPC method its path names
+/// (`/pkg.Service/Method`, so `operations."/pkg.Service/Method"` overrides apply per call
+/// on one layer), else the layer's; the response body is an [`AttemptBody`] (a stream that
+/// outlives the attempt's deadline fails).
 ///
 /// A status sent in real trailers after a response message is not visible at this layer
 /// (the body has not been read yet): it reaches the caller, but counts as a success for the
@@ -393,7 +440,7 @@ where
     type Response = http::Response<AttemptBody<RB>>;
 
     fn operation(&self, req: &http::Request<B>) -> Option<Operation> {
-        req.extensions().get::<Operation>().cloned()
+        req.extensions().get::<Operation>().cloned().or_else(|| grpc_method(req.uri()))
     }
 
     fn clone_request(&self, req: &http::Request<B>) -> Option<http::Request<B>> {

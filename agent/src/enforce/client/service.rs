@@ -1,13 +1,18 @@
 //! [`DependencyService`]: a dependency's policy around every request to a client service.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tower::{Service, ServiceExt};
+use pin_project_lite::pin_project;
+use tower::Service;
 
 use super::{Attempt, CallPolicy, ErrorPolicy, Operation, ResponseFuture};
 use crate::BoxError;
-use crate::enforce::{CallError, Dependency, NotReplayable, run};
+use crate::enforce::run::{Attempts, Run};
+use crate::enforce::{Dependency, Judgement, NotReplayable};
 
 /// Enforces a dependency's policy (kill switch, deadline, bulkhead, retry, circuit
 /// breaker, per-attempt timeout, injected faults) around every request to the inner
@@ -85,7 +90,7 @@ where
 {
     type Response = P::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<P::Response>;
+    type Future = ResponseFuture<S, P, Req>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Readiness is awaited per attempt (on a clone), inside the enforcement stages, so
@@ -94,52 +99,127 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let dependency = self.dependency.clone();
+        let view = self.dependency.view();
         let operation = self.policy.operation(&req).or_else(|| self.operation.clone());
-        let policy = self.policy.clone();
-        let inner = self.inner.clone();
-        ResponseFuture::new(Box::pin(async move {
-            let view = dependency.view();
-            let op: &str = operation.as_ref().map_or(dependency.name(), Operation::as_str);
-            let idempotent = policy.idempotent(&req);
-            let mut will_retry = view.will_retry(op, idempotent);
-            // Keep a pristine copy for later attempts before the first one goes out. A
-            // request that cannot be replayed gets exactly one attempt, and its own error.
-            let mut original = if will_retry { policy.clone_request(&req) } else { None };
-            let replayable = !will_retry || original.is_some();
-            will_retry &= replayable;
-            let mut first = Some(req);
-            let attempt = || {
-                let next = match first.take() {
-                    Some(r) => Some(r),
-                    // Borrowed mutably so the future only needs `Req: Send`, not `Sync`.
-                    None => original.as_mut().and_then(|r| policy.clone_request(r)),
-                };
-                let mut svc = inner.clone();
-                let policy = policy.clone();
-                let name = view.name.clone();
-                async move {
-                    let Some(mut req) = next else {
-                        return Err(Box::new(NotReplayable::new()) as BoxError);
-                    };
-                    // Inside the attempt the request context is the attempt's own: its
-                    // deadline is the one to propagate and to bound the answer by.
-                    let until = crate::deadline::current_deadline()
-                        .unwrap_or_else(|| crate::deadline::Deadline::after(std::time::Duration::ZERO));
-                    let attempt = Attempt::new(name, until, until.remaining());
-                    policy.prepare(&mut req, will_retry);
-                    let svc = svc.ready().await.map_err(Into::into)?;
-                    let res = svc.call(req).await.map_err(Into::into)?;
-                    Ok((res, attempt))
-                }
-            };
-            let judge =
-                |r: &Result<(S::Response, Attempt), BoxError>| policy.judge(r.as_ref().map(|(res, _)| res));
-            let (res, attempt) =
-                run::run_observed(&view, op, idempotent, replayable, attempt, judge, &|_| {})
-                    .await
-                    .map_err(CallError::into_box)?;
-            Ok(policy.finish(res, &attempt))
-        }))
+        let op: &str = operation.as_ref().map_or(&*view.name, Operation::as_str);
+        let idempotent = self.policy.idempotent(&req);
+        let mut will_retry = view.will_retry(op, idempotent);
+        // Keep a pristine copy for later attempts before the first one goes out. A request
+        // that cannot be replayed gets exactly one attempt, and its own error.
+        let original = if will_retry { self.policy.clone_request(&req) } else { None };
+        let replayable = !will_retry || original.is_some();
+        will_retry &= replayable;
+        let attempts = TowerAttempts {
+            inner: self.inner.clone(),
+            policy: self.policy.clone(),
+            first: Some(req),
+            original,
+            will_retry,
+            name: view.name.clone(),
+        };
+        ResponseFuture::new(Run::new(view, operation, idempotent, replayable, attempts), self.policy.clone())
+    }
+}
+
+/// The attempts of one request on the tower path: the request itself first, then copies of
+/// the pristine one kept for retries.
+pub(crate) struct TowerAttempts<S, P, Req> {
+    inner: S,
+    policy: P,
+    first: Option<Req>,
+    original: Option<Req>,
+    will_retry: bool,
+    name: Arc<str>,
+}
+
+impl<S, P, Req> fmt::Debug for TowerAttempts<S, P, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TowerAttempts").field("will_retry", &self.will_retry).finish_non_exhaustive()
+    }
+}
+
+impl<S, P, Req> Attempts for TowerAttempts<S, P, Req>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    P: CallPolicy<Req, S::Response>,
+{
+    type Output = (S::Response, Attempt);
+    type Error = BoxError;
+    type Future = TowerAttempt<S, P, Req>;
+
+    fn attempt(&mut self) -> Self::Future {
+        let req = match self.first.take() {
+            Some(r) => Some(r),
+            None => self.original.as_ref().and_then(|r| self.policy.clone_request(r)),
+        };
+        TowerAttempt {
+            call: None,
+            svc: self.inner.clone(),
+            policy: self.policy.clone(),
+            req,
+            will_retry: self.will_retry,
+            name: self.name.clone(),
+            attempt: None,
+        }
+    }
+
+    fn judge(&self, result: &Result<(S::Response, Attempt), BoxError>) -> Judgement {
+        self.policy.judge(result.as_ref().map(|(res, _)| res))
+    }
+}
+
+pin_project! {
+    /// One attempt on the tower path: the inner service made ready (on a clone), then its
+    /// call. Runs inside the attempt's request context, so [`CallPolicy::prepare`] sees the
+    /// attempt's own deadline.
+    pub(crate) struct TowerAttempt<S: Service<Req>, P, Req> {
+        #[pin]
+        call: Option<S::Future>,
+        svc: S,
+        policy: P,
+        req: Option<Req>,
+        will_retry: bool,
+        name: Arc<str>,
+        attempt: Option<Attempt>,
+    }
+}
+
+impl<S: Service<Req>, P, Req> fmt::Debug for TowerAttempt<S, P, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TowerAttempt").field("called", &self.call.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl<S, P, Req> Future for TowerAttempt<S, P, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    P: CallPolicy<Req, S::Response>,
+{
+    type Output = Result<(S::Response, Attempt), BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if this.call.is_none() {
+            if this.req.is_none() {
+                return Poll::Ready(Err(Box::new(NotReplayable::new())));
+            }
+            if this.attempt.is_none() {
+                // Inside the attempt the request context is the attempt's own: its deadline
+                // is the one to propagate and to bound the answer by.
+                let until = crate::deadline::current_deadline()
+                    .unwrap_or_else(|| crate::deadline::Deadline::after(std::time::Duration::ZERO));
+                *this.attempt = Some(Attempt::new(this.name.clone(), until, until.remaining()));
+            }
+            std::task::ready!(this.svc.poll_ready(cx)).map_err(Into::into)?;
+            let Some(mut req) = this.req.take() else { unreachable!("checked above") };
+            this.policy.prepare(&mut req, *this.will_retry);
+            this.call.set(Some(this.svc.call(req)));
+        }
+        let Some(call) = this.call.as_pin_mut() else { unreachable!("set above") };
+        let res = std::task::ready!(call.poll(cx)).map_err(Into::into)?;
+        let Some(attempt) = this.attempt.take() else { unreachable!("set before the call") };
+        Poll::Ready(Ok((res, attempt)))
     }
 }
