@@ -303,7 +303,10 @@ const PAGES: &[(&str, &str)] = &[
     ("/ui/environments/{env}/faults", "/ui/environments/prod/faults"),
     ("/ui/environments/{env}/scheduled", "/ui/environments/prod/scheduled"),
     ("/ui/environments/{env}/requests", "/ui/environments/prod/requests"),
-    ("/ui/environments/{env}/services/{svc}/policy/edit", "/ui/environments/prod/services/checkout/policy/edit"),
+    (
+        "/ui/environments/{env}/services/{svc}/policy/edit",
+        "/ui/environments/prod/services/checkout/policy/edit",
+    ),
     ("/ui/environments/{env}/services/{svc}/history", "/ui/environments/prod/services/checkout/history"),
 ];
 
