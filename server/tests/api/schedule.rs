@@ -373,3 +373,38 @@ async fn with_two_replicas_exactly_one_takes_over_an_expired_claim() {
     assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
     assert_eq!(run_audits(&a, id).await.len(), 1, "audited once");
 }
+
+async fn a_claim_without_expiry_is_taken_over_at_once(app: TestApp) {
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), None).await;
+    let id = c["id"].as_i64().unwrap();
+    // As a replica left it before claims had a lease (migration 0014): running, no expiry.
+    let store = &app.server.as_ref().unwrap().store;
+    let res =
+        sqlx::query("UPDATE scheduled_changes SET state = 'running', claimed_by = 'levee' WHERE id = $1")
+            .bind(id)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(res.rows_affected(), 1);
+    assert_eq!(run_due(&app, at(HOUR + 1000)).await, 1);
+    let done = get_change(&app, id).await;
+    assert_eq!(done["state"], "applied", "{done}");
+    assert!(
+        done["outcome"].as_str().unwrap().starts_with("taken over after the claim of levee expired"),
+        "{done}"
+    );
+    assert_eq!(flag(&app).await, json!(false));
+}
+
+#[tokio::test]
+async fn a_change_claimed_before_leases_existed_is_taken_over_on_sqlite() {
+    a_claim_without_expiry_is_taken_over_at_once(TestApp::spawn().await).await;
+}
+
+#[tokio::test]
+async fn a_change_claimed_before_leases_existed_is_taken_over_on_postgres() {
+    if let Some(app) = TestApp::spawn_on(Db::Postgres).await {
+        a_claim_without_expiry_is_taken_over_at_once(app).await;
+    }
+}
