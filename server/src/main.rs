@@ -117,7 +117,10 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
                 let change = UserChange::new(&username, Some(password), Some(role), Some(false))
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
                 actions.update_user(&by, &reason, change).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                println!("user {username} updated with role {}, enabled; its sessions have ended", role.as_str());
+                println!(
+                    "user {username} updated with role {}, enabled; its sessions have ended",
+                    role.as_str()
+                );
             }
             Ok(())
         }

@@ -171,7 +171,11 @@ impl UserChange {
             check_password(p).map_err(|m| BadInput::new("password", "", m))?;
         }
         if password.is_none() && role.is_none() && disabled.is_none() {
-            return Err(BadInput::new("role", "", "give a new password, a new role or disabled (one or more)"));
+            return Err(BadInput::new(
+                "role",
+                "",
+                "give a new password, a new role or disabled (one or more)",
+            ));
         }
         Ok(UserChange { username, password, role, disabled })
     }
@@ -306,8 +310,10 @@ impl Actions {
             })
             .to_string(),
         );
-        let ok =
-            self.store.update_user(&username, hash.as_deref(), change.role, change.disabled, Some(&audit)).await?;
+        let ok = self
+            .store
+            .update_user(&username, hash.as_deref(), change.role, change.disabled, Some(&audit))
+            .await?;
         if !ok {
             return Err(TokenError::NotFound(Missing::User { name: username }));
         }

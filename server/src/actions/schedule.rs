@@ -229,7 +229,8 @@ impl Actions {
         let mut n = 0;
         let until = now.unix_ms() + SCHEDULE_LEASE.as_millis() as i64;
         for id in self.store.due_changes(now.unix_ms()).await? {
-            let Some(claimed) = self.store.claim_change(id, &self.replica, now.unix_ms(), until).await? else {
+            let Some(claimed) = self.store.claim_change(id, &self.replica, now.unix_ms(), until).await?
+            else {
                 continue;
             };
             if let Some(dead) = &claimed.reclaimed_from {
@@ -238,7 +239,9 @@ impl Actions {
             let ran = self.run_change(&claimed).await;
             match self.store.finish_change(id, &self.replica, ran.state, &ran.outcome, ran.revision).await {
                 Ok(true) => {}
-                Ok(false) => tracing::error!(id, outcome = %ran.outcome, "scheduled change taken over by another run before this one recorded its end"),
+                Ok(false) => {
+                    tracing::error!(id, outcome = %ran.outcome, "scheduled change taken over by another run before this one recorded its end")
+                }
                 Err(e) => tracing::error!(error = ?e, id, "recording how a scheduled change ended"),
             }
             n += 1;

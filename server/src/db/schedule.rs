@@ -197,9 +197,9 @@ impl Store {
     ) -> anyhow::Result<Option<Claimed>> {
         let Some(before) = self.scheduled(id).await? else { return Ok(None) };
         let _g = self.write_guard().await;
-        let res = match (before.state.as_str(), &before.claimed_by) {
-            ("pending", _) => {
-                sqlx::query(
+        let res =
+            match (before.state.as_str(), &before.claimed_by) {
+                ("pending", _) => sqlx::query(
                     "UPDATE scheduled_changes SET state = 'running', claimed_by = $1, claim_expires_at = $2 \
                      WHERE id = $3 AND state = 'pending' AND run_at <= $4",
                 )
@@ -208,29 +208,29 @@ impl Store {
                 .bind(id)
                 .bind(now)
                 .execute(&self.pool)
-                .await?
-            }
-            ("running", Some(previous)) => {
-                sqlx::query(
-                    "UPDATE scheduled_changes SET claimed_by = $1, claim_expires_at = $2 \
+                .await?,
+                ("running", Some(previous)) => {
+                    sqlx::query(
+                        "UPDATE scheduled_changes SET claimed_by = $1, claim_expires_at = $2 \
                      WHERE id = $3 AND state = 'running' AND claimed_by = $4 \
                      AND (claim_expires_at IS NULL OR claim_expires_at <= $5)",
-                )
-                .bind(by)
-                .bind(until)
-                .bind(id)
-                .bind(previous)
-                .bind(now)
-                .execute(&self.pool)
-                .await?
-            }
-            _ => return Ok(None),
-        };
+                    )
+                    .bind(by)
+                    .bind(until)
+                    .bind(id)
+                    .bind(previous)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?
+                }
+                _ => return Ok(None),
+            };
         if res.rows_affected() != 1 {
             return Ok(None);
         }
         drop(_g);
-        let reclaimed_from = (before.state == "running").then(|| before.claimed_by.clone().unwrap_or_default());
+        let reclaimed_from =
+            (before.state == "running").then(|| before.claimed_by.clone().unwrap_or_default());
         Ok(self.scheduled(id).await?.map(|change| Claimed { change, reclaimed_from }))
     }
 

@@ -310,7 +310,12 @@ pub async fn confirm_user(
     }
 }
 
-fn confirm_page(user: &UiUser, form: &UserEditForm, effects: Vec<String>, error: Option<String>) -> UserConfirmPage {
+fn confirm_page(
+    user: &UiUser,
+    form: &UserEditForm,
+    effects: Vec<String>,
+    error: Option<String>,
+) -> UserConfirmPage {
     UserConfirmPage {
         layout: user.layout(),
         csrf: user.csrf.clone(),

@@ -335,7 +335,11 @@ async fn password_and_role_changes(app: TestApp) {
     // Disabling ends the sessions and refuses logins until enabled again; audited.
     let session = app.login("olivia", "a-brand-new-password").await;
     let (s, _, b) = app
-        .call(Method::PATCH, "/api/v1/users/olivia", Some(json!({"disabled": true, "reason": "left the company"})))
+        .call(
+            Method::PATCH,
+            "/api/v1/users/olivia",
+            Some(json!({"disabled": true, "reason": "left the company"})),
+        )
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
     assert_refused(&app, &session).await;
@@ -347,7 +351,10 @@ async fn password_and_role_changes(app: TestApp) {
     };
     assert_eq!(login("a-brand-new-password").await.unwrap().status(), StatusCode::UNAUTHORIZED);
     let (_, _, users) = app.call(Method::GET, "/api/v1/users", None).await;
-    assert!(users.as_array().unwrap().iter().any(|u| u["username"] == "olivia" && u["disabled"] == true), "{users}");
+    assert!(
+        users.as_array().unwrap().iter().any(|u| u["username"] == "olivia" && u["disabled"] == true),
+        "{users}"
+    );
     let (s, _, b) = app
         .call(Method::PATCH, "/api/v1/users/olivia", Some(json!({"disabled": false, "reason": "came back"})))
         .await;
@@ -362,7 +369,10 @@ async fn password_and_role_changes(app: TestApp) {
         "{audit}"
     );
     // Nobody disables or demotes themselves: the answer names the field.
-    for (body, field) in [(json!({"disabled": true, "reason": "t"}), "disabled"), (json!({"role": "operator", "reason": "t"}), "role")] {
+    for (body, field) in [
+        (json!({"disabled": true, "reason": "t"}), "disabled"),
+        (json!({"role": "operator", "reason": "t"}), "role"),
+    ] {
         let (s, h, b) = app.call(Method::PATCH, "/api/v1/users/admin", Some(body)).await;
         assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(b["errors"][0]["path"], field, "{b}");

@@ -266,13 +266,21 @@ async fn a_crashed_run_is_taken_over_after_its_lease(app: TestApp) {
     let done = get_change(&app, id).await;
     assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
     let outcome = done["outcome"].as_str().unwrap();
-    assert!(outcome.starts_with("taken over after the claim of dead-replica expired: applied as revision 2"), "{outcome}");
+    assert!(
+        outcome.starts_with("taken over after the claim of dead-replica expired: applied as revision 2"),
+        "{outcome}"
+    );
     let runs = run_audits(&app, id).await;
     assert_eq!(runs.len(), 1, "the takeover is audited once: {runs:?}");
     assert_eq!(runs[0]["outcome"], "ok");
     assert!(runs[0]["after"].as_str().unwrap().contains("dead-replica"), "{:?}", runs[0]);
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout", None).await;
-    let sets = audit.as_array().unwrap().iter().filter(|r| r["action"] == "flag.set" && r["via"] == "server").count();
+    let sets = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "flag.set" && r["via"] == "server")
+        .count();
     assert_eq!(sets, 1, "applied once: {audit}");
     // The dead run cannot record an end over the one that took over.
     let store = &app.server.as_ref().unwrap().store;
@@ -280,7 +288,11 @@ async fn a_crashed_run_is_taken_over_after_its_lease(app: TestApp) {
     assert_eq!(get_change(&app, id).await["state"], "applied");
     // Its revert was scheduled and runs.
     let (_, _, list) = app.call(Method::GET, &format!("{SCHED}?service=checkout"), None).await;
-    assert_eq!((list[0]["state"].as_str(), list[0]["reverts"].as_i64()), (Some("pending"), Some(id)), "{list}");
+    assert_eq!(
+        (list[0]["state"].as_str(), list[0]["reverts"].as_i64()),
+        (Some("pending"), Some(id)),
+        "{list}"
+    );
     assert_eq!(run_due(&app, at(2 * HOUR + 1000)).await, 1);
     assert_eq!(flag(&app).await, json!(true));
 }
@@ -304,19 +316,30 @@ async fn a_crashed_run_that_applied_is_not_applied_twice(app: TestApp) {
     let t = at(HOUR + 1000);
     claim_and_die(&app, id, t).await;
     // The dead run had applied the flip (revision 2) before it died, without recording it.
-    let (s, _, b) = app.call(Method::PATCH, FLAG, Some(json!({"value": false, "reason": "applied, then crashed"}))).await;
+    let (s, _, b) =
+        app.call(Method::PATCH, FLAG, Some(json!({"value": false, "reason": "applied, then crashed"}))).await;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(run_due(&app, Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS + 1000)).await, 1);
     let done = get_change(&app, id).await;
     assert_eq!(done["state"], "applied", "{done}");
     let outcome = done["outcome"].as_str().unwrap();
-    assert!(outcome.contains("already in place at revision 2 when the claim of dead-replica expired: not applied again"), "{outcome}");
-    let (_, _, revs) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
+    assert!(
+        outcome.contains(
+            "already in place at revision 2 when the claim of dead-replica expired: not applied again"
+        ),
+        "{outcome}"
+    );
+    let (_, _, revs) =
+        app.call(Method::GET, "/api/v1/environments/prod/services/checkout/revisions", None).await;
     assert_eq!(revs.as_array().unwrap().len(), 2, "no second revision: {revs}");
     assert_eq!(run_audits(&app, id).await.len(), 1, "audited once");
     // The revert the dead run never scheduled is scheduled now, and puts the flag back.
     let (_, _, list) = app.call(Method::GET, &format!("{SCHED}?service=checkout"), None).await;
-    assert_eq!((list[0]["state"].as_str(), list[0]["reverts"].as_i64()), (Some("pending"), Some(id)), "{list}");
+    assert_eq!(
+        (list[0]["state"].as_str(), list[0]["reverts"].as_i64()),
+        (Some("pending"), Some(id)),
+        "{list}"
+    );
     assert_eq!(run_due(&app, at(2 * HOUR + 1000)).await, 1);
     assert_eq!(flag(&app).await, json!(true));
 }
@@ -349,4 +372,39 @@ async fn with_two_replicas_exactly_one_takes_over_an_expired_claim() {
     let done = get_change(&b, id).await;
     assert_eq!((done["state"].as_str(), done["revision"].as_u64()), (Some("applied"), Some(2)), "{done}");
     assert_eq!(run_audits(&a, id).await.len(), 1, "audited once");
+}
+
+async fn a_claim_without_expiry_is_taken_over_at_once(app: TestApp) {
+    app.seed().await;
+    let c = schedule_flip(&app, false, at(HOUR), None).await;
+    let id = c["id"].as_i64().unwrap();
+    // As a replica left it before claims had a lease (migration 0014): running, no expiry.
+    let store = &app.server.as_ref().unwrap().store;
+    let res =
+        sqlx::query("UPDATE scheduled_changes SET state = 'running', claimed_by = 'levee' WHERE id = $1")
+            .bind(id)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(res.rows_affected(), 1);
+    assert_eq!(run_due(&app, at(HOUR + 1000)).await, 1);
+    let done = get_change(&app, id).await;
+    assert_eq!(done["state"], "applied", "{done}");
+    assert!(
+        done["outcome"].as_str().unwrap().starts_with("taken over after the claim of levee expired"),
+        "{done}"
+    );
+    assert_eq!(flag(&app).await, json!(false));
+}
+
+#[tokio::test]
+async fn a_change_claimed_before_leases_existed_is_taken_over_on_sqlite() {
+    a_claim_without_expiry_is_taken_over_at_once(TestApp::spawn().await).await;
+}
+
+#[tokio::test]
+async fn a_change_claimed_before_leases_existed_is_taken_over_on_postgres() {
+    if let Some(app) = TestApp::spawn_on(Db::Postgres).await {
+        a_claim_without_expiry_is_taken_over_at_once(app).await;
+    }
 }

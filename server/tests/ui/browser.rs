@@ -288,3 +288,114 @@ async fn browser_operator_flips_edits_rolls_back_and_a_viewer_cannot() {
     c.close().await.unwrap();
     agent.shutdown().await;
 }
+
+/// Every page of the UI router (a `GET` route answering HTML), with the path the browser
+/// opens for it in `browser_an_admin_opens_every_page_and_disables_a_user`.
+/// `every_ui_page_is_opened_by_a_browser_test` keeps this list equal to the router's.
+const PAGES: &[(&str, &str)] = &[
+    ("/", "/"),
+    ("/login", "/login"),
+    ("/ui/audit", "/ui/audit"),
+    ("/ui/admin", "/ui/admin"),
+    ("/ui/environments/{env}", "/ui/environments/prod"),
+    ("/ui/environments/{env}/services/{svc}", SERVICE),
+    ("/ui/environments/{env}/profiles", "/ui/environments/prod/profiles"),
+    ("/ui/environments/{env}/faults", "/ui/environments/prod/faults"),
+    ("/ui/environments/{env}/scheduled", "/ui/environments/prod/scheduled"),
+    ("/ui/environments/{env}/requests", "/ui/environments/prod/requests"),
+    (
+        "/ui/environments/{env}/services/{svc}/policy/edit",
+        "/ui/environments/prod/services/checkout/policy/edit",
+    ),
+    ("/ui/environments/{env}/services/{svc}/history", "/ui/environments/prod/services/checkout/history"),
+];
+
+/// `GET` routes of the UI router that are not pages, and where a browser test uses them.
+const NOT_PAGES: &[(&str, &str)] = &[
+    ("/static/levee.css", "the stylesheet of every page"),
+    ("/static/live.js", "the script of the service page"),
+    (
+        "/ui/environments/{env}/services/{svc}/live",
+        "the service page's event stream: the agent's ACK appears without a reload in \
+         browser_operator_flips_edits_rolls_back_and_a_viewer_cannot",
+    ),
+];
+
+/// The `GET` routes of the UI router, read from its source (`server/src/ui/mod.rs`).
+fn router_get_routes() -> Vec<String> {
+    let source = include_str!("../../src/ui/mod.rs");
+    let body = &source[source.find("pub fn router(").expect("the UI router")..];
+    let svc = body
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("let svc = \"")?.strip_suffix("\";"))
+        .expect("the router's service path");
+    let mut routes = Vec::new();
+    for line in body.lines().map(str::trim).filter(|l| l.starts_with(".route(")) {
+        let args = &line[".route(".len()..];
+        let Some(comma) = args.find(", ") else { continue };
+        if !args[comma + 2..].starts_with("get(") {
+            continue;
+        }
+        let path = &args[..comma];
+        let path = if path == "svc" {
+            svc.to_string()
+        } else if let Some(f) = path.strip_prefix("&format!(\"").and_then(|p| p.strip_suffix("\")")) {
+            f.replace("{svc}", svc).replace("{{", "{").replace("}}", "}")
+        } else {
+            path.trim_matches('"').to_string()
+        };
+        routes.push(path);
+    }
+    routes
+}
+
+/// A page added to the router without a browser test opening it fails here (add it to
+/// `PAGES`, which the browser test opens, or to `NOT_PAGES` with where it is used).
+#[test]
+fn every_ui_page_is_opened_by_a_browser_test() {
+    let routes = router_get_routes();
+    assert!(routes.len() >= 10 && routes.iter().any(|r| r == "/ui/admin"), "the router was read: {routes:?}");
+    let mut known: Vec<&str> = PAGES.iter().chain(NOT_PAGES).map(|(r, _)| *r).collect();
+    known.sort_unstable();
+    let mut routed: Vec<&str> = routes.iter().map(String::as_str).collect();
+    routed.sort_unstable();
+    assert_eq!(routed, known, "the UI router's GET routes and the pages the browser tests open");
+}
+
+/// An admin opens every page of the UI (each renders with its heading and no error), and
+/// disables a user on the users page through its confirmation.
+#[tokio::test]
+async fn browser_an_admin_opens_every_page_and_disables_a_user() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let base = app.base.clone();
+    login(&c, &base, "admin", crate::helpers::ADMIN_PASSWORD).await;
+    for (route, path) in PAGES {
+        c.goto(&format!("{base}{path}")).await.unwrap();
+        let text = body(&c).await;
+        let h1 = wait_find(&c, "h1").await.text().await.unwrap();
+        assert!(!h1.is_empty(), "{route}: no heading: {text}");
+        assert!(
+            c.find(Locator::Css("p.error[role=alert]")).await.is_err(),
+            "{route} ({path}) answered an error: {text}"
+        );
+    }
+
+    c.goto(&format!("{base}/ui/admin")).await.unwrap();
+    wait_find(&c, "#user-olivia select[name=state]").await.select_by_value("disabled").await.unwrap();
+    click(&c, "#user-olivia button[type=submit]").await;
+    let confirm = body(&c).await;
+    assert!(confirm.contains("olivia is disabled: it cannot log in"), "{confirm}");
+    fill(&c, "textarea[name=reason]", "left the company").await;
+    click(&c, "form[action='/ui/admin/users/update'] button[type=submit]").await;
+    let done = body(&c).await;
+    assert!(done.contains("Changed user olivia"), "{done}");
+    let (_, _, users) = app.api(Method::GET, "/users", None).await;
+    assert!(
+        users.as_array().unwrap().iter().any(|u| u["username"] == "olivia" && u["disabled"] == true),
+        "{users}"
+    );
+    c.close().await.unwrap();
+}
