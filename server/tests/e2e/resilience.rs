@@ -56,6 +56,10 @@ async fn trip_recommendations() -> Tripped {
     let (url, recs) = start_example(&agent).await;
 
     recs.delay_ms.store(20, Ordering::Relaxed);
+    // The first page also opens checkout's connection to recommendations; on a loaded
+    // 2-core machine that once took longer than the 80 ms attempt timeout (1 run in 8), so
+    // it is a warm-up and the healthy level is asserted on the next page.
+    let _warm_up = page(&url).await;
     assert_eq!(page(&url).await.recommendations_level, "FRESH");
 
     recs.delay_ms.store(5000, Ordering::Relaxed);
