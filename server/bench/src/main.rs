@@ -3,10 +3,12 @@
 //!
 //! Each mode lives in its own module with its own clap sub-enum, flattened into
 //! [`Command`]: `overload/` (tests to failure of inbound admission against the Rust
-//! peers, targets.md "Overload behaviour").
+//! peers, targets.md "Overload behaviour") and `control/` (the control plane at scale:
+//! propagation, streams, reconnect, replicas, writes; targets.md "Control plane").
 
 use clap::{Parser, Subcommand};
 
+mod control;
 mod overload;
 
 /// Levee's harness: drives real servers on loopback and prints what it measured; the last
@@ -22,11 +24,14 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Overload(overload::Command),
+    #[command(flatten)]
+    Control(control::Command),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Overload(c) => c.run(),
+        Command::Control(c) => c.run(),
     }
 }

@@ -28,5 +28,4 @@ mod profiles;
 mod resilience;
 mod security;
 mod shutdown;
-mod stream_memory;
 mod tls;
