@@ -193,8 +193,8 @@ fn main() {
     // succeeds allocates nothing. Anything per call would show as ≥ 1.0 here.
     assert!(ours_allocs < 0.01, "the success path allocates: {ours_allocs:.2} allocations per call");
     // The same stack through the tower layer (`DependencyService`): its response future
-    // holds the enforcement state machine on the heap, one allocation per call; checked
-    // so that it never grows.
+    // holds the enforcement state machine inline, so a call that succeeds allocates
+    // nothing there either (checked on every run, as above).
     let mut layered = dep
         .layer()
         .operation("GET /x")
@@ -210,10 +210,17 @@ fn main() {
     let region = Region::new(GLOBAL);
     tower_calls(&mut layered, calls);
     let layer_allocs = region.change().allocations as f64 / calls as f64;
-    assert!(layer_allocs < 1.01, "the tower path allocates more than its response future: {layer_allocs:.2}");
-    let start = Instant::now();
-    tower_calls(&mut layered, n);
-    let layer_ns = start.elapsed().as_nanos() as f64 / n as f64;
+    assert!(
+        layer_allocs < 0.01,
+        "the tower path's success path allocates: {layer_allocs:.2} allocations per call"
+    );
+    let layer_ns = (0..rounds)
+        .map(|_| {
+            let start = Instant::now();
+            tower_calls(&mut layered, n);
+            start.elapsed().as_nanos() as f64 / n as f64
+        })
+        .fold(f64::INFINITY, f64::min);
     let mut svc = theirs.clone();
     let region = Region::new(GLOBAL);
     rt.block_on(async {

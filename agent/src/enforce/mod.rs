@@ -3,7 +3,8 @@
 //! [`Dependency`] is the handle (`agent.dependency("recommendations")`); its
 //! [`call`](Dependency::call) wraps any future, [`call_or_fallback`](Dependency::call_or_fallback)
 //! adds a fallback, and [`DependencyLayer`] does the same for any `tower::Service`. All three
-//! go through `run::run`, the one place that decides the order of enforcement.
+//! go through `run.rs` (its `Run` future), the one place that decides the order of
+//! enforcement.
 //!
 //! The hot path reads the dependency's resolved view with one lock-free `arc-swap` load
 //! and takes no lock; the view is rewritten whenever a snapshot is applied or a flag

@@ -683,3 +683,33 @@ async fn tower_operation_is_taken_per_request() {
     assert_eq!(d.breaker("GET /a").window.calls, 2, "the extension and operation_from chose GET /a");
     assert_eq!(d.breaker("GET /layer").window.calls, 1, "the layer's operation: the dependency's scope");
 }
+
+/// The tower path's future holds its state machine inline, with its bulkhead slot and
+/// breaker permit detached from the guards: a request dropped mid-attempt must still give
+/// the slot back and free its half-open probe, exactly as a dropped plain call does.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_tower_call_gives_back_its_slot_and_its_probe() {
+    use tower::{Layer, Service};
+    let shared = shared_with(&policy(""));
+    let d = dep(&shared, "p");
+    for _ in 0..3 {
+        let _ = d.call("GET /x", || async { Err::<(), _>(refused()) }).await;
+    }
+    assert_eq!(d.breaker("GET /x").state, State::Open);
+    tokio::time::advance(Duration::from_millis(1100)).await;
+    let mut svc = d
+        .layer()
+        .operation("GET /x")
+        .layer(tower::service_fn(|_: u32| std::future::pending::<Result<u32, io::Error>>()));
+    let free = |d: &Dependency| d.breaker("GET /x").half_open_free;
+    let mut fut = Box::pin(svc.call(1));
+    assert!(futures::poll!(&mut fut).is_pending());
+    assert_eq!(d.bulkhead_usage("GET /x").0, 1, "the attempt holds a slot");
+    assert_eq!(d.breaker("GET /x").state, State::HalfOpen);
+    let while_probing = free(&d);
+    drop(fut);
+    assert_eq!(d.bulkhead_usage("GET /x").0, 0, "the dropped call gave its slot back");
+    assert_eq!(free(&d), while_probing + 1, "and its unreported probe");
+    let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
+    assert!(r.is_ok(), "{r:?}");
+}
