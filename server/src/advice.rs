@@ -162,6 +162,20 @@ pub async fn for_service(
     Ok(advise(service, policy, &environment, &agents, Timestamp::now()))
 }
 
+/// What a write answers about the policy it made: [`advise`] without the agents' reports
+/// — the policy's own lints and those of its environment. The lints from reports
+/// (`bulkhead_far_from_littles_law`, `fallback_longer_than_alert`) describe the fleet, not
+/// the write, and cost a read of every agent row of the service (~1 s at 10,000 agents,
+/// `levee-bench propagation`); they are on the service view and `/lint` ([`for_service`]).
+///
+/// # Errors
+/// The store's.
+pub async fn for_write(store: &Store, env: &str, service: &str, policy: &Policy) -> anyhow::Result<Vec<Lint>> {
+    let mut environment = environment(store, env).await?;
+    environment.insert(service.to_string(), policy.clone());
+    Ok(advise(service, policy, &environment, &[], Timestamp::now()))
+}
+
 fn fmt(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }

@@ -143,7 +143,8 @@ impl Actions {
     }
 
     /// Publishes a new revision to this replica's agent streams (once, after commit), and
-    /// says what the server advises about the policy now current ([`advice`]).
+    /// says what the server advises about the policy now current, without the agents'
+    /// reports ([`advice::for_write`]: the answer does not wait for a read of the fleet).
     async fn publish(&self, c: Committed) -> Written {
         if c.changed {
             self.hub.publish(c.snapshot.clone());
@@ -151,7 +152,7 @@ impl Actions {
         let lints = match serde_json::from_str::<ServiceConfig>(&c.snapshot.body) {
             Ok(cfg) => {
                 let (env, svc) = (&c.snapshot.environment, &c.snapshot.service);
-                advice::for_service(&self.store, env, svc, &cfg.policy).await.unwrap_or_else(|e| {
+                advice::for_write(&self.store, env, svc, &cfg.policy).await.unwrap_or_else(|e| {
                     // Advice needs more reads; the write is done, so answer the policy's own lints.
                     tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "reading what advice needs");
                     lint(&cfg.policy)

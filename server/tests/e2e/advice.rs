@@ -76,11 +76,25 @@ async fn the_service_view_shows_littles_law_and_warns_from_agents_reports() {
     assert_eq!(lint("bulkhead_far_from_littles_law")["path"], "dependencies.pricing.bulkhead.max_concurrent");
     assert_eq!(lint("fallback_longer_than_alert")["path"], "degradation_matrix[0].alert_after");
     assert!(lint("fallback_longer_than_alert")["message"].as_str().unwrap().contains("(GENERIC)"), "{view}");
-    // The same advice on the lint resource and with the next write.
+    // The same advice on the lint resource.
     let lints = api.send(Method::GET, "/environments/prod/services/shop/lint", None).await;
     assert!(
         lints.as_array().unwrap().iter().any(|l| l["code"] == "bulkhead_far_from_littles_law"),
         "{lints}"
     );
+    // A write answers the advice about the policy it made, not the fleet's reports: its
+    // answer never waits for a read of every agent of the service.
+    let written = api
+        .send(
+            Method::PUT,
+            "/environments/prod/services/shop/flags/bench.flag",
+            Some(json!({"type": "bool", "value": true, "reason": "test"})),
+        )
+        .await;
+    let codes: Vec<&str> = written["lints"].as_array().unwrap().iter().filter_map(|l| l["code"].as_str()).collect();
+    assert!(!codes.contains(&"bulkhead_far_from_littles_law"), "{written}");
+    assert!(!codes.contains(&"fallback_longer_than_alert"), "{written}");
+    let view = api.send(Method::GET, "/environments/prod/services/shop", None).await;
+    assert!(view["lints"].as_array().unwrap().iter().any(|l| l["code"] == "fallback_longer_than_alert"), "{view}");
     agent.shutdown().await;
 }
