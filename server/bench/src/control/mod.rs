@@ -99,7 +99,7 @@ fn raise_nofile() {
     let mut l = getrlimit(Resource::Nofile);
     if l.maximum.is_some() && l.current != l.maximum {
         l.current = l.maximum;
-        if let Err(e) = setrlimit(Resource::Nofile, l.clone()) {
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
             eprintln!("could not raise RLIMIT_NOFILE: {e}");
         }
     }
