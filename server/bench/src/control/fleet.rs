@@ -8,6 +8,19 @@ use levee_agent::Agent;
 use tokio::time::Instant;
 
 use super::Common;
+use super::api::Api;
+
+/// What [`Fleet::measure_flips`] timed, one entry per flip, in milliseconds.
+#[derive(Debug, Default)]
+pub struct Flips {
+    /// From the API's answer until the last agent applied the revision (0 when all had it
+    /// before the answer).
+    pub after_answer: Vec<f64>,
+    /// From the request until the last agent applied it.
+    pub from_request: Vec<f64>,
+    /// The API's own answer time.
+    pub api_answer: Vec<f64>,
+}
 
 #[derive(Debug)]
 pub struct Fleet {
@@ -79,6 +92,34 @@ impl Fleet {
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// Flips the flag `flips` times through `api`, one after the other with a 200 ms pause
+    /// (each measured on its own, not queued behind the last), watching every agent while
+    /// the request is in flight (the server pushes before it answers). `label` names where
+    /// the agents are, for the progress lines on stderr.
+    pub async fn measure_flips(&self, api: &Api, flips: usize, label: &str) -> anyhow::Result<Flips> {
+        let mut out = Flips::default();
+        for i in 0..flips {
+            // The revision the write will make is the next one.
+            let rev = self.agents[0].current().revision + 1;
+            let sent = Instant::now();
+            let (written, total) = tokio::join!(
+                async { (api.flip(i % 2 == 1).await, sent.elapsed().as_secs_f64() * 1000.0) },
+                self.time_to_all(sent, rev, Duration::from_secs(60))
+            );
+            let (written, answered) = (written.0?, written.1);
+            anyhow::ensure!(written == rev, "the write made revision {written}, not the next one ({rev})");
+            let total = total?;
+            // From the answer; 0 when every agent had it before the API answered.
+            let ms = (total - answered).max(0.0);
+            eprintln!("flip {i}: revision {rev} on all {} agents {label} after {ms:.1} ms", self.agents.len());
+            out.after_answer.push(ms);
+            out.from_request.push(total);
+            out.api_answer.push(answered);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(out)
     }
 
     pub async fn shutdown(self) {

@@ -33,38 +33,16 @@ pub async fn run(a: Args) -> anyhow::Result<serde_json::Value> {
     let connect = fleet.wait_synced(1, Duration::from_secs(120)).await?;
     eprintln!("{n} agents synced in {:.1} s", connect.as_secs_f64());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut samples = Vec::with_capacity(flips);
-    let (mut from_request, mut api_ms) = (Vec::new(), Vec::new());
-    for i in 0..flips {
-        // The revision the write will make is the next one: watch the agents while the
-        // request is in flight (the server pushes before it answers).
-        let rev = fleet.agents[0].current().revision + 1;
-        let sent = tokio::time::Instant::now();
-        let (written, total) = tokio::join!(
-            async { (s.api.flip(i % 2 == 1).await, sent.elapsed().as_secs_f64() * 1000.0) },
-            fleet.time_to_all(sent, rev, Duration::from_secs(60))
-        );
-        let (written, answered) = (written.0?, written.1);
-        anyhow::ensure!(written == rev, "the write made revision {written}, not the next one ({rev})");
-        let total = total?;
-        // From the answer; 0 when every agent had it before the API answered.
-        let ms = (total - answered).max(0.0);
-        from_request.push(total);
-        api_ms.push(answered);
-        eprintln!("flip {i}: revision {rev} on all {n} agents after {ms:.1} ms");
-        samples.push(ms);
-        // A pause between flips: each is measured on its own, not queued behind the last.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let f = fleet.measure_flips(&s.api, flips, "of the server").await?;
     let (rss, hwm) = s.server.rss_kib();
     fleet.shutdown().await;
     s.server.stop().await?;
     Ok(json!({
         "mode": "propagation", "smoke": a.common.smoke, "agents": n, "flips": flips,
         "cache": !a.common.no_cache,
-        "last_agent_applied": percentiles_ms(&samples),
-        "from_request_to_last_agent": percentiles_ms(&from_request),
-        "api_answer": percentiles_ms(&api_ms),
+        "last_agent_applied": percentiles_ms(&f.after_answer),
+        "from_request_to_last_agent": percentiles_ms(&f.from_request),
+        "api_answer": percentiles_ms(&f.api_answer),
         "connect_seconds": (connect.as_secs_f64() * 100.0).round() / 100.0,
         "server_rss_mib": rss / 1024, "server_peak_rss_mib": hwm / 1024,
     }))
