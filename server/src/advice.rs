@@ -170,7 +170,12 @@ pub async fn for_service(
 ///
 /// # Errors
 /// The store's.
-pub async fn for_write(store: &Store, env: &str, service: &str, policy: &Policy) -> anyhow::Result<Vec<Lint>> {
+pub async fn for_write(
+    store: &Store,
+    env: &str,
+    service: &str,
+    policy: &Policy,
+) -> anyhow::Result<Vec<Lint>> {
     let mut environment = environment(store, env).await?;
     environment.insert(service.to_string(), policy.clone());
     Ok(advise(service, policy, &environment, &[], Timestamp::now()))

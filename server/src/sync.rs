@@ -389,8 +389,10 @@ impl SyncService {
         }
         // What an agent sends is untrusted (SEC-2): identifiers it chooses are refused
         // outside their alphabet rather than stored, logged and shown.
-        agent_text::check_instance_id(&hello.instance_id).map_err(|e| bad_hello(Status::invalid_argument(e)))?;
-        agent_text::check_version(&hello.agent_version).map_err(|e| bad_hello(Status::invalid_argument(e)))?;
+        agent_text::check_instance_id(&hello.instance_id)
+            .map_err(|e| bad_hello(Status::invalid_argument(e)))?;
+        agent_text::check_version(&hello.agent_version)
+            .map_err(|e| bad_hello(Status::invalid_argument(e)))?;
         let (tx, rx) = mpsc::channel::<Result<ServerMessage, Status>>(16);
         tokio::spawn(run_session(inner, principal, hello, incoming, tx, db_ok));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

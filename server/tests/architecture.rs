@@ -51,7 +51,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
 
 /// Modules that know nothing about HTTP: the domain, storage and what runs beside them.
 const HTTP_FREE: &[&str] = &[
-    "actions", "advice", "agent_text", "auth", "db", "diff", "fleet", "hub", "listener", "manifest", "shutdown",
+    "actions",
+    "advice",
+    "agent_text",
+    "auth",
+    "db",
+    "diff",
+    "fleet",
+    "hub",
+    "listener",
+    "manifest",
+    "shutdown",
     "sweeper",
 ];
 

@@ -67,6 +67,8 @@ mod route;
 mod service;
 mod status;
 
+/// Client-side throttling lives with the outgoing side (`retry`), which enforces it.
+pub use crate::retry::{AdaptiveThrottle, Throttled, throttle_probability};
 pub use codel::CoDel;
 pub use criticality::from_headers as criticality_from_headers;
 pub use engine::{Admission, AdmissionRequest};
@@ -82,8 +84,6 @@ pub use route::{
 };
 pub use service::AdmissionService;
 pub use status::{AdmissionStatus, RouteStatus, ShedCount};
-/// Client-side throttling lives with the outgoing side (`retry`), which enforces it.
-pub use crate::retry::{AdaptiveThrottle, Throttled, throttle_probability};
 
 #[cfg(test)]
 mod tests;

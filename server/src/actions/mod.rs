@@ -39,7 +39,9 @@ mod schedule;
 mod security;
 mod service;
 
-pub use access::{MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser, UserChange};
+pub use access::{
+    MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser, UserChange,
+};
 pub use actor::{Action, Actor, Forbidden, Via};
 pub use environments::NewEnvironment;
 pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};

@@ -7,8 +7,8 @@ use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule, services,
-    tokens,
+    agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule,
+    services, tokens,
 };
 
 struct BearerAuth;

@@ -674,8 +674,9 @@ impl Store {
         // ACKs in statements of FLEET_ROWS_PER_STATEMENT rows too: a flip reaching 10,000
         // agents is 20 statements, not 10,000.
         for chunk in acks.chunks(FLEET_ROWS_PER_STATEMENT) {
-            let mut sql =
-                String::from("INSERT INTO acks (environment, service, revision, instance_id, acked_at) VALUES ");
+            let mut sql = String::from(
+                "INSERT INTO acks (environment, service, revision, instance_id, acked_at) VALUES ",
+            );
             push_values(&mut sql, chunk.len(), 5);
             sql.push_str(" ON CONFLICT (environment, service, revision, instance_id) DO NOTHING");
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));

@@ -15,8 +15,8 @@
 //! confirmation and a reason first (see `changes.rs`).
 
 mod admin;
-mod alarms;
 mod admission;
+mod alarms;
 mod audit;
 mod changes;
 mod edit;

@@ -12,8 +12,8 @@ use levee_agent::policy::{
 };
 use serde::Deserialize;
 
-use super::alarms::{self, Alarms};
 use super::admission::AdmissionView;
+use super::alarms::{self, Alarms};
 use super::error::UiError;
 use super::fleet::{AgentReport, FleetSummary};
 use super::page::{Layout, Page, duration, percent, service_url, time};

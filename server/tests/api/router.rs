@@ -73,19 +73,19 @@ impl Oneshot {
 impl Oneshot {
     /// Environment `prod` with service `checkout` (one bool flag `k`, on): revision 1.
     async fn create_prod_checkout(&self, token: &str) {
-    let env = self
-        .json(Method::POST, "/api/v1/environments", Some(token), json!({"name": "prod", "reason": "r"}))
-        .await;
-    assert_eq!(env.status, StatusCode::CREATED, "{}", env.body);
-    let create = self
-        .json(
-            Method::POST,
-            "/api/v1/environments/prod/services",
-            Some(token),
-            json!({"name": "checkout", "reason": "r", "flags": {"k": {"type": "bool", "value": true}}}),
-        )
-        .await;
-    assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
+        let env = self
+            .json(Method::POST, "/api/v1/environments", Some(token), json!({"name": "prod", "reason": "r"}))
+            .await;
+        assert_eq!(env.status, StatusCode::CREATED, "{}", env.body);
+        let create = self
+            .json(
+                Method::POST,
+                "/api/v1/environments/prod/services",
+                Some(token),
+                json!({"name": "checkout", "reason": "r", "flags": {"k": {"type": "bool", "value": true}}}),
+            )
+            .await;
+        assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
     }
 }
 

@@ -31,7 +31,8 @@ async fn the_example_admits_checkout_as_a_critical_route() {
     assert_eq!(res.status(), 503, "a SHEDDABLE caller is shed");
     assert!(res.headers().contains_key("retry-after"));
     let status = agent.admission().status();
-    let route = status.routes.iter().find(|r| r.route == "GET /checkout/{user}").expect("named by its template");
+    let route =
+        status.routes.iter().find(|r| r.route == "GET /checkout/{user}").expect("named by its template");
     assert_eq!(route.shed.len(), 1, "{route:?}");
     assert_eq!(
         (route.shed[0].criticality, route.shed[0].reason, route.shed[0].count),

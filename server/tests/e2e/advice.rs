@@ -91,10 +91,14 @@ async fn the_service_view_shows_littles_law_and_warns_from_agents_reports() {
             Some(json!({"type": "bool", "value": true, "reason": "test"})),
         )
         .await;
-    let codes: Vec<&str> = written["lints"].as_array().unwrap().iter().filter_map(|l| l["code"].as_str()).collect();
+    let codes: Vec<&str> =
+        written["lints"].as_array().unwrap().iter().filter_map(|l| l["code"].as_str()).collect();
     assert!(!codes.contains(&"bulkhead_far_from_littles_law"), "{written}");
     assert!(!codes.contains(&"fallback_longer_than_alert"), "{written}");
     let view = api.send(Method::GET, "/environments/prod/services/shop", None).await;
-    assert!(view["lints"].as_array().unwrap().iter().any(|l| l["code"] == "fallback_longer_than_alert"), "{view}");
+    assert!(
+        view["lints"].as_array().unwrap().iter().any(|l| l["code"] == "fallback_longer_than_alert"),
+        "{view}"
+    );
     agent.shutdown().await;
 }

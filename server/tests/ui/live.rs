@@ -87,7 +87,8 @@ async fn fleet_row_and_status_agree_and_propagation_is_recorded() {
         (Some(1), Some(1), Some(1)),
         "{p:#}"
     );
-    let ms = |v: &Value| levee_agent::policy::duration::parse(v.as_str().expect("a duration string")).unwrap();
+    let ms =
+        |v: &Value| levee_agent::policy::duration::parse(v.as_str().expect("a duration string")).unwrap();
     assert!(ms(&p["max"]) >= ms(&p["p50"]), "{p:#}");
     assert!(ms(&p["acks"][0]["latency"]) <= ms(&p["max"]), "{p:#}");
     assert!(p["acks"][0]["instance_id"].as_str().unwrap().starts_with("web-a-"));
@@ -124,25 +125,23 @@ async fn alert_after_transitions_reach_the_gauge_and_the_webhook_once_each() {
     let an_hour_ago = Timestamp::from_unix_ms(now.unix_ms() - 3_600_000);
     // Written as one replica's fleet writer would, its lease running for a minute.
     let lease_until = now.unix_ms() + 60_000;
-    let report = |degraded: bool| {
-        AgentUpsert {
-            environment: "prod".into(),
-            service: "checkout".into(),
-            instance_id: "web-1-0000aaaa".into(),
-            agent_version: "test".into(),
-            connected: true,
-            connected_at: now.unix_ms(),
-            last_seen: now.unix_ms(),
-            applied_revision: 1,
-            applied_hash: String::new(),
-            status: Some(
-                json!({"applied_revision": 1, "source": "live", "features": [{
+    let report = |degraded: bool| AgentUpsert {
+        environment: "prod".into(),
+        service: "checkout".into(),
+        instance_id: "web-1-0000aaaa".into(),
+        agent_version: "test".into(),
+        connected: true,
+        connected_at: now.unix_ms(),
+        last_seen: now.unix_ms(),
+        applied_revision: 1,
+        applied_hash: String::new(),
+        status: Some(
+            json!({"applied_revision": 1, "source": "live", "features": [{
                     "feature": "product recommendations",
                     "level": if degraded { "GENERIC" } else { "FRESH" },
                     "degraded_since": degraded.then(|| an_hour_ago.to_rfc3339())}]})
-                .to_string(),
-            ),
-        }
+            .to_string(),
+        ),
     };
     store.write_fleet(&[report(true)], &[], &[], "replica-test", lease_until).await.unwrap();
 

@@ -33,7 +33,10 @@ impl Api {
 
     /// Sends one request; an answer other than 2xx is an error naming it.
     pub async fn send(&self, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-        let mut req = self.client.request(method.clone(), format!("{}/api/v1{path}", self.base)).bearer_auth(&self.token);
+        let mut req = self
+            .client
+            .request(method.clone(), format!("{}/api/v1{path}", self.base))
+            .bearer_auth(&self.token);
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -46,7 +49,8 @@ impl Api {
 
     /// Environment `prod`, service `checkout` with the flag on.
     pub async fn seed(&self) -> anyhow::Result<()> {
-        self.send(Method::POST, "/environments", Some(json!({"name": "prod", "reason": "levee-bench"}))).await?;
+        self.send(Method::POST, "/environments", Some(json!({"name": "prod", "reason": "levee-bench"})))
+            .await?;
         self.send(
             Method::POST,
             "/environments/prod/services",

@@ -61,8 +61,11 @@ impl Fleet {
     pub async fn wait_synced(&self, revision: u64, timeout: Duration) -> anyhow::Result<Duration> {
         let start = Instant::now();
         loop {
-            let missing =
-                self.agents.iter().filter(|a| a.current().revision < revision || !a.status().connected).count();
+            let missing = self
+                .agents
+                .iter()
+                .filter(|a| a.current().revision < revision || !a.status().connected)
+                .count();
             if missing == 0 {
                 return Ok(start.elapsed());
             }
@@ -113,7 +116,10 @@ impl Fleet {
             let total = total?;
             // From the answer; 0 when every agent had it before the API answered.
             let ms = (total - answered).max(0.0);
-            eprintln!("flip {i}: revision {rev} on all {} agents {label} after {ms:.1} ms", self.agents.len());
+            eprintln!(
+                "flip {i}: revision {rev} on all {} agents {label} after {ms:.1} ms",
+                self.agents.len()
+            );
             out.after_answer.push(ms);
             out.from_request.push(total);
             out.api_answer.push(answered);
