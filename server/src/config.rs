@@ -1,25 +1,9 @@
 //! Layered settings: built-in defaults, then an optional TOML file, then environment
 //! variables (`LEVEE_*`), then command-line flags — later layers win.
 //!
-//! | setting | flag | environment | TOML key | default |
-//! | --- | --- | --- | --- | --- |
-//! | data directory (SQLite file lives there) | `--data-dir` | `LEVEE_DATA_DIR` | `data_dir` | `./levee-data` |
-//! | HTTP address (API + UI) | `--http-addr` | `LEVEE_HTTP_ADDR` | `http_addr` | `127.0.0.1:8080` |
-//! | gRPC address (agent sync) | `--grpc-addr` | `LEVEE_GRPC_ADDR` | `grpc_addr` | `127.0.0.1:8081` |
-//! | database URL | `--database-url` | `LEVEE_DATABASE_URL` | `database_url` | `sqlite://<data_dir>/levee.db` |
-//! | bootstrap admin password (first start only) | `--admin-password` | `LEVEE_ADMIN_PASSWORD` | `admin_password` | generated, printed once |
-//! | set the admin password again at this start | `--reset-admin-password` | `LEVEE_RESET_ADMIN_PASSWORD` | `reset_admin_password` | `false` |
-//! | JWT signing secret (≥ 32 bytes) | `--jwt-secret` | `LEVEE_JWT_SECRET` | `jwt_secret` | generated, stored in the database |
-//! | heartbeat interval | `--heartbeat-interval` | `LEVEE_HEARTBEAT_INTERVAL` | `heartbeat_interval` | `15s` |
-//! | maximum agent stream age | `--max-stream-age` | `LEVEE_MAX_STREAM_AGE` | `max_stream_age` | `30m` |
-//! | new agent streams per second | `--new-streams-per-sec` | `LEVEE_NEW_STREAMS_PER_SEC` | `new_streams_per_sec` | `500` |
-//! | agent liveness lease | `--agent-lease` | `LEVEE_AGENT_LEASE` | `agent_lease` | `30s` |
-//! | request body limit, bytes | `--max-body-bytes` | `LEVEE_MAX_BODY_BYTES` | `max_body_bytes` | `1048576` |
-//! | log filter | `--log` | `LEVEE_LOG` | `log` | `info` |
-//! | TLS certificate chain (PEM; with the key, both listeners serve TLS) | `--tls-cert` | `LEVEE_TLS_CERT` | `tls_cert` | none: plain TCP |
-//! | TLS private key (PEM) | `--tls-key` | `LEVEE_TLS_KEY` | `tls_key` | none |
-//! | webhook receiving features on a fallback past `alert_after` (one JSON POST per transition) | `--alert-webhook-url` | `LEVEE_ALERT_WEBHOOK_URL` | `alert_webhook_url` | none |
-//! | proxies trusted to name the client in `X-Forwarded-For` (IPs, comma-separated) | `--trusted-proxies` | `LEVEE_TRUSTED_PROXIES` | `trusted_proxies` | none: the client is the socket peer |
+//! Every setting, with its flag, environment variable, TOML key and default, is listed in
+//! docs/operations.md ("Settings"); the defaults themselves are the named constants used
+//! below, and a test checks that table against them.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -353,6 +337,29 @@ mod tests {
         let err =
             Settings::load(ServeArgs { jwt_secret: Some("short".into()), ..Default::default() }).unwrap_err();
         assert!(err.to_string().contains("32 bytes"));
+    }
+
+    /// docs/operations.md's settings table states each numeric default as the server
+    /// applies it (the constants are the one source; the table must not drift from them).
+    #[test]
+    fn documented_defaults_are_the_applied_ones() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md")).unwrap();
+        let default_of = |key: &str| -> String {
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with('|') && l.contains(&format!("| `{key}` |")))
+                .unwrap_or_else(|| panic!("docs/operations.md has no settings row for `{key}`"));
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            cells[cells.len() - 2].trim_matches('`').to_string()
+        };
+        let s = Settings::load(ServeArgs::default()).unwrap();
+        let dur = |key: &str| humantime::parse_duration(&default_of(key)).unwrap();
+        assert_eq!(dur("heartbeat_interval"), s.heartbeat_interval);
+        assert_eq!(dur("max_stream_age"), s.max_stream_age);
+        assert_eq!(dur("agent_lease"), s.agent_lease);
+        assert_eq!(default_of("new_streams_per_sec").parse::<u32>().unwrap(), s.new_streams_per_sec);
+        assert_eq!(default_of("max_body_bytes").parse::<usize>().unwrap(), s.max_body_bytes);
     }
 
     #[test]
