@@ -56,6 +56,11 @@ pub struct Args {
     /// Which parts to run.
     #[arg(long, value_enum, default_value_t = Mode::All)]
     mode: Mode,
+    /// Run only these protections of the steps and recovery (names as in the summary,
+    /// comma-separated, e.g. `levee,levee_fixed`): for experiments; `--check` needs them
+    /// all.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 /// The parts of `levee-bench overload`.
@@ -102,7 +107,14 @@ fn variants() -> Vec<Variant> {
         Variant { name: "tower_acc_gradient2", protection: Protection::AccGradient2 },
         Variant { name: "tower_acc_vegas", protection: Protection::AccVegas },
         Variant { name: "levee", protection: Protection::Levee(Box::new(Inbound::default())) },
-        Variant { name: "levee_gradient2", protection: Protection::Levee(Box::new(gradient2())) },
+        Variant {
+            name: "levee_gradient2",
+            protection: Protection::Levee(Box::new(algorithm(LimitAlgorithm::Gradient2))),
+        },
+        Variant {
+            name: "levee_vegas",
+            protection: Protection::Levee(Box::new(algorithm(LimitAlgorithm::Vegas))),
+        },
         // What tower's ConcurrencyLimit is given: the pool size, known in advance.
         Variant { name: "levee_fixed", protection: Protection::Levee(Box::new(fixed(WORKERS as u32))) },
     ]
@@ -116,10 +128,10 @@ fn fixed(limit: u32) -> Inbound {
     i
 }
 
-/// Levee with the Gradient2 limit, every other setting default.
-fn gradient2() -> Inbound {
+/// Levee with another limit algorithm, every other setting default.
+fn algorithm(algorithm: LimitAlgorithm) -> Inbound {
     let mut i = Inbound::default();
-    i.limit.algorithm = LimitAlgorithm::Gradient2;
+    i.limit.algorithm = algorithm;
     i
 }
 
@@ -132,6 +144,14 @@ impl Command {
 }
 
 impl Args {
+    /// The protections this run compares (`--only`).
+    fn variants(&self) -> Vec<Variant> {
+        variants()
+            .into_iter()
+            .filter(|v| self.only.is_empty() || self.only.iter().any(|o| o == v.name))
+            .collect()
+    }
+
     fn run(self) -> anyhow::Result<()> {
         // The server and the generator get their own runtimes, so a busy server cannot
         // delay the generator's send times (and the reverse).
@@ -181,7 +201,7 @@ impl Args {
             println!(
                 "recovery: 0.5x for {before:?}, 10x for {during:?}, 0.5x for {after:?}; time until every 250 ms bucket has >= 95 % goodput"
             );
-            for variant in variants() {
+            for variant in self.variants() {
                 let secs =
                     client_rt.block_on(run_recovery(server_rt.handle(), &variant.protection, self.smoke))?;
                 println!(
@@ -210,11 +230,20 @@ impl Args {
         measure: Duration,
     ) -> anyhow::Result<Vec<(&'static str, Vec<Step>)>> {
         println!(
-            "{:<24} {:>5} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>22}",
-            "protection", "x", "offered", "goodput", "p50 ms", "p99 ms", "shed", "late", "good CRIT/S+/S"
+            "{:<24} {:>5} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>22} {:>17}",
+            "protection",
+            "x",
+            "offered",
+            "goodput",
+            "p50 ms",
+            "p99 ms",
+            "shed",
+            "late",
+            "good CRIT/S+/S",
+            "p99 CRIT/S+/S"
         );
         let mut results = Vec::new();
-        for variant in variants() {
+        for variant in self.variants() {
             let rows = client_rt.block_on(run_steps(
                 server_rt.handle(),
                 &variant,
@@ -302,8 +331,9 @@ async fn run_steps(
 
 fn print_step(name: &str, s: &Step) {
     let [c, sp, sh] = s.goodput_ratio_by_criticality;
+    let [pc, psp, psh] = s.p99_admitted_ms_by_criticality;
     println!(
-        "{:<24} {:>5} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.1}% {:>6.1}% {:>6.1}%/{:>5.1}%/{:>5.1}%",
+        "{:<24} {:>5} {:>9.0} {:>9.0} {:>8.1} {:>8.1} {:>6.1}% {:>6.1}% {:>6.1}%/{:>5.1}%/{:>5.1}% {:>5.0}/{:>5.0}/{:>5.0}",
         name,
         s.multiple,
         s.offered_rps,
@@ -314,7 +344,10 @@ fn print_step(name: &str, s: &Step) {
         s.timed_out_ratio * 100.0,
         c * 100.0,
         sp * 100.0,
-        sh * 100.0
+        sh * 100.0,
+        pc,
+        psp,
+        psh
     );
 }
 
@@ -467,6 +500,7 @@ mod tests {
             rejected_ratio: 0.0,
             timed_out_ratio: 0.0,
             goodput_ratio_by_criticality: [1.0, 1.0, 1.0],
+            p99_admitted_ms_by_criticality: [110.0; 3],
         };
         let rows = vec![step(0.5, 200.0), step(3.0, 400.0), step(10.0, 380.0)];
         let none = vec![step(0.5, 200.0), step(3.0, 0.0), step(10.0, 0.0)];
