@@ -91,7 +91,8 @@ pub const VEGAS_SMOOTHING: f64 = 1.0;
 pub const VEGAS_PROBE_MULTIPLIER: u32 = 30;
 /// Gradient2: samples in the long RTT window (`longWindow`).
 pub const LIMIT_LONG_WINDOW: u32 = 600;
-/// Gradient2: tolerated ratio of short to long RTT (`rttTolerance`).
+/// Gradient2: tolerated ratio of short to long RTT (`rttTolerance`); AIMD: tolerated ratio
+/// of a window's RTT at the limit to the no-load RTT (Levee's latency signal for AIMD).
 pub const LIMIT_RTT_TOLERANCE: f64 = 1.5;
 /// Gradient2: headroom added to the limit (`queueSize`).
 pub const LIMIT_QUEUE_SIZE: u32 = 4;

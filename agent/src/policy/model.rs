@@ -525,8 +525,9 @@ pub struct Limit {
     pub smoothing: Option<f64>,
     /// Gradient2 long window, in samples.
     pub long_window: u32,
-    /// Gradient2 RTT tolerance: how much longer than the long-term RTT a short-term RTT
-    /// may be before the limit shrinks (a factor).
+    /// RTT tolerance (a factor). Gradient2: how much longer than the long-term RTT a
+    /// short-term RTT may be before the limit shrinks. AIMD: how much longer than the
+    /// no-load RTT a window that reached the limit may be before it counts as a drop.
     pub rtt_tolerance: f64,
     /// Gradient2 queue size headroom, in requests.
     pub queue_size: u32,

@@ -26,7 +26,9 @@ fn settings(algorithm: LimitAlgorithm, min: u32, max: u32, initial: u32) -> Limi
 
 #[test]
 fn aimd_adds_one_when_busy_and_multiplies_by_backoff_ratio_on_drop_or_timeout() {
-    let mut a = Aimd::new(&settings(LimitAlgorithm::Aimd, 1, 30, 10));
+    // rtt_tolerance 10: the latency rule (next test) stays out of the way up to 100 ms.
+    let s = Limit { timeout: 20 * MS, rtt_tolerance: 10.0, ..settings(LimitAlgorithm::Aimd, 1, 30, 10) };
+    let mut a = Aimd::new(&s);
     assert_eq!(a.limit(), 10);
     // 5 in flight: 5 × 2 ≥ 10 → 11.
     assert_eq!(a.update(&sample(10, 5)), 11);
@@ -34,10 +36,10 @@ fn aimd_adds_one_when_busy_and_multiplies_by_backoff_ratio_on_drop_or_timeout() 
     assert_eq!(a.update(&sample(10, 5)), 11);
     // Drop: ⌊11 × 0.9⌋ = ⌊9.9⌋ = 9.
     assert_eq!(a.update(&drop_sample(9)), 9);
-    // RTT 6 s > timeout 5 s counts as a drop: ⌊9 × 0.9⌋ = ⌊8.1⌋ = 8.
-    assert_eq!(a.update(&sample(6000, 9)), 8);
+    // RTT 30 ms > timeout 20 ms counts as a drop: ⌊9 × 0.9⌋ = ⌊8.1⌋ = 8.
+    assert_eq!(a.update(&sample(30, 9)), 8);
     // RTT exactly at the timeout is not above it: busy → 9.
-    assert_eq!(a.update(&sample(5000, 9)), 9);
+    assert_eq!(a.update(&sample(20, 9)), 9);
     // Clamped at the maximum, and no halving there (upstream issue #155).
     let mut top = Aimd::new(&settings(LimitAlgorithm::Aimd, 1, 30, 30));
     assert_eq!(top.update(&sample(10, 30)), 30);
@@ -50,6 +52,69 @@ fn aimd_adds_one_when_busy_and_multiplies_by_backoff_ratio_on_drop_or_timeout() 
     assert_eq!(d.limit(), 20);
     assert_eq!(d.update(&drop_sample(20)), 20);
     assert_eq!(d.update(&sample(10, 10)), 21);
+}
+
+#[test]
+fn aimd_backs_off_when_a_window_at_the_limit_is_slower_than_tolerance_times_the_no_load_rtt() {
+    // min 10, max 100, initial 10; rtt_tolerance 1.5, timeout 5 s (defaults).
+    let mut a = Aimd::new(&settings(LimitAlgorithm::Aimd, 10, 100, 10));
+    assert_eq!(a.rtt_noload(), Duration::ZERO);
+    // 1: at the limit (10 in flight), nothing learnt yet → 11; learns 100 ms.
+    assert_eq!(a.update(&sample(100, 10)), 11);
+    assert_eq!(a.rtt_noload(), 100 * MS);
+    // 2: at the limit, 140 ≤ 1.5 × 100 → 12; a window above the minimum and slower than
+    //    the estimate teaches nothing.
+    assert_eq!(a.update(&sample(140, 11)), 12);
+    assert_eq!(a.rtt_noload(), 100 * MS);
+    // 3: at the limit (12 in flight), 160 > 150: ⌊12 × 0.9⌋ = ⌊10.8⌋ = 10.
+    assert_eq!(a.update(&sample(160, 12)), 10);
+    assert_eq!(a.rtt_noload(), 100 * MS);
+    // 4: not busy (4 × 2 < 10; at the minimum too): unchanged however slow, and its RTT
+    //    is learnt (300 ms, then 120 ms: the latest such window).
+    assert_eq!(a.update(&sample(300, 4)), 10);
+    assert_eq!(a.rtt_noload(), 300 * MS);
+    assert_eq!(a.update(&sample(120, 4)), 10);
+    assert_eq!(a.rtt_noload(), 120 * MS);
+    // 5: at the limit and its minimum, 200 > 1.5 × 120 = 180: ⌊10 × 0.9⌋ = 9 → clamped to
+    //    10; a window at the minimum is learnt: 200 ms.
+    assert_eq!(a.update(&sample(200, 10)), 10);
+    assert_eq!(a.rtt_noload(), 200 * MS);
+    // 6: 290 ≤ 1.5 × 200 → 11 (learnt: the window ran at the minimum).
+    assert_eq!(a.update(&sample(290, 10)), 11);
+    assert_eq!(a.rtt_noload(), 290 * MS);
+    // 7: a faster window lowers the estimate at once: → 12, 50 ms.
+    assert_eq!(a.update(&sample(50, 11)), 12);
+    assert_eq!(a.rtt_noload(), 50 * MS);
+    // 8: busy (8 × 2 ≥ 12) but the limit was not reached (8 < 12): 100 > 1.5 × 50 is no
+    //    reason to back off (the requests got slower, not more numerous) → 13; a busy
+    //    window teaches nothing.
+    assert_eq!(a.update(&sample(100, 8)), 13);
+    assert_eq!(a.rtt_noload(), 50 * MS);
+    // 9: a drop teaches nothing: ⌊13 × 0.9⌋ = ⌊11.7⌋ = 11; still 50 ms.
+    assert_eq!(a.update(&drop_sample(13)), 11);
+    assert_eq!(a.rtt_noload(), 50 * MS);
+}
+
+/// The harness's service (docs/benchmarks.md, "Overload"): 40 workers of 100 ms, offered
+/// more than it takes, queueing in its own pool past 40 in flight. The limit climbs to
+/// 60 (RTT 150 ms = 1.5 × 100, not above), goes to 61 (152.5 ms), backs off to
+/// ⌊61 × 0.9⌋ = 54 and climbs again: a sawtooth 54..=61 for ever, the no-load RTT never
+/// moving from the 100 ms learnt at the minimum.
+#[test]
+fn aimd_holds_a_service_that_queues_internally_within_tolerance_of_its_no_load_rtt() {
+    let mut a = Aimd::new(&settings(LimitAlgorithm::Aimd, 20, 200, 20));
+    let mut limits = Vec::new();
+    for _ in 0..1000 {
+        let limit = a.limit();
+        let rtt = steady_rtt(100 * MS, 40, limit);
+        limits.push(a.update(&Sample { rtt, min_rtt: rtt.min(100 * MS), in_flight: limit, dropped: false }));
+    }
+    // 20 → 61 takes 41 windows, the first back-off is the 42nd.
+    assert_eq!(limits[40], 61);
+    assert_eq!(limits[41], 54);
+    let tail = &limits[41..];
+    assert_eq!((*tail.iter().min().unwrap(), *tail.iter().max().unwrap()), (54, 61));
+    assert_eq!(a.rtt_noload(), 100 * MS);
 }
 
 #[test]
