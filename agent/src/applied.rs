@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::policy::{BreakerOverride, FaultRule, Flag, FlagType, ServiceConfig, StalePolicy, Timestamp};
+use crate::policy::{
+    BreakerOverride, FaultRule, Flag, FlagType, LeverOverride, ServiceConfig, StalePolicy, Timestamp,
+};
 
 /// Where the applied configuration came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,7 +52,7 @@ impl fmt::Display for Source {
 /// `None` when `at` lies before the monotonic clock's origin.
 ///
 /// The agent's only conversion from wall-clock to monotonic time. Expiries people set
-/// (flags, breaker overrides, fault rules) are converted once, when a snapshot is applied
+/// (flags, breaker overrides, fault rules, levers) are converted once, when a snapshot is applied
 /// ([`Applied`]), so their timers run on the tokio clock and a later jump of the wall
 /// clock changes nothing; the age of a cached snapshot at startup uses it too.
 pub(crate) fn wall_to_monotonic(at: Timestamp, wall_now: Timestamp, now: Instant) -> Option<Instant> {
@@ -69,6 +71,8 @@ struct Expiries {
     overrides: Vec<Option<Instant>>,
     /// Per entry of `faults`, in order.
     faults: Vec<Instant>,
+    /// Of `levers`, if set.
+    levers: Option<Instant>,
 }
 
 impl Expiries {
@@ -83,6 +87,7 @@ impl Expiries {
                 .collect(),
             overrides: config.breaker_overrides.iter().map(|o| o.expires_at.map(at)).collect(),
             faults: config.faults.iter().map(|f| at(f.expires_at)).collect(),
+            levers: config.levers.as_ref().map(|l| at(l.expires_at)),
         }
     }
 }
@@ -107,7 +112,7 @@ pub struct Applied {
 
 impl Applied {
     /// Builds an applied configuration, converting every wall-clock `expires_at` (flags,
-    /// breaker overrides, fault rules) into a monotonic instant with
+    /// breaker overrides, fault rules, levers) into a monotonic instant with
     /// [`wall_to_monotonic`], `now` and `wall_now` being the moment of applying.
     pub(crate) fn new(
         config: impl Into<Arc<ServiceConfig>>,
@@ -156,6 +161,11 @@ impl Applied {
     /// The fault rules with the monotonic instant each expires.
     pub(crate) fn fault_rules(&self) -> impl Iterator<Item = (&FaultRule, Instant)> {
         self.config.faults.iter().zip(self.expiries.faults.iter().copied())
+    }
+
+    /// The lever override with the monotonic instant it expires.
+    pub(crate) fn levers(&self) -> Option<(&LeverOverride, Instant)> {
+        self.config.levers.as_ref().zip(self.expiries.levers)
     }
 }
 
@@ -304,6 +314,16 @@ impl<'a> ResolveCtx<'a> {
             next = Some(next.map_or(revert_at, |n: Instant| n.min(revert_at)));
         }
         (Ok(flag), next)
+    }
+
+    /// The lever override in force now (`None` once expired, or when there is none), and
+    /// the instant it ends by itself. Read through
+    /// [`Inbound::with_levers`](crate::policy::Inbound::with_levers).
+    pub(crate) fn levers(&self) -> (Option<&'a LeverOverride>, Option<Instant>) {
+        match self.applied.levers() {
+            Some((l, until)) if until > self.now => (Some(l), Some(until)),
+            _ => (None, None),
+        }
     }
 
     /// Whether the kill switch `key` (a dependency's or a feature's `enabled_flag`) lets

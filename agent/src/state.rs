@@ -84,12 +84,18 @@ pub(crate) struct Shared {
     connected: AtomicBool,
     last_error: ArcSwapOption<String>,
     last_nack: ArcSwapOption<LastNack>,
-    /// `true` once the configuration has been confirmed live at least once.
+    /// `true` once the configuration has been confirmed live at least once. Every install or
+    /// confirmation sends on it, and so does a lever override ending with time (value
+    /// unchanged): what the admission engine watches.
     pub(crate) live_tx: watch::Sender<bool>,
     contributors: ArcSwap<Vec<Arc<dyn StatusContributor>>>,
     refresh_busy: AtomicBool,
     refresh_dirty: AtomicBool,
     next_wake: ArcSwapOption<Instant>,
+    /// Whether the last refresh found a lever override in force: when that changes with
+    /// time (the override expired), `live_tx` is bumped so the admission engine, which
+    /// follows the configuration through it, re-resolves its settings.
+    levers_in_force: AtomicBool,
     /// Wakes the timer task when `next_wake` changed.
     pub(crate) wake: Notify,
 }
@@ -135,6 +141,7 @@ impl Shared {
             refresh_busy: AtomicBool::new(false),
             refresh_dirty: AtomicBool::new(false),
             next_wake: ArcSwapOption::empty(),
+            levers_in_force: AtomicBool::new(false),
             wake: Notify::new(),
         };
         shared.refresh();
@@ -172,14 +179,18 @@ impl Shared {
                 return;
             }
             while self.refresh_dirty.swap(false, Ordering::SeqCst) {
-                let next = self.with_snapshot(|ctx, applied| {
+                let (next, levers) = self.with_snapshot(|ctx, applied| {
                     let a = self.flags.refresh(ctx);
                     let b = self.deps.refresh(ctx);
                     let c = self.features.views.refresh(ctx);
+                    let (levers, d) = ctx.levers();
                     self.enforced.store(Arc::clone(applied));
-                    [a, b, c].into_iter().flatten().min()
+                    ([a, b, c, d].into_iter().flatten().min(), levers.is_some())
                 });
                 self.next_wake.store(next.map(Arc::new));
+                if self.levers_in_force.swap(levers, Ordering::SeqCst) != levers {
+                    self.live_tx.send_modify(|_| {});
+                }
             }
             self.refresh_busy.store(false, Ordering::SeqCst);
             self.wake.notify_one();
@@ -189,8 +200,8 @@ impl Shared {
         }
     }
 
-    /// When the next time-driven change is due (a flag, breaker override or fault rule
-    /// expiring, a stale deadline).
+    /// When the next time-driven change is due (a flag, breaker override, fault rule or
+    /// lever override expiring, a stale deadline).
     pub(crate) fn next_wake(&self) -> Option<Instant> {
         self.next_wake.load().as_deref().copied()
     }

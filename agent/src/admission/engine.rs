@@ -422,14 +422,17 @@ impl Admission {
             return; // another request is applying it; this one uses the previous settings
         }
         let changes = shared.live_tx.subscribe();
-        let config = shared.current.load().config.clone();
+        // The configuration and the operator levers in force now (a lever override that
+        // ends with time bumps `changes` too).
+        let (config, levers) = shared.with_ctx(|ctx| (ctx.applied.config.clone(), ctx.levers().0.cloned()));
         let old = core.settings.load_full();
         let source = Source { config: config.clone(), changes };
-        if old.source.as_ref().is_some_and(|s| Arc::ptr_eq(&s.config, &config)) {
+        let policy = &config.policy;
+        let inbound = policy.inbound.with_levers(levers.as_ref());
+        if old.source.as_ref().is_some_and(|s| Arc::ptr_eq(&s.config, &config)) && old.inbound == *inbound {
             // The same configuration, confirmed again: only remember that it was seen.
             core.settings.rcu(|s| s.with(s.routes.clone(), s.exempt.clone(), Some(source.clone())));
         } else {
-            let policy = &config.policy;
             let read_only = match (&policy.inbound.read_only_flag, &old.read_only) {
                 (Some(key), Some((k, handle))) if k == key => Some((k.clone(), handle.clone())),
                 (Some(key), _) => {
@@ -439,13 +442,7 @@ impl Admission {
                 }
                 (None, _) => None,
             };
-            self.apply(
-                &policy.inbound,
-                policy.max_deadline,
-                policy.default_deadline,
-                read_only,
-                Some(source),
-            );
+            self.apply(&inbound, policy.max_deadline, policy.default_deadline, read_only, Some(source));
         }
         core.applying.store(false, Ordering::Release);
     }

@@ -106,6 +106,11 @@ impl DepView {
         let mut wake_at = |at: Instant| wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
         // Service-wide settings come from whichever config supplied the dependency.
         let service_policy = if from_server.is_some() { &config.policy } else { &defaults.policy };
+        // Operator levers (retries paused) until their expiry, scheduled like the rest.
+        let (levers, levers_end) = ctx.levers();
+        if let Some(at) = levers_end {
+            wake_at(at);
+        }
         let dep_guards = state.dependency_guards(&policy);
         let mut ops = HashMap::new();
         for (op, o) in &policy.operations {
@@ -176,7 +181,7 @@ impl DepView {
             criticality: policy.criticality,
             reserve: service_policy.reserve,
             non_critical_cap: service_policy.non_critical_cap,
-            retries_paused: service_policy.inbound.retries_paused,
+            retries_paused: service_policy.inbound.with_levers(levers).retries_paused,
             faults_active,
             state: state.clone(),
             default_scope: Scope {

@@ -713,3 +713,34 @@ async fn a_dropped_tower_call_gives_back_its_slot_and_its_probe() {
     let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
     assert!(r.is_ok(), "{r:?}");
 }
+
+/// The `retries_paused` lever of `levers` stops retries until its expiry only: at that
+/// instant, with no server and no call in between, the policy's retries are back.
+#[tokio::test(start_paused = true)]
+async fn paused_retries_resume_at_the_levers_expiry_without_the_server() {
+    use crate::flags::tests::{advance, timers};
+    use crate::policy::Timestamp;
+    let expires = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 60_000).to_rfc3339();
+    let body = policy("").replacen(
+        r#"{"policy""#,
+        &format!(r#"{{"levers": {{"retries_paused": true, "expires_at": "{expires}"}}, "policy""#),
+        1,
+    );
+    let shared = shared_with(&body);
+    let _timers = timers(&shared);
+    let d = dep(&shared, "p");
+    let attempts = |d: Dependency| async move {
+        let n = AtomicU32::new(0);
+        // The first attempt fails, a retry succeeds.
+        let _ = d
+            .call("GET /x", || {
+                let first = n.fetch_add(1, Ordering::SeqCst) == 0;
+                async move { if first { Err(refused()) } else { Ok(()) } }
+            })
+            .await;
+        n.load(Ordering::SeqCst)
+    };
+    assert_eq!(attempts(d.clone()).await, 1, "retries paused by the lever");
+    advance(Duration::from_secs(61)).await;
+    assert_eq!(attempts(d.clone()).await, 2, "the lever expired: retried as the policy says");
+}

@@ -42,14 +42,14 @@ fn declare_bool(shared: &Shared, key: &str, default: bool) -> FlagBool {
 }
 
 /// Starts the timer task that re-resolves flags at expiries and stale deadlines.
-fn timers(shared: &Arc<Shared>) -> watch::Sender<bool> {
+pub(crate) fn timers(shared: &Arc<Shared>) -> watch::Sender<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(crate::sync::run_housekeeping(shared.clone(), Duration::from_secs(3600), rx));
     tx
 }
 
 /// Moves the paused clock and lets woken tasks run.
-async fn advance(d: Duration) {
+pub(crate) async fn advance(d: Duration) {
     tokio::time::advance(d).await;
     for _ in 0..10 {
         tokio::task::yield_now().await;

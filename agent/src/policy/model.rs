@@ -67,6 +67,10 @@ pub struct ServiceConfig {
     pub breaker_overrides: Vec<BreakerOverride>,
     /// Whether the environment permits fault injection; faults are ignored otherwise.
     pub faults_allowed: bool,
+    /// Operator levers set for a limited time (by an emergency profile), replacing the
+    /// policy's `inbound` levers until their expiry; absent = the policy's values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub levers: Option<LeverOverride>,
 }
 
 /// The resilience policy of one service: what `PUT .../policy` takes.
@@ -660,6 +664,28 @@ impl Default for Inbound {
     }
 }
 
+impl Inbound {
+    /// These settings with the levers of `levers` in force: each lever it sets replaces
+    /// the policy's (`inbound_limit` becomes a `fixed` limit of that many requests, the
+    /// adaptive settings kept for when it ends). Borrowed when nothing changes. Whether
+    /// `levers` is still in force (its expiry) is for the caller to decide.
+    pub fn with_levers(&self, levers: Option<&LeverOverride>) -> std::borrow::Cow<'_, Inbound> {
+        use std::borrow::Cow;
+        let Some(l) = levers else { return Cow::Borrowed(self) };
+        let mut out = self.clone();
+        if let Some(p) = l.shed_sheddable_percent {
+            out.shed_sheddable_percent = p;
+        }
+        if let Some(paused) = l.retries_paused {
+            out.retries_paused = paused;
+        }
+        if let Some(n) = l.inbound_limit {
+            out.limit = Limit { algorithm: LimitAlgorithm::Fixed, initial_limit: n, ..out.limit };
+        }
+        Cow::Owned(out)
+    }
+}
+
 /// Client-side adaptive throttling (SRE book, "Handling Overload"): a client rejects a
 /// call locally with probability `max(0, (requests − k × accepts) / (requests + 1))` over
 /// the last `window`, so a backend that is shedding is not hammered by rejections.
@@ -869,6 +895,35 @@ pub struct BreakerOverride {
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
     /// Why it was set, for the audit log and the operators who find it.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Operator levers set until an instant (by an emergency profile): each lever given
+/// replaces the policy's value (`policy.inbound`) until `expires_at`, after which the
+/// policy's value is back by itself — on the server (the expiry sweep removes it) and in
+/// the agent (a timer), even while the agent cannot reach the server. Absent levers keep
+/// the policy's value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LeverOverride {
+    /// Percentage of SHEDDABLE and SHEDDABLE_PLUS traffic to shed, instead of
+    /// `policy.inbound.shed_sheddable_percent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shed_sheddable_percent: Option<f64>,
+    /// `true` pauses every outgoing retry of the service, instead of
+    /// `policy.inbound.retries_paused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries_paused: Option<bool>,
+    /// A fixed inbound concurrency limit, in requests, replacing the policy's (adaptive or
+    /// fixed) limit; requests in flight when it changes are never dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbound_limit: Option<u32>,
+    /// Mandatory: the levers end by themselves after this instant, even offline.
+    pub expires_at: Timestamp,
+    /// Why they were set (`profile NAME: reason` for a profile's), for the operators who
+    /// find them.
     #[serde(default)]
     pub reason: String,
 }

@@ -360,3 +360,55 @@ fn empty_compiled_in_flags_is_not_serialized() {
     let cfg = check(r#"{"policy": {"compiled_in_flags": []}}"#).unwrap();
     assert!(!String::from_utf8(canonical_json(&cfg)).unwrap().contains("compiled_in_flags"));
 }
+
+/// The operator levers of a snapshot: the expiry is mandatory, each lever is checked with
+/// the range of the policy field it replaces (the error names the field and the range), at
+/// least one is set, and a snapshot without levers serializes as it did before they
+/// existed (same hash).
+#[test]
+fn levers_need_an_expiry_and_are_checked_with_their_ranges() {
+    let err = check(r#"{"levers": {"retries_paused": true}}"#).unwrap_err();
+    assert!(matches!(err, PolicyError::Malformed { .. }), "missing expires_at must not decode: {err}");
+    let got: Vec<(String, String, String)> = errors(
+        r#"{"levers": {"shed_sheddable_percent": 100.5, "inbound_limit": 100001,
+                       "expires_at": "2030-01-01T00:00:00Z"}}"#,
+    )
+    .into_iter()
+    .map(|e| (e.path, e.value, e.message))
+    .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "levers.shed_sheddable_percent".into(),
+                "100.5".into(),
+                "must be between 0 and 100 percent".into()
+            ),
+            ("levers.inbound_limit".into(), "100001".into(), "must be between 1 and 100000".into()),
+        ]
+    );
+    let none = errors(r#"{"levers": {"expires_at": "2030-01-01T00:00:00Z"}}"#);
+    assert_eq!(none[0].path, "levers");
+    assert!(none[0].message.contains("at least one of"), "{none:?}");
+    let ok = check(
+        r#"{"levers": {"shed_sheddable_percent": 100, "retries_paused": false, "inbound_limit": 1,
+                       "expires_at": "2001-01-01T00:00:00Z"}}"#,
+    );
+    assert!(ok.is_ok(), "an expired override is valid (simply inactive): {ok:?}");
+    let cfg = check("{}").unwrap();
+    assert!(!String::from_utf8(canonical_json(&cfg)).unwrap().contains("levers"));
+}
+
+/// `Inbound::with_levers`: each lever given replaces the policy's value, the limit becomes
+/// fixed, the rest of the policy is kept; no override borrows the policy as it is.
+#[test]
+fn levers_replace_only_the_policy_values_they_set() {
+    let inbound = Inbound { shed_sheddable_percent: 10.0, ..Inbound::default() };
+    assert!(matches!(inbound.with_levers(None), std::borrow::Cow::Borrowed(_)));
+    let l: LeverOverride =
+        serde_json::from_str(r#"{"inbound_limit": 7, "expires_at": "2030-01-01T00:00:00Z"}"#).unwrap();
+    let got = inbound.with_levers(Some(&l));
+    assert_eq!((got.shed_sheddable_percent, got.retries_paused), (10.0, false));
+    assert_eq!((got.limit.algorithm, got.limit.initial_limit), (LimitAlgorithm::Fixed, 7));
+    assert_eq!(got.limit.max_limit, inbound.limit.max_limit);
+}

@@ -161,13 +161,17 @@ fn unknown(what: &str, known: String) -> String {
 }
 
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+/// Allowed inbound concurrency limits (`limit.*_limit`, the `inbound_limit` lever).
+const LIMIT_RANGE: (u32, u32) = (1, 100_000);
+/// Allowed share of sheddable traffic shed by the operator lever, in percent.
+const SHED_PERCENT_RANGE: (f64, f64) = (0.0, 100.0);
 const MAX_DEADLINE_ALLOWED: Duration = Duration::from_secs(3600);
 
 impl ServiceConfig {
     /// Validates the whole configuration.
     ///
     /// Returns every bad field at once (`ValidationErrors`), each naming its path (prefixed
-    /// `policy.`, `flags.<key>`, `faults[i]`, `breaker_overrides[i]`), the value and the
+    /// `policy.`, `flags.<key>`, `faults[i]`, `breaker_overrides[i]`, `levers.`), the value and the
     /// allowed range. Expired fault rules and overrides are valid (they are simply inactive).
     ///
     /// Only here, where the flags are visible, is each kill switch of the policy
@@ -181,6 +185,9 @@ impl ServiceConfig {
         validate_flag_references(&mut c, self);
         validate_faults(&mut c, &self.faults, &self.policy);
         validate_overrides(&mut c, &self.breaker_overrides, &self.policy);
+        if let Some(l) = &self.levers {
+            validate_levers(&mut c, "levers", l);
+        }
         if c.errors.is_empty() { Ok(()) } else { Err(ValidationErrors(c.errors)) }
     }
 }
@@ -450,9 +457,10 @@ fn validate_bulkhead(c: &mut Check, p: &str, b: &BulkheadPolicy) {
 fn validate_inbound(c: &mut Check, p: &str, i: &Inbound) {
     let lp = join(p, "limit");
     let l = &i.limit;
-    c.range_u32(&join(&lp, "initial_limit"), l.initial_limit, 1, 100_000);
-    c.range_u32(&join(&lp, "min_limit"), l.min_limit, 1, 100_000);
-    c.range_u32(&join(&lp, "max_limit"), l.max_limit, 1, 100_000);
+    let (lo, hi) = LIMIT_RANGE;
+    c.range_u32(&join(&lp, "initial_limit"), l.initial_limit, lo, hi);
+    c.range_u32(&join(&lp, "min_limit"), l.min_limit, lo, hi);
+    c.range_u32(&join(&lp, "max_limit"), l.max_limit, lo, hi);
     if l.max_limit < l.min_limit {
         c.push(
             join(&lp, "max_limit"),
@@ -510,7 +518,8 @@ fn validate_inbound(c: &mut Check, p: &str, i: &Inbound) {
             c.duration(&join(&rp, "deadline"), dl, Duration::from_millis(1), MAX_DEADLINE_ALLOWED);
         }
     }
-    c.range_f64(&join(p, "shed_sheddable_percent"), i.shed_sheddable_percent, 0.0, 100.0, " percent");
+    let (lo, hi) = SHED_PERCENT_RANGE;
+    c.range_f64(&join(p, "shed_sheddable_percent"), i.shed_sheddable_percent, lo, hi, " percent");
     if let Some(f) = &i.read_only_flag {
         c.name(&join(p, "read_only_flag"), f, "flag key");
     }
@@ -626,6 +635,23 @@ fn validate_target(c: &mut Check, p: &str, dep: &str, op: Option<&str>, policy: 
             }
         }
     }
+}
+
+/// The lever override: the same ranges as the policy levers it replaces. An expired one
+/// is valid (simply inactive).
+fn validate_levers(c: &mut Check, p: &str, l: &LeverOverride) {
+    if l.shed_sheddable_percent.is_none() && l.retries_paused.is_none() && l.inbound_limit.is_none() {
+        c.push(p, "", "must set at least one of shed_sheddable_percent, retries_paused, inbound_limit");
+    }
+    if let Some(v) = l.shed_sheddable_percent {
+        let (lo, hi) = SHED_PERCENT_RANGE;
+        c.range_f64(&join(p, "shed_sheddable_percent"), v, lo, hi, " percent");
+    }
+    if let Some(n) = l.inbound_limit {
+        let (lo, hi) = LIMIT_RANGE;
+        c.range_u32(&join(p, "inbound_limit"), n, lo, hi);
+    }
+    c.text(&join(p, "reason"), &l.reason, 1000);
 }
 
 fn validate_overrides(c: &mut Check, overrides: &[BreakerOverride], policy: &Policy) {

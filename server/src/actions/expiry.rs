@@ -1,4 +1,5 @@
-//! Expiry: the server removes flags, fault rules and breaker overrides whose time is up.
+//! Expiry: the server removes flags, fault rules, breaker overrides and levers whose time is
+//! up.
 //! Agents expire them locally too, so this matters for what the server shows and pushes.
 
 use levee_agent::policy::Timestamp;
@@ -7,7 +8,7 @@ use super::{Action, Actions, Actor, ChangeError, Reason, ServiceAt};
 use crate::db::{AuditDiff, Parts};
 
 impl Actions {
-    /// Removes every flag, fault rule and breaker override expired at `now`, one revision
+    /// Removes every flag, fault rule, breaker override and lever override expired at `now`, one revision
     /// per service that had any (audited as `expiry` by `levee` via `server`, the removed
     /// entries as `before`). A service that fails is logged and left for the next pass.
     /// Returns how many services changed.
@@ -71,6 +72,10 @@ fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
         }
         keep
     });
+    if p.levers.as_ref().is_some_and(|l| l.expires_at <= now) {
+        removed.push("levers".to_string());
+        p.levers = None;
+    }
     AuditDiff { before: Some(serde_json::json!(removed).to_string()), after: None }
 }
 
@@ -101,10 +106,15 @@ mod tests {
         };
         p.overrides.insert(("pay".into(), String::new()), o("pay", at(999_999)));
         p.overrides.insert(("ship".into(), String::new()), o("ship", None));
+        p.levers = Some(
+            serde_json::from_str(r#"{"retries_paused": true, "expires_at": "1970-01-01T00:16:40Z"}"#)
+                .unwrap(),
+        );
         let diff = remove_expired(&mut p, now);
         assert_eq!(p.flags.keys().collect::<Vec<_>>(), ["forever", "later"]);
         assert_eq!(p.overrides.len(), 1);
-        assert_eq!(diff.before.as_deref(), Some(r#"["flag gone","breaker override pay"]"#));
+        assert_eq!(p.levers, None);
+        assert_eq!(diff.before.as_deref(), Some(r#"["flag gone","breaker override pay","levers"]"#));
         assert_eq!(diff.after, None);
     }
 }

@@ -1,10 +1,11 @@
 //! Emergency profiles: named, pre-agreed sets of overrides per environment (flag values and
-//! kill switches, forced breakers, fault rules, read-only mode), versioned and audited,
-//! applied or reverted in one action.
+//! kill switches, forced breakers, fault rules, read-only mode, and the operator levers:
+//! shedding sheddable traffic, pausing retries, a fixed inbound limit), versioned and
+//! audited, applied or reverted in one action.
 //!
 //! Applying a profile writes one revision per service it names. Every entry it sets carries
-//! the profile's expiry as its `expires_at` (flags, breaker overrides and fault rules all
-//! have one), so an agent drops the entries by itself at that instant even while the server
+//! the profile's expiry as its `expires_at` (flags, breaker overrides, fault rules and the
+//! snapshot's `levers` all have one), so an agent drops the entries by itself at that instant even while the server
 //! is unreachable (the agent's one wall-clock conversion, `applied::wall_to_monotonic`).
 //! What each entry replaced is kept with the activation; a revert — by hand, or by the
 //! sweeper at the expiry ([`Actions::expire_profiles`], which runs before the expiry of
@@ -14,8 +15,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use levee_agent::policy::{
-    BreakerOverride, BreakerOverrideState, FaultAction, FaultRule, FieldError, Flag, FlagType, ServiceConfig,
-    StalePolicy, Timestamp, ValidationErrors, check_name,
+    BreakerOverride, BreakerOverrideState, FaultAction, FaultRule, FieldError, Flag, FlagType, LeverOverride,
+    ServiceConfig, StalePolicy, Timestamp, ValidationErrors, check_name,
 };
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,33 @@ pub struct ProfileService {
     /// Turns on the flag named by the policy's `inbound.read_only_flag` (routes marked
     /// `mutating` answer 503).
     pub read_only: bool,
+    /// Percentage (0–100) of SHEDDABLE and SHEDDABLE_PLUS inbound traffic the service sheds
+    /// instead of its policy's `inbound.shed_sheddable_percent`; omit to keep the policy's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shed_sheddable_percent: Option<f64>,
+    /// `true` pauses every outgoing retry of the service.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub pause_retries: bool,
+    /// A fixed inbound concurrency limit (1–100000 requests) replacing the policy's limit;
+    /// requests in flight are never dropped. Omit to keep the policy's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inbound_limit: Option<u32>,
+}
+
+impl ProfileService {
+    /// The lever override this sets, until `expires` (`None` when it sets no lever).
+    fn levers(&self, expires: Timestamp, reason: String) -> Option<LeverOverride> {
+        let l = LeverOverride {
+            shed_sheddable_percent: self.shed_sheddable_percent,
+            retries_paused: self.pause_retries.then_some(true),
+            inbound_limit: self.inbound_limit,
+            expires_at: expires,
+            reason,
+        };
+        let any =
+            l.shed_sheddable_percent.is_some() || l.retries_paused.is_some() || l.inbound_limit.is_some();
+        any.then_some(l)
+    }
 }
 
 /// A breaker a profile forces.
@@ -98,6 +126,9 @@ struct Saved {
     flags: Vec<Swap<String, Flag>>,
     breakers: Vec<Swap<(String, String), BreakerOverride>>,
     faults: Vec<Swap<String, FaultRule>>,
+    /// The service's lever override (one per service, so no key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    levers: Option<Swap<(), LeverOverride>>,
 }
 
 /// A stored profile with its decoded definition.
@@ -125,11 +156,15 @@ pub fn activation_services(a: &ActivationRow) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Prefixes every error path with `prefix.`.
+/// Prefixes every error path of a service's configuration with `prefix.`; a lever's
+/// (`levers.shed_sheddable_percent`) becomes the profile's field of the same name under
+/// `prefix` (`prefix.shed_sheddable_percent`).
 fn under(prefix: &str, e: ValidationErrors) -> ValidationErrors {
-    ValidationErrors(
-        e.0.into_iter().map(|f| FieldError { path: format!("{prefix}.{}", f.path), ..f }).collect(),
-    )
+    let path = |p: &str| match p.strip_prefix("levers.") {
+        Some(lever) => format!("{prefix}.{lever}"),
+        None => format!("{prefix}.{p}"),
+    };
+    ValidationErrors(e.0.into_iter().map(|f| FieldError { path: path(&f.path), ..f }).collect())
 }
 
 fn field(path: String, value: impl Into<String>, message: impl Into<String>) -> FieldError {
@@ -223,11 +258,16 @@ fn apply_to(
         let before = p.faults.insert(f.id.clone(), set.clone());
         saved.faults.push(Swap { key: f.id.clone(), before, set });
     }
+    if let Some(set) = svc.levers(expires, format!("profile {profile}: {reason}")) {
+        let before = p.levers.replace(set.clone());
+        saved.levers = Some(Swap { key: (), before, set });
+    }
     if !errors.is_empty() {
         return Err(ChangeError::Invalid(ValidationErrors(errors)));
     }
     // The whole configuration must still validate (a dependency the breaker or fault names,
-    // percent ranges…); its paths are reported under the service's definition.
+    // percent ranges…); its paths are reported under the service's definition, a lever's
+    // under the profile's own field of the same name.
     p.config().validate().map_err(|e| ChangeError::Invalid(under(path, e)))?;
     Ok(saved)
 }
@@ -261,6 +301,15 @@ fn restore(p: &mut Parts, saved: &Saved) -> Vec<String> {
     }
     for s in &saved.faults {
         back(&mut p.faults, s, format!("fault {}", s.key), &mut notes);
+    }
+    if let Some(s) = &saved.levers {
+        // As `back`, for the one lever override of the service.
+        if p.levers.as_ref().is_none_or(|now| *now == s.set) {
+            p.levers = s.before.clone();
+            notes.push("levers restored".to_string());
+        } else {
+            notes.push("levers changed since the profile set them; left as they are".to_string());
+        }
     }
     notes
 }
@@ -566,7 +615,8 @@ mod tests {
     fn spec() -> ProfileService {
         serde_json::from_str(
             r#"{"flags": {"pay.enabled": false}, "read_only": true,
-                "breakers": [{"dependency": "pay", "state": "forced_open"}]}"#,
+                "breakers": [{"dependency": "pay", "state": "forced_open"}],
+                "shed_sheddable_percent": 40, "pause_retries": true, "inbound_limit": 25}"#,
         )
         .unwrap()
     }
@@ -581,6 +631,12 @@ mod tests {
         assert_eq!(p.flags["pay.enabled"].expires_at, Some(exp));
         assert_eq!(p.flags["ro"].value, serde_json::json!(true));
         assert_eq!(p.overrides[&("pay".to_string(), String::new())].expires_at, Some(exp));
+        let levers = p.levers.clone().unwrap();
+        assert_eq!(
+            (levers.shed_sheddable_percent, levers.retries_paused, levers.inbound_limit, levers.expires_at),
+            (Some(40.0), Some(true), Some(25), exp)
+        );
+        assert_eq!(levers.reason, "profile storm: why");
         let notes = restore(&mut p, &saved);
         assert_eq!(p, orig, "{notes:?}");
     }
@@ -593,7 +649,10 @@ mod tests {
         p.flags.get_mut("pay.enabled").unwrap().value = serde_json::json!(true);
         p.flags.get_mut("pay.enabled").unwrap().expires_at = None;
         p.overrides.clear(); // expired on the server
+        p.levers.as_mut().unwrap().inbound_limit = Some(7); // changed by someone else
         let notes = restore(&mut p, &saved);
+        assert!(notes.iter().any(|n| n == "levers changed since the profile set them; left as they are"));
+        assert_eq!(p.levers.as_ref().unwrap().inbound_limit, Some(7));
         assert!(
             notes.iter().any(|n| n == "flag pay.enabled changed since the profile set it; left as it is"),
             "{notes:?}"
@@ -618,6 +677,25 @@ mod tests {
         assert_eq!(
             paths,
             ["services.shop.flags.nope", "services.shop.flags.pay.enabled", "services.shop.faults"]
+        );
+    }
+
+    #[test]
+    fn a_lever_out_of_range_is_named_by_the_profiles_field_with_the_range() {
+        let mut p = parts();
+        let bad: ProfileService =
+            serde_json::from_str(r#"{"shed_sheddable_percent": 150, "inbound_limit": 0}"#).unwrap();
+        let exp = Timestamp::from_unix_ms(now_ms() + 60_000);
+        let Err(ChangeError::Invalid(v)) = apply_to(&mut p, &bad, "x", "y", exp, "services.shop") else {
+            panic!()
+        };
+        let got: Vec<_> = v.0.iter().map(|e| (e.path.as_str(), e.message.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("services.shop.shed_sheddable_percent", "must be between 0 and 100 percent"),
+                ("services.shop.inbound_limit", "must be between 1 and 100000"),
+            ]
         );
     }
 }

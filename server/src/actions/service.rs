@@ -104,6 +104,7 @@ impl Actions {
             faults: BTreeMap::new(),
             overrides: BTreeMap::new(),
             faults_allowed: environment.allow_faults,
+            levers: None,
         };
         let config = parts.config();
         config.validate().map_err(CreateError::Invalid)?;

@@ -66,6 +66,7 @@ fn decoders() -> Vec<Decoder> {
         ("FaultRule", strict::<model::FaultRule>),
         ("FaultAction", strict::<model::FaultAction>),
         ("BreakerOverride", strict::<model::BreakerOverride>),
+        ("LeverOverride", strict::<model::LeverOverride>),
         ("CreateEnvironment", strict::<CreateEnvironment>),
         ("CreateService", strict::<CreateService>),
         ("PutPolicy", strict::<PutPolicy>),

@@ -817,12 +817,13 @@ impl Store {
         rows.iter().map(|r| Ok(r.try_get::<i64, _>("revision")? as u64)).collect()
     }
 
-    /// Expired flags, fault rules and breaker overrides as (environment, service) pairs.
+    /// Expired flags, fault rules, breaker overrides and levers as (environment, service) pairs.
     pub async fn services_with_expired(&self, now: i64) -> anyhow::Result<Vec<(String, String)>> {
         let rows = sqlx::query(
             "SELECT environment, service FROM faults WHERE expires_at <= $1 \
              UNION SELECT environment, service FROM breaker_overrides WHERE expires_at IS NOT NULL AND expires_at <= $1 \
-             UNION SELECT environment, service FROM flags WHERE expires_at IS NOT NULL AND expires_at <= $1",
+             UNION SELECT environment, service FROM flags WHERE expires_at IS NOT NULL AND expires_at <= $1 \
+             UNION SELECT environment, service FROM levers WHERE expires_at <= $1",
         )
         .bind(now)
         .fetch_all(&self.pool)

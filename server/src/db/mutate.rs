@@ -5,7 +5,8 @@ use std::convert::Infallible;
 use std::fmt::Display;
 
 use levee_agent::policy::{
-    BreakerOverride, FaultRule, Flag, Policy, ServiceConfig, ValidationErrors, canonical_json, content_hash,
+    BreakerOverride, FaultRule, Flag, LeverOverride, Policy, ServiceConfig, ValidationErrors, canonical_json,
+    content_hash,
 };
 use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
@@ -38,6 +39,8 @@ pub struct Parts {
     pub overrides: BTreeMap<(String, String), BreakerOverride>,
     /// Whether the environment permits faults (its `allow_faults`).
     pub faults_allowed: bool,
+    /// Operator levers until their expiry (set by a profile).
+    pub levers: Option<LeverOverride>,
 }
 
 impl Parts {
@@ -49,6 +52,7 @@ impl Parts {
             faults: self.faults.values().cloned().collect(),
             breaker_overrides: self.overrides.values().cloned().collect(),
             faults_allowed: self.faults_allowed,
+            levers: self.levers.clone(),
         }
     }
 
@@ -64,6 +68,7 @@ impl Parts {
                 .map(|o| ((o.dependency.clone(), o.operation.clone().unwrap_or_default()), o))
                 .collect(),
             faults_allowed,
+            levers: cfg.levers,
         }
     }
 }
@@ -198,7 +203,14 @@ async fn load_parts(
         let body: String = r.try_get("body")?;
         overrides.insert((dep, op), serde_json::from_str(&body)?);
     }
-    Ok(Parts { policy, flags, faults, overrides, faults_allowed })
+    let levers = sqlx::query("SELECT body FROM levers WHERE environment = $1 AND service = $2")
+        .bind(env)
+        .bind(service)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|r| serde_json::from_str(&r.try_get::<String, _>("body")?).map_err(anyhow::Error::from))
+        .transpose()?;
+    Ok(Parts { policy, flags, faults, overrides, faults_allowed, levers })
 }
 
 /// Writes the differences between `old` and `new` parts.
@@ -292,6 +304,30 @@ async fn store_parts(
             .bind(o.expires_at.map(|t| t.unix_ms()))
             .execute(&mut *conn)
             .await?;
+        }
+    }
+    if old.levers != new.levers {
+        match &new.levers {
+            None => {
+                sqlx::query("DELETE FROM levers WHERE environment = $1 AND service = $2")
+                    .bind(env)
+                    .bind(service)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Some(l) => {
+                sqlx::query(
+                    "INSERT INTO levers (environment, service, body, expires_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (environment, service) DO UPDATE SET body = excluded.body, \
+                     expires_at = excluded.expires_at",
+                )
+                .bind(env)
+                .bind(service)
+                .bind(serde_json::to_string(l)?)
+                .bind(l.expires_at.unix_ms())
+                .execute(&mut *conn)
+                .await?;
+            }
         }
     }
     Ok(())
@@ -555,7 +591,7 @@ impl Store {
         .bind(name)
         .execute(&mut *tx)
         .await?;
-        for table in ["flags", "faults", "breaker_overrides"] {
+        for table in ["flags", "faults", "breaker_overrides", "levers"] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE environment = $1 AND service = $2"
             )))

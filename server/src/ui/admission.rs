@@ -1,5 +1,5 @@
 //! What the service page shows of inbound admission: the policy (mode, limit, queue,
-//! levers) and, from the connected agents' last status reports, the limit and load of
+//! levers, with the levers an emergency profile set until its expiry in force) and, from the connected agents' last status reports, the limit and load of
 //! each instance and what was shed — or, in shadow mode, would have been — by route,
 //! criticality and reason, plus the calls each dependency's client-side throttle refused.
 //!
@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use levee_agent::policy::{AdmissionMode, Inbound, LimitAlgorithm};
+use levee_agent::policy::{AdmissionMode, Inbound, LeverOverride, LimitAlgorithm};
 
 use super::page::{duration, percent};
 use crate::db::{AgentRow, MAX_STATUS_COUNTERS};
@@ -58,6 +58,8 @@ pub struct AdmissionView {
     pub limit: String,
     pub queue: String,
     pub levers: Vec<String>,
+    /// Levers set for a limited time (by a profile): until when (RFC 3339) and why.
+    pub lever_override: Option<(String, String)>,
     pub instances: Vec<InstanceAdmission>,
     pub sheds: Vec<ShedRow>,
     /// Rows left out past [`MAX_ROWS`].
@@ -134,13 +136,21 @@ fn algorithm(a: LimitAlgorithm) -> &'static str {
 }
 
 impl AdmissionView {
-    /// The section for `inbound` and the last reports of `agents` (connected ones only).
-    pub fn new(inbound: &Inbound, agents: &[AgentRow]) -> Self {
+    /// The section for `inbound` with the lever override `overridden` in force (the caller
+    /// passes it only before its expiry) and the last reports of `agents` (connected ones
+    /// only).
+    pub fn new(inbound: &Inbound, overridden: Option<&LeverOverride>, agents: &[AgentRow]) -> Self {
         let l = &inbound.limit;
-        let limit = match l.algorithm {
+        let policy_limit = match l.algorithm {
             LimitAlgorithm::Fixed => format!("fixed at {}", l.initial_limit),
             a => format!("{} from {} within {}…{}", algorithm(a), l.initial_limit, l.min_limit, l.max_limit),
         };
+        let limit = match overridden.and_then(|l| l.inbound_limit) {
+            Some(n) => format!("fixed at {n} by an operator lever (the policy's: {policy_limit})"),
+            None => policy_limit,
+        };
+        let effective = inbound.with_levers(overridden);
+        let inbound = &*effective;
         let q = &inbound.queue;
         let queue = if q.max_len == 0 {
             "none: a request past the limit is refused at once".to_string()
@@ -173,6 +183,7 @@ impl AdmissionView {
             limit,
             queue,
             levers,
+            lever_override: overridden.map(|l| (l.expires_at.to_rfc3339(), l.reason.clone())),
             ..Default::default()
         };
         let mut sheds: BTreeMap<(String, &'static str, &'static str), (u64, u64)> = BTreeMap::new();
@@ -266,7 +277,7 @@ mod tests {
             agent("gone", false, serde_json::json!({"admission_limit": 99, shed: 1000})),
         ];
         let inbound = Inbound { mode: AdmissionMode::Shadow, ..Inbound::default() };
-        let v = AdmissionView::new(&inbound, &agents);
+        let v = AdmissionView::new(&inbound, None, &agents);
         assert_eq!((v.mode, v.would_shed_total), ("shadow", 42));
         assert_eq!(
             v.sheds,
@@ -306,7 +317,7 @@ mod tests {
                 r#"admission_shed{route="<script>\"x\\",criticality="CRITICAL",reason="limit"}"#: 2,
             }),
         )];
-        let v = AdmissionView::new(&Inbound::default(), &agents);
+        let v = AdmissionView::new(&Inbound::default(), None, &agents);
         assert_eq!(v.sheds.len(), 1, "{:?}", v.sheds);
         // Kept as text (askama escapes it when printed), quotes unescaped once.
         assert_eq!(v.sheds[0].route, "<script>\"x\\");

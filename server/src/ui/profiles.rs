@@ -1,6 +1,7 @@
 //! `GET /ui/environments/{env}/profiles`: the emergency profiles of an environment — the
 //! active one (who applied it, why, since and until when) with its revert form, each
-//! profile's definition with an apply form (duration + confirmation + reason), and a form
+//! profile's definition (flags, breakers, faults, read-only mode and the operator levers,
+//! one line each) with an apply form (duration + confirmation + reason), and a form
 //! to create or replace a profile from its JSON definition. Forms work without JavaScript.
 
 use askama::Template;
@@ -69,6 +70,15 @@ fn entries(spec: &ProfileSpec) -> Vec<String> {
         for f in &s.faults {
             out.push(format!("{svc}: fault {} on {} ({} %)", f.id, f.dependency, f.percent));
         }
+        if let Some(p) = s.shed_sheddable_percent {
+            out.push(format!("{svc}: shed {p} % of SHEDDABLE and SHEDDABLE_PLUS traffic"));
+        }
+        if s.pause_retries {
+            out.push(format!("{svc}: all outgoing retries paused"));
+        }
+        if let Some(n) = s.inbound_limit {
+            out.push(format!("{svc}: inbound limit fixed at {n}"));
+        }
     }
     out
 }
@@ -102,7 +112,10 @@ const EXAMPLE: &str = r#"{
     "checkout": {
       "flags": {"payments.enabled": false},
       "breakers": [{"dependency": "payments", "state": "forced_open"}],
-      "read_only": false
+      "read_only": false,
+      "shed_sheddable_percent": 50,
+      "pause_retries": true,
+      "inbound_limit": 200
     }
   }
 }"#;

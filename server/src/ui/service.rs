@@ -428,7 +428,11 @@ pub async fn page(
             })
             .collect(),
         agents: agents.iter().map(|a| agent_view(a, row.revision)).collect(),
-        admission: AdmissionView::new(&cfg.policy.inbound, &agents),
+        admission: AdmissionView::new(
+            &cfg.policy.inbound,
+            cfg.levers.as_ref().filter(|l| l.expires_at > now),
+            &agents,
+        ),
         nacks: nacks
             .iter()
             .map(|n| NackView {

@@ -1,5 +1,5 @@
 //! Emergency profiles through the API: defined and versioned, applied with an expiry that
-//! every entry carries, reverted by hand or by the server at the expiry, audited — on
+//! every entry carries (the operator levers included), reverted by hand or by the server at the expiry, audited — on
 //! SQLite and on PostgreSQL.
 
 use levee_agent::policy::Timestamp;
@@ -18,7 +18,8 @@ fn definition() -> Value {
             "flags": {"recommendations.enabled": false},
             "breakers": [{"dependency": "recommendations", "state": "forced_open"}],
             "faults": [{"id": "slow", "dependency": "recommendations",
-                        "action": {"type": "delay", "delay": "2s"}, "percent": 10}]
+                        "action": {"type": "delay", "delay": "2s"}, "percent": 10}],
+            "shed_sheddable_percent": 30, "pause_retries": true, "inbound_limit": 40
         }},
         "reason": "agreed in the incident review"
     })
@@ -80,6 +81,15 @@ async fn define_apply_revert(app: TestApp) {
     assert_eq!(cfg["breaker_overrides"][0]["state"], "forced_open");
     assert_eq!(Timestamp::parse(cfg["breaker_overrides"][0]["expires_at"].as_str().unwrap()), Some(until));
     assert_eq!(Timestamp::parse(cfg["faults"][0]["expires_at"].as_str().unwrap()), Some(until));
+    // The operator levers, until the same expiry (the agent ends them by itself then).
+    let levers = &cfg["levers"];
+    assert_eq!(
+        (&levers["shed_sheddable_percent"], &levers["retries_paused"], &levers["inbound_limit"]),
+        (&json!(30.0), &json!(true), &json!(40)),
+        "{cfg}"
+    );
+    assert_eq!(Timestamp::parse(levers["expires_at"].as_str().unwrap()), Some(until));
+    assert_eq!(levers["reason"], "profile recs-down: INC-1: recommendations timing out");
 
     let (s, _, active) = app.call(Method::GET, "/api/v1/environments/prod/active-profile", None).await;
     assert_eq!(s, StatusCode::OK);
@@ -109,7 +119,8 @@ async fn define_apply_revert(app: TestApp) {
         .await;
     assert_eq!(s, StatusCode::OK, "{r}");
     assert_eq!(r["reverted_by"], "admin");
-    assert_eq!(snapshot(&app).await, before);
+    assert_eq!(snapshot(&app).await, before, "the levers gone with the rest");
+    assert_eq!(before.get("levers"), None);
     let (s, _, _) = app.call(Method::GET, "/api/v1/environments/prod/active-profile", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 
@@ -178,6 +189,26 @@ async fn a_bad_definition_names_every_bad_field() {
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(b["errors"][0]["path"].as_str().unwrap().starts_with("services.checkout."), "{b}");
 
+    // A lever out of range: the profile's field, the value and the allowed range.
+    let body = json!({"services": {"checkout": {"shed_sheddable_percent": 120, "inbound_limit": 0}},
+                      "reason": "r"});
+    let (s, h, b) = app.call(Method::PUT, &format!("{PROFILES}/bad"), Some(body)).await;
+    assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
+    let errors: Vec<(&str, &str, &str)> = b["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["path"].as_str().unwrap(), e["value"].as_str().unwrap(), e["message"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            ("services.checkout.shed_sheddable_percent", "120", "must be between 0 and 100 percent"),
+            ("services.checkout.inbound_limit", "0", "must be between 1 and 100000"),
+        ],
+        "{b}"
+    );
+
     let (s, _, _) = app.call(Method::PUT, &format!("{PROFILES}/ok"), Some(definition())).await;
     assert_eq!(s, StatusCode::CREATED);
     for (body, field) in [
@@ -239,6 +270,7 @@ async fn an_expired_profile_is_reverted_by_the_server_and_a_changed_entry_is_lef
         Value::Null
     );
     assert_eq!(cfg["faults"], json!([]));
+    assert_eq!(cfg.get("levers"), None, "the levers end with the profile");
     assert_eq!(cfg["breaker_overrides"][0]["state"], "forced_closed", "changed since: left as it is");
     let (_, _, list) = app.call(Method::GET, "/api/v1/environments/prod/profile-activations", None).await;
     assert_eq!(list[0]["reverted_by"], "levee", "{list}");

@@ -1,5 +1,6 @@
 //! Emergency profiles in the UI: define one from its JSON, apply it through a confirmation
-//! with a reason, see it on the service page (who, why, since, until), revert it; a viewer
+//! with a reason, see it on the service page (who, why, since, until; the operator levers it
+//! set with their expiry), revert it; a viewer
 //! gets no form and is refused.
 
 use reqwest::StatusCode;
@@ -10,7 +11,8 @@ const PROFILES: &str = "/ui/environments/prod/profiles";
 
 const DEFINITION: &str = r#"{"description": "recommendations down",
   "services": {"checkout": {"flags": {"recommendations.enabled": false},
-                            "breakers": [{"dependency": "payments", "state": "forced_open"}]}}}"#;
+                            "breakers": [{"dependency": "payments", "state": "forced_open"}],
+                            "shed_sheddable_percent": 25, "pause_retries": true, "inbound_limit": 40}}}"#;
 
 #[tokio::test]
 async fn an_operator_defines_applies_sees_and_reverts_a_profile() {
@@ -50,6 +52,13 @@ async fn an_operator_defines_applies_sees_and_reverts_a_profile() {
     let page = b.get(saved.location()).await;
     assert!(page.body.contains("Saved profile recs-down as version 1"), "{}", page.body);
     assert!(page.body.contains("checkout: flag recommendations.enabled = false"));
+    for lever in [
+        "checkout: shed 25 % of SHEDDABLE and SHEDDABLE_PLUS traffic",
+        "checkout: all outgoing retries paused",
+        "checkout: inbound limit fixed at 40",
+    ] {
+        assert!(page.body.contains(lever), "{lever}: {}", page.body);
+    }
     assert!(page.body.contains(&format!("action=\"{PROFILES}/recs-down/confirm\"")));
 
     // Confirmation first: it changes nothing.
@@ -88,13 +97,26 @@ async fn an_operator_defines_applies_sees_and_reverts_a_profile() {
     let active = app.api(reqwest::Method::GET, "/environments/prod/active-profile", None).await.2;
     let until = active["expires_at"].as_str().unwrap();
     assert!(svc.body.contains(&format!("until {until}")), "{}", svc.body);
+    // The levers it set, in force until the same instant.
+    assert!(svc.body.contains("Limit fixed at 40 by an operator lever"), "{}", svc.body);
+    assert!(svc.body.contains("shedding 25% of SHEDDABLE and SHEDDABLE_PLUS traffic"), "{}", svc.body);
+    assert!(svc.body.contains("all outgoing retries paused"));
+    assert!(
+        svc.body.contains(&format!(
+            "Levers set until <time>{until}</time> (profile recs-down: INC-9 {ESCAPED_SCRIPT})"
+        )),
+        "{}",
+        svc.body
+    );
 
     let page = b.get(PROFILES).await;
     assert!(page.body.contains("Active: recs-down (version 1)"));
     let reverted = b.post(&format!("{PROFILES}/revert"), &[("csrf", &csrf), ("reason", "recovered")]).await;
     assert_eq!(reverted.status, StatusCode::SEE_OTHER, "{}", reverted.body);
     assert_eq!(app.kill_switch().await, true);
-    assert!(!b.get(SERVICE).await.body.contains("Emergency profile"));
+    let svc = b.get(SERVICE).await;
+    assert!(!svc.body.contains("Emergency profile"));
+    assert!(!svc.body.contains("id=\"levers\""), "the levers ended with the profile");
 }
 
 #[tokio::test]

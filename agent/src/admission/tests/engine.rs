@@ -225,3 +225,61 @@ async fn read_only_mode_refuses_mutating_routes_from_the_agents_flag_even_in_sha
         && c.value == 1));
     assert!(rep.counters.iter().any(|c| c.name == "admission_shadow" && c.value == 1));
 }
+
+/// An agent's config whose operator levers (`levers`, as an emergency profile sets them)
+/// end `secs` from now: everything sheddable shed, a fixed limit of 2 instead of the
+/// policy's 50.
+fn with_levers_for(secs: i64) -> String {
+    let wall = crate::policy::Timestamp::now().unix_ms();
+    let expires = crate::policy::Timestamp::from_unix_ms(wall + secs * 1000).to_rfc3339();
+    format!(
+        r#"{{"policy": {{"inbound": {{"limit": {{"algorithm": "fixed", "initial_limit": 50}},
+                                   "queue": {{"max_len": 0}}}}}},
+            "levers": {{"shed_sheddable_percent": 100, "inbound_limit": 2,
+                        "expires_at": "{expires}", "reason": "profile storm: test"}}}}"#
+    )
+}
+
+/// The levers of an agent's config end at their expiry by themselves, with no server and
+/// no new snapshot: shedding stops and the limit returns to the policy's. Requests in
+/// flight across both changes of the limit keep their slots.
+#[tokio::test(start_paused = true)]
+async fn operator_levers_end_at_their_expiry_without_the_server() {
+    use crate::flags::tests::{advance, shared_with, timers};
+    let shared =
+        shared_with(r#"{"policy": {"inbound": {"limit": {"algorithm": "fixed", "initial_limit": 50}}}}"#);
+    let _timers = timers(&shared);
+    let a = Admission::for_agent(shared.clone(), &tokio::runtime::Handle::current());
+    let held: Vec<_> = (0..3).map(|_| a.try_admit(&req("GET /x", Criticality::Critical)).unwrap()).collect();
+    assert_eq!(a.status().limit, 50);
+
+    crate::flags::tests::apply(&shared, 2, &with_levers_for(60));
+    let r = a.try_admit(&req("GET /x", Criticality::Sheddable)).unwrap_err();
+    assert_eq!(r.reason(), Reason::Operator, "every sheddable request shed");
+    let s = a.status();
+    assert_eq!((s.limit, s.in_flight), (2, 3), "the lever's limit; the 3 in flight keep running");
+    assert_eq!(a.try_admit(&req("GET /x", Criticality::Critical)).unwrap_err().reason(), Reason::Limit);
+
+    advance(Duration::from_secs(59)).await;
+    assert_eq!(a.status().limit, 2, "not expired yet");
+    assert!(a.try_admit(&req("GET /x", Criticality::Sheddable)).is_err());
+
+    // No server, no snapshot: the expiry alone ends the levers.
+    advance(Duration::from_secs(2)).await;
+    let s = a.status();
+    assert_eq!((s.limit, s.in_flight), (50, 3), "back to the policy's limit, nothing dropped");
+    assert!(a.try_admit(&req("GET /x", Criticality::Sheddable)).is_ok(), "shedding stopped");
+    assert!(a.try_admit(&req("GET /x", Criticality::Critical)).is_ok());
+    drop(held);
+    assert_eq!(a.status().in_flight, 0);
+}
+
+/// A config applied after its levers expired (a cached snapshot read at startup) enforces
+/// the policy's values at once.
+#[tokio::test(start_paused = true)]
+async fn operator_levers_already_expired_when_applied_do_nothing() {
+    let shared = crate::flags::tests::shared_with(&with_levers_for(-1));
+    let a = Admission::for_agent(shared.clone(), &tokio::runtime::Handle::current());
+    assert_eq!(a.status().limit, 50);
+    assert!(a.try_admit(&req("GET /x", Criticality::Sheddable)).is_ok());
+}
