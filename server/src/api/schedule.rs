@@ -55,6 +55,14 @@ pub struct ScheduledView {
     #[serde(with = "levee_agent::policy::rfc3339::option")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub finished_at: Option<i64>,
+    /// The server replica that claimed it last to run it (its run id); `null` while it
+    /// was never claimed.
+    pub claimed_by: Option<String>,
+    /// Until when that claim holds: a change still `running` after it (its replica died)
+    /// is taken over by another replica. `null` while never claimed.
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub claim_expires_at: Option<i64>,
 }
 
 impl From<ScheduledRow> for ScheduledView {
@@ -76,6 +84,8 @@ impl From<ScheduledRow> for ScheduledView {
             outcome: c.outcome,
             revision: c.revision,
             finished_at: c.finished_at,
+            claimed_by: c.claimed_by,
+            claim_expires_at: c.claim_expires_at,
         }
     }
 }

@@ -250,12 +250,22 @@ async fn a_crashed_run_is_taken_over_after_its_lease(app: TestApp) {
     app.seed().await;
     let c = schedule_flip(&app, false, at(HOUR), Some(at(2 * HOUR))).await;
     let id = c["id"].as_i64().unwrap();
+    assert_eq!(
+        (&c["claimed_by"], &c["claim_expires_at"]),
+        (&Value::Null, &Value::Null),
+        "never claimed: {c}"
+    );
     let t = at(HOUR + 1000);
     claim_and_die(&app, id, t).await;
     // While the lease holds, nobody else runs it.
     assert_eq!(run_due(&app, t).await, 0);
     assert_eq!(run_due(&app, Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS - 1)).await, 0);
-    assert_eq!(get_change(&app, id).await["state"], "running");
+    let running = get_change(&app, id).await;
+    assert_eq!(running["state"], "running");
+    // Who holds it and until when, as the API shows it (RFC 3339, like every time).
+    assert_eq!(running["claimed_by"], "dead-replica", "{running}");
+    let lease_end = Timestamp::from_unix_ms(t.unix_ms() + LEASE_MS);
+    assert_eq!(Timestamp::parse(running["claim_expires_at"].as_str().unwrap()), Some(lease_end), "{running}");
     assert_eq!(flag(&app).await, json!(true));
 
     // Once it expired, one run takes it over and applies it, once.
