@@ -120,6 +120,9 @@ pub struct Principal {
     pub role: Role,
     /// Token id (`jti`); logging out records it as ended.
     pub jti: String,
+    /// The user this caller is (a session of that user, through the UI or the API);
+    /// `None` for an API token, whatever its name.
+    pub user: Option<String>,
 }
 
 /// An authenticated agent.
@@ -337,7 +340,12 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
                 Some(u) if u.disabled => Err(AuthError::UserGone),
                 // A password or role change since this session opened ended it.
                 Some(u) if claims.epoch.unwrap_or(0) != u.session_epoch => Err(AuthError::Revoked),
-                Some(u) => Ok(Principal { actor: u.username, role: u.role, jti: claims.jti }),
+                Some(u) => Ok(Principal {
+                    user: Some(u.username.clone()),
+                    actor: u.username,
+                    role: u.role,
+                    jti: claims.jti,
+                }),
                 None => Err(AuthError::UserGone),
             }
         }
@@ -348,6 +356,7 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
                     actor: format!("token:{}", t.name),
                     role: t.role.unwrap_or(Role::Viewer),
                     jti: t.id,
+                    user: None,
                 }),
                 _ => Err(AuthError::Revoked),
             }

@@ -257,8 +257,9 @@ impl Actions {
     /// changed; never the password or its hash). Every session the user had open ends at
     /// once; a disabled user cannot log in until enabled again.
     ///
-    /// An actor cannot disable or demote itself (so the last admin cannot lock everyone out
-    /// by mistake); another admin can.
+    /// A user cannot disable or demote themselves (so the last admin cannot lock everyone
+    /// out by mistake); another admin can, and so can an API token, whatever its name
+    /// (identity is [`Actor::user`], never the audit name).
     ///
     /// # Errors
     /// [`TokenError`]: [`Missing::User`] when there is no such user;
@@ -276,7 +277,7 @@ impl Actions {
             .user(&username)
             .await?
             .ok_or_else(|| TokenError::NotFound(Missing::User { name: username.clone() }))?;
-        if by.name == username && !matches!(by.via, super::Via::Server) {
+        if by.user.as_deref() == Some(username.as_str()) {
             let refuse = |path: &str, value: String| {
                 TokenError::InvalidField(levee_agent::policy::FieldError {
                     path: path.into(),

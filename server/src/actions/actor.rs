@@ -46,6 +46,10 @@ pub struct Actor {
     pub request_id: String,
     /// Whether this change applies an approved request or breaks the glass (four-eyes).
     pub approval: super::Approval,
+    /// The user this actor is: a session of that user ([`Principal::user`]); `None` for an
+    /// API token, the server (a scheduled change runs under its author's name, not as
+    /// them) and a local admin. What "oneself" means, never compared by name.
+    pub user: Option<String>,
 }
 
 impl Actor {
@@ -57,6 +61,7 @@ impl Actor {
             via,
             request_id: request_id.into(),
             approval: super::Approval::None,
+            user: principal.user.clone(),
         }
     }
 
@@ -68,6 +73,7 @@ impl Actor {
             via: Via::Server,
             request_id: String::new(),
             approval: super::Approval::None,
+            user: None,
         }
     }
 
@@ -80,6 +86,7 @@ impl Actor {
             via: Via::Local,
             request_id: String::new(),
             approval: super::Approval::None,
+            user: None,
         }
     }
 

@@ -326,6 +326,7 @@ impl Actions {
             via: super::Via::Server,
             request_id: format!("scheduled-{}", c.id),
             approval: super::Approval::None,
+            user: None,
         };
         let reason = Reason::by_server(format!("{} (scheduled change {})", c.reason, c.id));
         let conflict = |what: String, rev: u64| {

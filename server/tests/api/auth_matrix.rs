@@ -380,6 +380,45 @@ async fn password_and_role_changes(app: TestApp) {
     }
     let (s, _, _) = app.call(Method::GET, ENVS, None).await;
     assert_eq!(s, StatusCode::OK, "the admin is still an admin");
+
+    // "Oneself" is the user's own session, never a name that happens to be the same: an
+    // API token named like the user, or a local admin (`levee users set` run where `USER`
+    // is unset is recorded as `local`) may disable and demote that user.
+    let (s, _, b) = app
+        .call(
+            Method::POST,
+            "/api/v1/users",
+            Some(json!({"username": "local", "password": "a-long-enough-password", "role": "admin", "reason": "t"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, _, t) = app
+        .call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"kind": "api", "name": "local", "role": "admin", "reason": "t"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{t}");
+    let token = t["token"].as_str().unwrap().to_string();
+    let (s, _, b) = app
+        .call_as(
+            &token,
+            Method::PATCH,
+            "/api/v1/users/local",
+            Some(json!({"role": "operator", "reason": "t"})),
+            &[],
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "a token named like the user is not that user: {b}");
+    let actions = &app.server.as_ref().unwrap().actions;
+    let change =
+        levee_server::actions::UserChange::new("local", None, Some(Role::Viewer), Some(true)).unwrap();
+    let why = levee_server::actions::Reason::parse("offboarding").unwrap();
+    actions
+        .update_user(&levee_server::actions::Actor::local("local"), &why, change)
+        .await
+        .expect("a local admin named like the user is not that user");
 }
 
 /// An agent token is minted only for an environment and services that exist.
