@@ -4,9 +4,11 @@
 //! Streams hand events to a bounded channel; one task collects them for at most
 //! [`FLUSH_INTERVAL`], keeps only the newest state of each agent (10,000 agents ACKing a
 //! flip and reporting status are 10,000 rows, however many events they sent) and writes
-//! them as multi-row upserts in one transaction. A batch the database refused (it is
-//! away) is kept and merged with what arrives meanwhile, then written once it is back:
-//! nothing an agent acknowledged is lost to an outage.
+//! them as multi-row upserts (`Store::write_fleet`: one transaction on PostgreSQL; on
+//! SQLite one statement per turn of the store's write lock, so a revision written during a
+//! flip's flood of ACKs waits for one statement, not the batch). A batch the database
+//! refused (it is away) is kept and merged with what arrives meanwhile, then written once
+//! it is back: nothing an agent acknowledged is lost to an outage.
 //!
 //! Liveness is a lease: every row this replica writes carries its id and a lease (default
 //! [`LEASE_TTL`]), renewed every third of it by one `UPDATE` for all its connected agents.
@@ -192,6 +194,45 @@ mod tests {
         let a = &p.upserts[&("prod".into(), "checkout".into(), "a".into())];
         assert_eq!(a.applied_revision, 3);
         assert_eq!(a.status.as_deref(), Some("{\"s\":1}"));
+    }
+
+    /// On SQLite, a writer that asks for the store's write lock while the fleet writer stores
+    /// a large batch gets it after one statement of the batch, not after all of it: a flip
+    /// written during the flood of a fleet's ACKs waits for at most
+    /// `FLEET_ROWS_PER_SQLITE_TURN` rows. (The test holds the lock first, so the fleet writer
+    /// queues, then the other writer; the lock is fair.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_writer_waiting_on_a_fleet_batch_goes_after_one_statement() {
+        use crate::db::FLEET_ROWS_PER_SQLITE_TURN as TURN;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let n = 3 * TURN;
+        let rows: Vec<AgentUpsert> = (0..n)
+            .map(|i| match up(&format!("agent-{i}"), 1, None) {
+                FleetEvent::Upsert(a) => a,
+                _ => unreachable!(),
+            })
+            .collect();
+        let held = store.write_guard().await;
+        let fleet = tokio::spawn({
+            let store = store.clone();
+            async move { store.write_fleet(&rows, &[], &[], "r1", i64::MAX).await }
+        });
+        // current_thread: the spawned task runs until it waits for the lock.
+        tokio::task::yield_now().await;
+        let other = tokio::spawn({
+            let store = store.clone();
+            async move {
+                let _turn = store.write_guard().await;
+                store.agents("prod", "checkout").await.unwrap().len()
+            }
+        });
+        tokio::task::yield_now().await;
+        drop(held);
+        assert_eq!(other.await.unwrap(), TURN, "the other writer went after one statement");
+        fleet.await.unwrap().unwrap();
+        assert_eq!(store.agents("prod", "checkout").await.unwrap().len(), n);
     }
 
     /// 1,500 agents, three events each, through the writer: every agent is stored once with
