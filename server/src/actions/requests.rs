@@ -58,10 +58,7 @@ impl Actions {
         kind: &str,
         target: &str,
     ) -> Result<(), ChangeError> {
-        if by.via == super::Via::Server || matches!(by.approval, Approval::Request(_)) {
-            return Ok(());
-        }
-        if !self.store.approval_kinds(env).await?.iter().any(|k| k == kind) {
+        if !self.gated(by, env, kind).await? {
             return Ok(());
         }
         let Approval::BreakGlass(why) = &by.approval else {
@@ -80,6 +77,15 @@ impl Actions {
         self.store.append_audit(&audit).await?;
         tracing::warn!(actor = %by.name, environment = env, kind, target, "break-glass: change applied without approval");
         Ok(())
+    }
+
+    /// Whether `by`'s change of `kind` in `env` must pass [`Actions::gate`]: the kind needs
+    /// approval there and the change is neither the server's own nor an approved request's.
+    pub(super) async fn gated(&self, by: &Actor, env: &str, kind: &str) -> Result<bool, ChangeError> {
+        if by.via == super::Via::Server || matches!(by.approval, Approval::Request(_)) {
+            return Ok(false);
+        }
+        Ok(self.store.approval_kinds(env).await?.iter().any(|k| k == kind))
     }
 
     /// Sets the kinds of change that need approval in `env` (admin; audited as

@@ -172,8 +172,10 @@ impl Actions {
         let current = self.store.service(&at.env, &at.service).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
         })?;
+        let flags_gate = self.gate_flags(by, at, &flags, &format!("flags of service {}", at.service)).await?;
         let mut written = self
             .write(by, reason, Action::ServiceApply, at, "policy and flags", move |p| {
+                flags_gate.check(&p.flags, &flags)?;
                 #[derive(serde::Serialize)]
                 struct Declares<'a> {
                     policy: &'a Policy,
@@ -259,12 +261,72 @@ impl Actions {
         let config: ServiceConfig =
             serde_json::from_str(&old.body).map_err(|e| ChangeError::Storage(e.into()))?;
         let target = format!("revision {to}");
+        let flags_gate =
+            self.gate_flags(by, at, &config.flags, &format!("flags of {} (rollback)", at.service)).await?;
         self.write(by, reason, Action::Rollback, at, &target, move |p| {
+            flags_gate.check(&p.flags, &config.flags)?;
             let before = p.config();
             *p = Parts::from_config(config, p.faults_allowed);
             Ok(AuditDiff::of(Some(&before), Some(&p.config())))
         })
         .await
+    }
+}
+
+/// What is left to check, inside the write, of the `flag` approval rule for a change that
+/// replaces a service's flags wholesale (apply, rollback): [`Actions::gate_flags`] gates
+/// the change when the flags it read differ from the new ones; if they did not, but the
+/// kind needs approval, the flags must still be unchanged in the revision being replaced,
+/// or someone changed them meanwhile and this write would undo that without approval.
+#[derive(Clone, Debug)]
+struct FlagsGate {
+    /// Set when the kind needs approval and the gate was not passed (flags looked equal).
+    unchecked: Option<(String, String)>,
+}
+
+impl FlagsGate {
+    fn check(
+        &self,
+        current: &BTreeMap<String, Flag>,
+        new: &BTreeMap<String, Flag>,
+    ) -> Result<(), ChangeError> {
+        match &self.unchecked {
+            Some((env, kind)) if current != new => {
+                Err(ChangeError::ApprovalRequired { env: env.clone(), kind: kind.clone() })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Actions {
+    /// Applies the `flag` approval rule to a change that sets a service's flags to `new`
+    /// along with other things: a write that changes a flag is a flag change, whatever
+    /// route it takes (`levee apply`, a rollback), so it needs what a flip needs.
+    async fn gate_flags(
+        &self,
+        by: &Actor,
+        at: &ServiceAt,
+        new: &BTreeMap<String, Flag>,
+        target: &str,
+    ) -> Result<FlagsGate, ChangeError> {
+        const KIND: &str = "flag";
+        if !self.gated(by, &at.env, KIND).await? {
+            return Ok(FlagsGate { unchecked: None });
+        }
+        let current = match self.store.latest_snapshot(&at.env, &at.service).await? {
+            Some(row) => {
+                serde_json::from_str::<ServiceConfig>(&row.body)
+                    .map_err(|e| ChangeError::Storage(e.into()))?
+                    .flags
+            }
+            None => BTreeMap::new(),
+        };
+        if current != *new {
+            self.gate(by, &at.env, KIND, target).await?;
+            return Ok(FlagsGate { unchecked: None });
+        }
+        Ok(FlagsGate { unchecked: Some((at.env.clone(), KIND.to_string())) })
     }
 }
 

@@ -209,3 +209,62 @@ async fn an_approved_policy_whose_base_moved_is_a_conflict_not_applied() {
         "{r}"
     );
 }
+
+on_both_backends! {
+async fn a_flag_approval_rule_covers_apply_and_rollback_not_only_flips(app) {
+    // Found by a GitOps trial: with approval required for flags, `levee apply` (the
+    // whole-service PUT) switched a kill switch off with no request and no bypass audited.
+    app.seed().await;
+    let (s, _, b) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/approval-rules",
+            Some(json!({"kinds": ["flag"], "reason": "SOC 2"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let olivia = user(&app, "olivia").await;
+    let svc = "/api/v1/environments/prod/services/checkout";
+    let (_, _, snap) = app.call(Method::GET, &format!("{svc}/snapshot"), None).await;
+    let (policy, flags) = (snap["config"]["policy"].clone(), snap["config"]["flags"].clone());
+    let put = |flags: Value, headers: &'static [(&'static str, &'static str)]| {
+        let (app, olivia, policy) = (&app, &olivia, policy.clone());
+        async move {
+            let mut h = vec![("if-match", "*")];
+            h.extend_from_slice(headers);
+            let body = json!({"description": "orders", "policy": policy, "flags": flags, "reason": "gitops"});
+            app.call_as(olivia, Method::PUT, svc, Some(body), &h).await
+        }
+    };
+
+    // Flags as they are: not a flag change, applied.
+    let (s, _, b) = put(flags.clone(), &[]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+
+    // The kill switch off through apply: refused like a flip, nothing written.
+    let mut off = flags.clone();
+    off["recommendations.enabled"]["value"] = json!(false);
+    let (s, h, b) = put(off.clone(), &[]).await;
+    assert_problem(s, &h, &b, StatusCode::FORBIDDEN);
+    assert!(b["detail"].as_str().unwrap().contains("need an approved change request"), "{b}");
+    let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
+    assert_eq!(flag["value"], json!(true), "{flag}");
+
+    // Break-glass applies it, audited as a bypass.
+    let (s, _, b) = put(off, &[("x-levee-break-glass", "checkout is down")]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=2", None).await;
+    assert_eq!(audit[0]["action"], "service.apply", "{audit}");
+    assert_eq!((&audit[1]["action"], &audit[1]["outcome"]), (&json!("approval.bypass"), &json!("bypass")), "{audit}");
+    let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
+    assert_eq!(flag["value"], json!(false), "{flag}");
+
+    // A rollback to a revision with the switch on changes a flag too.
+    let (s, h, b) = app
+        .call_as(&olivia, Method::POST, &format!("{svc}/rollback"), Some(json!({"to_revision": 1, "reason": "undo"})), &[])
+        .await;
+    assert_problem(s, &h, &b, StatusCode::FORBIDDEN);
+    let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
+    assert_eq!(flag["value"], json!(false), "{flag}");
+}
+}
