@@ -182,7 +182,7 @@ pub async fn for_write(
 }
 
 fn fmt(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    levee_agent::policy::duration::format(d)
 }
 
 /// The most attempts a dependency's calls may make: its own retry or any operation's.

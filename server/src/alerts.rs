@@ -92,7 +92,7 @@ impl AlertWatcher {
                     feature: k.2.clone(),
                     level: p.level.clone(),
                     since: Some(p.since.to_rfc3339()),
-                    alert_after: humantime::format_duration(p.alert_after).to_string(),
+                    alert_after: levee_agent::policy::duration::format(p.alert_after),
                     at: at.clone(),
                 });
             }
@@ -106,7 +106,7 @@ impl AlertWatcher {
                     feature: k.2.clone(),
                     level: String::new(),
                     since: None,
-                    alert_after: humantime::format_duration(p.alert_after).to_string(),
+                    alert_after: levee_agent::policy::duration::format(p.alert_after),
                     at: at.clone(),
                 });
             }

@@ -1,11 +1,14 @@
-//! Durations as people write them: a string of numbers with units (`"250ms"`, `"1.5s"`,
-//! `"2m 30s"`), the one spelling of every duration in the policy and the API.
+//! Durations as people write them: numbers with units (`"250ms"`, `"1.5s"`, `"2m 30s"`),
+//! the one spelling of every duration in the policy, the API, the CLI and the UI.
 //!
 //! Serde `with` module: `#[serde(with = "levee_agent::policy::duration")]` on a
-//! `Duration`, `duration::option` on an `Option<Duration>`. Output is humantime's
-//! (`"1s 500ms"`); input is anything `humantime::parse_duration` reads. A value that is not
-//! one gets an error that echoes it and lists what is accepted, so a person can fix it
-//! without reading the docs.
+//! `Duration`, `duration::option` on an `Option<Duration>`. Input: one or more
+//! `<number><unit>` parts, largest unit first, each unit at most once, spaces between parts
+//! allowed (also between a number and its unit); the number may have a fraction (`"1.5h"`); units `ns`, `us` (or `µs`), `ms`,
+//! `s`, `m`, `h`, `d`, lower case only (so `"1M"` is an error, not a month). Output
+//! ([`format`]) uses the same units (`"1s 500ms"`, `"7d"`), so whatever is written back —
+//! an export, an error, a page — reads in again unchanged. A value that is not one gets an
+//! error that echoes it, says what is wrong and lists what is accepted.
 
 use std::fmt;
 use std::time::Duration;
@@ -17,18 +20,102 @@ use serde::de::{self, Deserializer, Visitor};
 pub const ACCEPTED: &str =
     r#"a number with a unit, e.g. "250ms", "1.5s", "2m" or "1h 30m" (units: ns, us, ms, s, m, h, d)"#;
 
+/// Units largest first, with their length in nanoseconds; `format` writes these names.
+const UNITS: [(&str, u128); 7] = [
+    ("d", 86_400_000_000_000),
+    ("h", 3_600_000_000_000),
+    ("m", 60_000_000_000),
+    ("s", 1_000_000_000),
+    ("ms", 1_000_000),
+    ("us", 1_000),
+    ("ns", 1),
+];
+
 /// Parses a duration written as [`ACCEPTED`] says.
 ///
 /// # Errors
 /// A sentence that echoes `s`, says what is wrong with it and what is accepted.
 pub fn parse(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("invalid duration {s:?} ({e}): expected {ACCEPTED}"))
+    parse_parts(s.trim()).map_err(|why| format!("invalid duration {s:?} ({why}): expected {ACCEPTED}"))
 }
 
-/// Writes a duration as humantime does (`"1s 500ms"`).
+fn parse_parts(s: &str) -> Result<Duration, String> {
+    if s.is_empty() {
+        return Err("empty".into());
+    }
+    if s.starts_with('-') {
+        return Err("a duration cannot be negative".into());
+    }
+    let mut rest = s;
+    let mut total: u128 = 0;
+    let mut last_unit = usize::MAX;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let number = &rest[..digits];
+        rest = rest[digits..].trim_start();
+        let letters = rest.find(|c: char| !(c.is_alphabetic())).unwrap_or(rest.len());
+        let unit = &rest[..letters];
+        rest = rest[letters..].trim_start();
+        if number.is_empty() {
+            return Err(format!("expected a number before {:?}", if unit.is_empty() { rest } else { unit }));
+        }
+        let unit = if unit == "µs" { "us" } else { unit };
+        let Some(index) = UNITS.iter().position(|(name, _)| *name == unit) else {
+            return Err(if unit.is_empty() {
+                format!("no unit after {number}")
+            } else {
+                format!("unknown unit {unit:?}")
+            });
+        };
+        if last_unit != usize::MAX && index <= last_unit {
+            return Err(format!("unit {unit:?} repeated or after a smaller one"));
+        }
+        last_unit = index;
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+            return Err(format!("{number:?} is not a number"));
+        }
+        let scale = UNITS[index].1;
+        let too_large = || "too large".to_string();
+        let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().map_err(|_| too_large())? };
+        let mut part = whole.checked_mul(scale).ok_or_else(too_large)?;
+        // The fraction, digit by digit, to the nanosecond (further digits are dropped).
+        let mut unit_len = scale;
+        for digit in fraction.bytes() {
+            unit_len /= 10;
+            part += u128::from(digit - b'0') * unit_len;
+        }
+        total = total.checked_add(part).ok_or_else(too_large)?;
+    }
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| "too large".to_string())?;
+    Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
+}
+
+/// Writes a duration in the units [`parse`] reads, largest first, zero parts left out:
+/// `"1s 500ms"`, `"7d"`, `"1h 30m"`; zero is `"0s"`.
+pub fn format(d: Duration) -> String {
+    let mut left = d.as_nanos();
+    if left == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (name, len) in UNITS {
+        let n = left / len;
+        if n > 0 {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&n.to_string());
+            out.push_str(name);
+            left -= n * len;
+        }
+    }
+    out
+}
+
+/// Writes a duration as [`format`] does (`"1s 500ms"`).
 pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    humantime_serde::serialize(d, s)
+    s.serialize_str(&format(*d))
 }
 
 /// Reads a duration string; see [`parse`].
@@ -58,7 +145,7 @@ pub mod option {
 
     /// Writes `Some(d)` as a duration string, `None` as `null`.
     pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        d.map(humantime_serde::Serde::from).serialize(s)
+        d.map(super::format).serialize(s)
     }
 
     /// Reads a duration string or `null`.
@@ -88,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_units_and_fractions_and_writes_humantime() {
+    fn reads_units_and_fractions_and_writes_them_back() {
         let d: Doc = serde_json::from_str(r#"{"timeout": "1.5s", "slow": "250ms"}"#).unwrap();
         assert_eq!(d, Doc { timeout: Duration::from_millis(1500), slow: Some(Duration::from_millis(250)) });
         assert_eq!(serde_json::to_string(&d).unwrap(), r#"{"timeout":"1s 500ms","slow":"250ms"}"#);
@@ -101,9 +188,16 @@ mod tests {
         for (input, echoed) in [
             (r#"{"timeout": "250"}"#, r#"invalid duration "250""#),
             (r#"{"timeout": "fast"}"#, r#"invalid duration "fast""#),
-            (r#"{"timeout": "1.5 sec"}"#, ""),
+            (r#"{"timeout": "1.5 sec"}"#, "unknown unit \"sec\""),
             (r#"{"timeout": "3 parsecs"}"#, r#"invalid duration "3 parsecs""#),
-            (r#"{"timeout": "1s", "slow": "-1s"}"#, r#"invalid duration "-1s""#),
+            (r#"{"timeout": "1s", "slow": "-1s"}"#, "cannot be negative"),
+            (r#"{"timeout": "5 minutes"}"#, "unknown unit \"minutes\""),
+            (r#"{"timeout": "1M"}"#, "unknown unit \"M\""),
+            (r#"{"timeout": "1m1m"}"#, "repeated"),
+            (r#"{"timeout": "30s 1h"}"#, "after a smaller one"),
+            (r#"{"timeout": "1..5s"}"#, "is not a number"),
+            (r#"{"timeout": "99999999999999999999999d"}"#, "too large"),
+            (r#"{"timeout": ""}"#, "empty"),
         ] {
             match serde_json::from_str::<Doc>(input) {
                 Ok(d) => assert!(echoed.is_empty(), "{input} parsed as {d:?}"),
@@ -116,5 +210,39 @@ mod tests {
         }
         let e = serde_json::from_str::<Doc>(r#"{"timeout": 250}"#).unwrap_err().to_string();
         assert!(e.contains("integer `250`") && e.contains(r#""250ms", "1.5s""#), "{e}");
+    }
+
+    #[test]
+    fn what_is_written_reads_back_the_same() {
+        for (d, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_nanos(1), "1ns"),
+            (Duration::from_micros(1500), "1ms 500us"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_secs(90), "1m 30s"),
+            (Duration::from_secs(7 * 86_400), "7d"),
+            (Duration::from_secs(86_400 + 7_200), "1d 2h"),
+        ] {
+            assert_eq!(format(d), text);
+            assert_eq!(parse(text), Ok(d), "{text}");
+        }
+        assert_eq!(parse("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse(".5s"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse("2µs"), Ok(Duration::from_micros(2)));
+        assert_eq!(parse(" 1h30m "), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse("2 m 30 s"), Ok(Duration::from_secs(150)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_duration_round_trips(nanos in 0u64..u64::MAX) {
+            let d = Duration::from_nanos(nanos);
+            proptest::prop_assert_eq!(parse(&format(d)), Ok(d));
+        }
+
+        #[test]
+        fn no_input_panics(s in "\\PC{0,24}") {
+            let _ = parse(&s);
+        }
     }
 }

@@ -19,7 +19,7 @@ pub struct Lint {
 }
 
 fn fmt(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    crate::policy::duration::format(d)
 }
 
 /// Worst case of a retried call: attempts × attempt timeout + the largest possible backoff

@@ -56,7 +56,7 @@ struct Check {
 }
 
 fn ms(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    crate::policy::duration::format(d)
 }
 
 impl Check {

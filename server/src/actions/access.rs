@@ -48,10 +48,10 @@ impl NewToken {
         if ttl < MIN_TOKEN_TTL || ttl > Duration::from_secs(MAX_TOKEN_TTL_DAYS * 86400) {
             return Err(BadInput::new(
                 "expires_in",
-                humantime::format_duration(ttl).to_string(),
+                levee_agent::policy::duration::format(ttl),
                 format!(
                     "must be between {} and {MAX_TOKEN_TTL_DAYS}d",
-                    humantime::format_duration(MIN_TOKEN_TTL)
+                    levee_agent::policy::duration::format(MIN_TOKEN_TTL)
                 ),
             ));
         }

@@ -147,7 +147,7 @@ pub fn go_duration(text: &str) -> Result<Duration, String> {
 
 /// A duration as Levee writes it (`1s`, `250ms`, `1m 30s`).
 pub fn fmt_duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    levee_agent::policy::duration::format(d)
 }
 
 /// A number as the report writes it: no trailing `.0` noise for whole numbers.

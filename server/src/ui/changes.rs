@@ -300,7 +300,7 @@ fn parse_override(f: &OverrideChange, cfg: &ServiceConfig, svc: &str) -> Result<
     })?;
     let lasts = match f.expires_in.trim() {
         "" => None,
-        t => match humantime::parse_duration(t) {
+        t => match levee_agent::policy::duration::parse(t) {
             Ok(d) if !d.is_zero() => Some(d),
             _ => return Err(bad(format!("expires in {t:?} is not a duration such as 30m, 2h or 1d"))),
         },

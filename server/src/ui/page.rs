@@ -92,7 +92,7 @@ pub fn time(ms: i64) -> String {
 
 /// A duration the way policies write it (`80ms`, `2s`, `1m 30s`).
 pub fn duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    levee_agent::policy::duration::format(d)
 }
 
 /// A ratio 0..=1 as a percentage.
