@@ -2,6 +2,7 @@
 
 use levee_agent::policy::{FieldError, Flag, Timestamp};
 
+use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, Written};
 use crate::db::AuditDiff;
 
@@ -20,6 +21,7 @@ impl Actions {
     ) -> Result<Written, ChangeError> {
         by.may(Action::FlagSet)?;
         flag.validate().map_err(ChangeError::Invalid)?;
+        expires_in_future("expires_at", flag.expires_at)?;
         let target = format!("flag {key}");
         self.gate(by, &at.env, "flag", &target).await?;
         let key = key.as_str().to_string();
@@ -31,12 +33,14 @@ impl Actions {
         .await
     }
 
-    /// The one-click switch: replaces the value of the existing flag `key`, and its expiry
-    /// when `expires_at` is given, keeping the rest (audited as `flag.set`).
+    /// The one-click switch: replaces the value of the existing flag `key` and its expiry,
+    /// keeping the rest (audited as `flag.set`). `expires_at: None` makes the value
+    /// permanent: switching back after a temporary flip (`levee flip … --for 2h`) settles
+    /// the flag instead of leaving the old expiry to remove it later.
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::Flag`]; [`ChangeError::InvalidField`] on `value` when it
-    /// does not have the flag's type.
+    /// does not have the flag's type, on `expires_at` when it is not in the future.
     pub async fn set_flag_value(
         &self,
         by: &Actor,
@@ -46,6 +50,7 @@ impl Actions {
         value: serde_json::Value,
         expires_at: Option<Timestamp>,
     ) -> Result<Written, ChangeError> {
+        expires_in_future("expires_at", expires_at)?;
         let target = format!("flag {key}");
         self.gate(by, &at.env, "flag", &target).await?;
         self.write(by, reason, Action::FlagSet, at, &target, |p| {
@@ -61,9 +66,7 @@ impl Actions {
             }
             let before = serde_json::to_string(flag).ok();
             flag.value = value;
-            if expires_at.is_some() {
-                flag.expires_at = expires_at;
-            }
+            flag.expires_at = expires_at;
             Ok(AuditDiff { before, after: serde_json::to_string(flag).ok() })
         })
         .await
@@ -91,4 +94,21 @@ impl Actions {
         })
         .await
     }
+}
+
+/// A flag's expiry, when it has one, is in the future: one already past would have the
+/// flag removed at once by the expiry sweeper (and a manifest carrying it re-created and
+/// removed on every apply). `path` names the field in errors.
+pub(super) fn expires_in_future(path: &str, expires_at: Option<Timestamp>) -> Result<(), ChangeError> {
+    expires_at.map_or(Ok(()), |t| in_future(path, t))
+}
+
+/// [`expires_in_future`] for every flag of a declared set, the paths under `flags.<key>`.
+pub(super) fn all_expire_in_future<'a>(
+    flags: impl IntoIterator<Item = (&'a String, &'a Flag)>,
+) -> Result<(), ChangeError> {
+    for (key, flag) in flags {
+        expires_in_future(&format!("flags.{key}.expires_at"), flag.expires_at)?;
+    }
+    Ok(())
 }

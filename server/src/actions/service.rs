@@ -108,6 +108,9 @@ impl Actions {
         };
         let config = parts.config();
         config.validate().map_err(CreateError::Invalid)?;
+        if let Err(ChangeError::InvalidField(e)) = super::flags::all_expire_in_future(&config.flags) {
+            return Err(CreateError::Invalid(ValidationErrors(vec![e])));
+        }
         let diff = AuditDiff { before: None, after: String::from_utf8(canonical_json(&config)).ok() };
         let name = new.name.as_str();
         let change =
@@ -169,6 +172,7 @@ impl Actions {
         by.may(Action::ServiceApply)?;
         self.gate(by, &at.env, "policy", &format!("service {}", at.service)).await?;
         let Declared { description, policy, flags } = declared;
+        super::flags::all_expire_in_future(&flags)?;
         let current = self.store.service(&at.env, &at.service).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
         })?;

@@ -45,14 +45,15 @@ pub struct PutFlag {
     pub reason: String,
 }
 
-/// Body of `PATCH .../flags/{key}`: flip the value, keep the rest.
+/// Body of `PATCH .../flags/{key}`: flip the value (and set its expiry), keep the rest.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PatchFlag {
     /// New value, of the flag's type.
     #[schema(value_type = Value)]
     pub value: serde_json::Value,
-    /// New expiry (omit to keep the current one).
+    /// New expiry, in the future; omitted or `null`, the new value is permanent (an expiry
+    /// left by an earlier temporary flip is removed).
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
     /// Why, recorded in the audit log; required.

@@ -163,3 +163,60 @@ async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_remo
     assert!(audit[0]["before"].to_string().contains("compiled_in_flags"), "{audit}");
 }
 }
+
+on_both_backends! {
+/// Found by a GitOps trial: `flip … false --for 2h` then `flip … true` left the first
+/// flip's expiry on the flag, so the sweeper removed the settled switch two hours later;
+/// and an expiry already past was accepted (PATCH, PUT, apply, create), the flag removed
+/// within a second, and a manifest carrying it re-created it on every apply.
+async fn a_flip_without_expiry_settles_the_flag_and_past_expiries_are_refused(app) {
+    app.seed().await;
+    use levee_agent::policy::Timestamp;
+    let flag = format!("{FLAGS}/recommendations.enabled");
+    let later = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 2 * 3600 * 1000);
+    let (s, _, b) = app
+        .call(Method::PATCH, &flag, Some(json!({"value": false, "expires_at": later.to_string(), "reason": "melting"})))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (_, _, f) = app.call(Method::GET, &flag, None).await;
+    assert_eq!(Timestamp::parse(f["expires_at"].as_str().unwrap()), Some(later), "{f}");
+    let (s, _, b) = app.call(Method::PATCH, &flag, Some(json!({"value": true, "reason": "recovered"}))).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (_, _, f) = app.call(Method::GET, &flag, None).await;
+    assert_eq!((&f["value"], &f["expires_at"]), (&json!(true), &Value::Null), "{f}");
+
+    let past = "2026-01-01T00:00:00Z";
+    let (s, h, b) =
+        app.call(Method::PATCH, &flag, Some(json!({"value": false, "expires_at": past, "reason": "x"}))).await;
+    assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(b["errors"][0]["path"], "expires_at", "{b}");
+    assert!(b["errors"][0]["message"].as_str().unwrap().contains("future"), "{b}");
+    let (s, h, b) = app
+        .call(Method::PUT, &flag, Some(json!({"type": "bool", "value": false, "expires_at": past, "reason": "x"})))
+        .await;
+    assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(b["errors"][0]["path"], "expires_at", "{b}");
+
+    let (_, _, snap) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout/snapshot", None).await;
+    let mut flags = snap["config"]["flags"].clone();
+    flags["recommendations.enabled"]["expires_at"] = json!(past);
+    let body = json!({"policy": snap["config"]["policy"], "flags": flags, "reason": "gitops"});
+    let (s, h, b) = app
+        .call_as(&app.token, Method::PUT, "/api/v1/environments/prod/services/checkout", Some(body), &[("if-match", "*")])
+        .await;
+    assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(b["errors"][0]["path"], "flags.recommendations.enabled.expires_at", "{b}");
+    let (s, h, b) = app
+        .call(
+            Method::POST,
+            "/api/v1/environments/prod/services",
+            Some(json!({"name": "fresh", "policy": {}, "reason": "x",
+                        "flags": {"f": {"type": "bool", "value": true, "expires_at": past}}})),
+        )
+        .await;
+    assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(b["errors"][0]["path"], "flags.f.expires_at", "{b}");
+    let (_, _, f) = app.call(Method::GET, &flag, None).await;
+    assert_eq!((&f["value"], &f["expires_at"]), (&json!(true), &Value::Null), "nothing written: {f}");
+}
+}
