@@ -32,6 +32,8 @@ pub struct ApplyArgs {
     /// Also deletes the services of the manifests' environments that no manifest names.
     #[arg(long)]
     pub prune: bool,
+    #[command(flatten)]
+    pub break_glass: super::BreakGlass,
 }
 
 /// Where a manifest came from, for error messages.
@@ -229,7 +231,7 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
         return Err(CliError::Usage("--reason must say why (it is recorded in the audit log)".into()));
     }
     let manifests = read_manifests(&a.files)?;
-    let api = a.connection.api()?;
+    let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
     let body = json!({
         "manifests": manifests.iter().map(|(m, _)| m).collect::<Vec<_>>(),
         "prune": a.prune,

@@ -41,6 +41,15 @@ pub struct Connection {
     pub credentials: Option<PathBuf>,
 }
 
+/// `--break-glass REASON`, for writes where the environment requires approval.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct BreakGlass {
+    /// Apply at once where the environment requires an approved change request for this
+    /// kind of change, audited and highlighted as a bypass with this reason (plain ASCII).
+    #[arg(long = "break-glass", value_name = "REASON")]
+    pub break_glass: Option<String>,
+}
+
 impl Connection {
     /// The API client: server and token from flags, environment and the credentials file.
     fn api(&self) -> Result<Api, CliError> {
@@ -137,9 +146,12 @@ pub struct FlipArgs {
     /// Why, recorded in the audit log; required.
     #[arg(long)]
     pub reason: String,
-    /// The value reverts to the service's default after this long (e.g. 30m, 1.5h).
+    /// The value reverts to the service's default after this long (e.g. 30m, 1.5h);
+    /// without it the value is permanent (an earlier flip's expiry is removed).
     #[arg(long = "for", value_name = "DURATION", value_parser = levee_agent::policy::duration::parse)]
     pub for_: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub break_glass: BreakGlass,
 }
 
 /// Runs a client command; returns the process's exit code. Errors are printed on stderr.
@@ -320,7 +332,7 @@ async fn flip(a: FlipArgs) -> Result<ExitCode, CliError> {
     let (env, Some(svc)) = split_target(&a.target)? else {
         return Err(CliError::Usage(format!("{:?}: expected ENV/SERVICE, e.g. prod/checkout", a.target)));
     };
-    let api = a.connection.api()?;
+    let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
     let path = service_path(env, svc);
     let snap: Snapshot = api.get(&format!("{path}/snapshot")).await?;
     let flag: &Flag = snap.config.flags.get(&a.flag).ok_or_else(|| {

@@ -35,6 +35,8 @@ pub struct ApplyArgs {
     /// Why, recorded in the audit log and shown on the service pages; required.
     #[arg(long)]
     pub reason: String,
+    #[command(flatten)]
+    pub break_glass: super::BreakGlass,
 }
 
 /// `levee profile revert`.
@@ -62,7 +64,7 @@ struct Activation {
 pub async fn run(cmd: ProfileCommand) -> Result<ExitCode, CliError> {
     match cmd {
         ProfileCommand::Apply(a) => {
-            let api = a.connection.api()?;
+            let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
             let now = Timestamp::now().unix_ms();
             let until = Timestamp::from_unix_ms(now.saturating_add(a.for_.as_millis() as i64));
             let body = json!({"expires_at": until, "reason": a.reason});

@@ -172,6 +172,8 @@ pub struct Api {
     /// Base URL without a trailing slash.
     pub server: String,
     token: Option<String>,
+    /// Break-glass reason sent with every write (`x-levee-break-glass`), if any.
+    break_glass: Option<reqwest::header::HeaderValue>,
 }
 
 impl Api {
@@ -191,7 +193,29 @@ impl Api {
             .user_agent(concat!("levee-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| CliError::Usage(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Api { http, server, token })
+        Ok(Api { http, server, token, break_glass: None })
+    }
+
+    /// Writes made with this client break the glass with `reason`: where the environment
+    /// requires approval for their kind of change, they apply at once, audited as a bypass
+    /// (`approval.bypass`) with the reason. `None` changes nothing.
+    ///
+    /// # Errors
+    /// [`CliError::Usage`] when the reason is blank or not plain printable ASCII (it
+    /// travels in an HTTP header).
+    pub fn break_glass(mut self, reason: Option<&str>) -> Result<Api, CliError> {
+        let Some(reason) = reason else { return Ok(self) };
+        let reason = reason.trim();
+        let bad = || {
+            CliError::Usage(
+                "--break-glass needs a reason in plain printable ASCII (it is sent in an HTTP header)".into(),
+            )
+        };
+        if reason.is_empty() || !reason.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(bad());
+        }
+        self.break_glass = Some(reqwest::header::HeaderValue::from_str(reason).map_err(|_| bad())?);
+        Ok(self)
     }
 
     /// Sends `method` to `/api/v1{path}` with an optional JSON body and `If-Match`;
@@ -207,12 +231,16 @@ impl Api {
         if_match: Option<u64>,
     ) -> Result<T, CliError> {
         let what = format!("{method} {path}");
+        let write = method != Method::GET;
         let mut req = self
             .http
             .request(method, format!("{}/api/v1{path}", self.server))
             .header("x-levee-client", "cli");
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
+        }
+        if let Some(why) = self.break_glass.as_ref().filter(|_| write) {
+            req = req.header("x-levee-break-glass", why.clone());
         }
         if let Some(rev) = if_match {
             req = req.header(reqwest::header::IF_MATCH, format!("\"{rev}\""));
@@ -241,10 +269,19 @@ impl Api {
                 detail: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
                 ..Problem::default()
             });
-            let detail = if status == StatusCode::UNAUTHORIZED && self.token.is_none() {
-                format!("{} (run `levee login`, or set LEVEE_TOKEN)", p.detail)
-            } else {
-                p.detail
+            let detail = match (status, &self.token) {
+                // The login itself: the hint would send the user back where they are.
+                (StatusCode::UNAUTHORIZED, _) if what.contains("/auth/login") => p.detail,
+                (StatusCode::UNAUTHORIZED, None) => {
+                    format!("{} (run `levee login`, or set LEVEE_TOKEN)", p.detail)
+                }
+                (StatusCode::UNAUTHORIZED, Some(_)) => {
+                    format!(
+                        "{} (the token was refused: run `levee login` again, or set LEVEE_TOKEN)",
+                        p.detail
+                    )
+                }
+                _ => p.detail,
             };
             return Err(CliError::Api {
                 what,

@@ -328,6 +328,14 @@ async fn flip_reads_the_flag_type_and_writes_with_if_match() {
     let expires = levee_agent::policy::Timestamp::parse(flag["expires_at"].as_str().unwrap()).unwrap();
     let left = expires.unix_ms() - levee_agent::policy::Timestamp::now().unix_ms();
     assert!((29 * 60_000..=30 * 60_000).contains(&left), "expires in {left} ms");
+    // Without --for the value becomes permanent: the expiry of the first flip is removed
+    // (it would otherwise remove the settled switch later), then nothing is left to change.
+    let r = flip("false", &[]).await;
+    assert_eq!(r.stdout.trim(), "prod/checkout: recommendations.enabled = false (revision 3)", "{r:?}");
+    let (_, _, flag) = app
+        .call(Method::GET, "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled", None)
+        .await;
+    assert_eq!(flag["expires_at"], Value::Null, "{flag}");
     let r = flip("false", &[]).await;
     assert_eq!(r.stdout.trim(), "prod/checkout: recommendations.enabled = false (it already was)", "{r:?}");
     let r = flip("off", &[]).await;
@@ -399,4 +407,35 @@ async fn profile_apply_and_revert_from_the_command_line() {
     assert!(r.code == 1 && r.stderr.contains("no profile is active"), "{r:?}");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=1", None).await;
     assert_eq!((&audit[0]["action"], &audit[0]["via"]), (&json!("profile.revert"), &json!("cli")), "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_glass_applies_where_approval_is_required_and_is_audited_as_a_bypass() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, _, b) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/approval-rules",
+            Some(json!({"kinds": ["flag"], "reason": "SOC 2"})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let home = tempfile::tempdir().unwrap();
+    let flip = ["flip", "prod/checkout", "recommendations.enabled", "false", "--reason", "INC-9"];
+    let r = levee(&app, home.path(), None, &flip).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("need an approved change request"), "{r:?}");
+    let r = levee(&app, home.path(), None, &[&flip[..], &["--break-glass", "  "]].concat()).await;
+    assert!(r.code == 1 && r.stderr.contains("--break-glass needs a reason"), "{r:?}");
+    let r =
+        levee(&app, home.path(), None, &[&flip[..], &["--break-glass", "checkout is down"]].concat()).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=2", None).await;
+    assert_eq!(audit[0]["action"], "flag.set", "{audit}");
+    assert_eq!(
+        (&audit[1]["action"], &audit[1]["reason"], &audit[1]["via"]),
+        (&json!("approval.bypass"), &json!("checkout is down"), &json!("cli")),
+        "{audit}"
+    );
 }
