@@ -213,16 +213,27 @@ pub fn for_service(
                 format!(
                     "feature {feature} has been on its fallback ({level}){since_text} on {k} of {n} connected agents, \
                      longer than its alert_after ({})",
-                    humantime::format_duration(p.alert_after)
+                    levee_agent::policy::duration::format(p.alert_after)
                 ),
                 format!("{base}#matrix"),
                 "see the degradation matrix",
             ),
-            None => out.push(
+            None if cfg.policy.degradation_matrix.iter().any(|r| r.feature == feature) => out.push(
                 Severity::Warn,
                 format!("feature {feature} is on its fallback ({level}){since_text} on {k} of {n} connected agents"),
                 format!("{base}#matrix"),
                 "see the degradation matrix",
+            ),
+            // Reported by agents from the matrix compiled into the service: the policy has no
+            // row to point at (the page would say "no degradation matrix" right below).
+            None => out.push(
+                Severity::Warn,
+                format!(
+                    "feature {feature} is on its fallback ({level}){since_text} on {k} of {n} connected agents \
+                     (from the service's compiled-in matrix; the policy has no row for it)"
+                ),
+                format!("{base}#agents"),
+                "see the agents",
             ),
         }
     }
@@ -372,5 +383,25 @@ mod tests {
         assert_eq!(a.list.len(), 1);
         assert_eq!(a.list[0].class(), "warn");
         assert!(a.list[0].text.contains("delivered to no agent"));
+    }
+
+    /// Found by a newcomer: a feature reported on its fallback pointed to "the degradation
+    /// matrix" while the same page said the policy had none (the feature came from the
+    /// matrix compiled into the service).
+    #[test]
+    fn a_feature_the_policy_has_no_row_for_points_to_the_agents_not_the_matrix() {
+        let now = Timestamp::from_unix_ms(1_800_000_000_000);
+        let agents = [agent(
+            "web-1",
+            true,
+            3,
+            serde_json::json!({"features": [{"feature": "Personal recommendations", "level": "GENERIC",
+                "degraded_since": Timestamp::from_unix_ms(now.unix_ms() - 60_000).to_rfc3339()}]}),
+        )];
+        let a = for_service("prod", "checkout", &config(), 3, &agents, &[], now);
+        let row =
+            a.list.iter().find(|a| a.text.contains("feature Personal recommendations")).expect("listed");
+        assert!(row.text.contains("compiled-in matrix"), "{}", row.text);
+        assert!(row.href.ends_with("#agents"), "{}", row.href);
     }
 }
