@@ -243,14 +243,15 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
         );
     }
     let Some((ra_retry, r)) = retry else {
+        let (attempts, why) = Source::Envoy.attempts_without_retry();
         imply(
             p,
             dep,
             "retry.max_attempts",
-            "1",
-            "Envoy retries only with a retry_policy",
+            attempts.to_string(),
+            why,
             base,
-            1u32,
+            attempts,
             |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
         );
         return;

@@ -49,6 +49,18 @@ pub enum Source {
 }
 
 impl Source {
+    /// Attempts in total the source makes for a dependency whose file sets no retry for
+    /// it, and why: what an import sets there instead of Levee's default.
+    pub const fn attempts_without_retry(self) -> (u32, &'static str) {
+        match self {
+            Source::Resilience4j => (1, "no resilience4j retry instance for this name: one attempt"),
+            Source::Envoy => (1, "no retry_policy: Envoy does not retry"),
+            Source::Istio => (3, "no retries on the route: Istio retries twice by default (attempts: 2)"),
+            Source::Sentinel => (1, "Sentinel does not retry"),
+            Source::Hystrix => (1, "Hystrix does not retry, and no Ribbon retry setting is given"),
+        }
+    }
+
     /// The name on the command line.
     pub const fn as_str(self) -> &'static str {
         match self {

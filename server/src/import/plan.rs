@@ -264,6 +264,27 @@ impl Plan {
         cfg
     }
 
+    /// A dependency the file configures without any retry gets what the source does then
+    /// ([`Source::attempts_without_retry`]), not Levee's default of 3 attempts: an import
+    /// must not add retries the source never made (Hystrix, Envoy without `retry_policy`,
+    /// Sentinel, a resilience4j name with no retry instance). Reported as an implied value.
+    fn imply_attempts_without_retry(&mut self) {
+        let (attempts, why) = self.source.attempts_without_retry();
+        let deps: Vec<String> = self.names.values().cloned().collect();
+        for dep in deps {
+            let prefix = dep_path(&dep, "");
+            let path = dep_path(&dep, "retry.max_attempts");
+            let configured = self.assignments.iter().any(|a| a.path.starts_with(&prefix));
+            if !configured || self.assignments.iter().any(|a| a.path == path) {
+                continue;
+            }
+            let d = dep.clone();
+            self.implied(path, attempts.to_string(), why, &[], move |c| {
+                dep_mut(c, &d).retry.max_attempts = attempts;
+            });
+        }
+    }
+
     /// Applies the assignments, validates, drops what Levee does not allow, and returns
     /// the manifest and the report. `fallback` gives the reason for a setting the importer
     /// never looked at (by its path).
@@ -272,6 +293,7 @@ impl Plan {
         mut manifest: ServiceManifest,
         fallback: &dyn Fn(&str) -> String,
     ) -> Result<(ServiceManifest, Report), ImportError> {
+        self.imply_attempts_without_retry();
         let cfg = loop {
             let cfg = self.build();
             let Err(errors) = cfg.validate() else { break cfg };

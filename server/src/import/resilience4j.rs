@@ -720,6 +720,20 @@ fn breaker(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> 
 fn retry(p: &mut Plan, dep: &str, eff: &BTreeMap<String, Val>) -> Vec<String> {
     let mut h = Vec::new();
     let attempts_v = take(eff, &mut h, &["maxattempts", "maxretryattempts"]);
+    if attempts_v.is_none() {
+        // A retry instance without maxAttempts makes resilience4j's default 3 attempts; said
+        // explicitly, so the rule for names with no retry instance (one attempt) stays out.
+        imply(
+            p,
+            dep,
+            "retry.max_attempts",
+            "3",
+            "resilience4j's default maxAttempts",
+            &[],
+            3,
+            |d: &mut DependencyPolicy, n| d.retry.max_attempts = n,
+        );
+    }
     if let Some(("maxretryattempts", v)) = attempts_v {
         for &s in &v.own {
             p.note(s, "legacy name of maxAttempts (attempts in total, the first call included)");

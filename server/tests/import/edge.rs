@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use levee_server::import::{ImportError, ImportOptions, Source, import};
+use levee_server::import::{ImportError, ImportOptions, Imported, Source, import};
 
 use super::{import_text, mapped_to, reason};
 
@@ -225,4 +225,32 @@ fn no_importer_panics_on_truncated_or_foreign_files() {
             }
         }
     }
+}
+
+/// Found by a GitOps trial: names with no retry in the source were imported with Levee's
+/// default of 3 attempts and no note, adding retries the source never made.
+#[test]
+fn a_dependency_without_retry_in_the_source_keeps_the_sources_attempts() {
+    let attempts = |i: &Imported, dep: &str| i.manifest.policy.dependencies[dep].retry.max_attempts;
+    let noted = |i: &Imported, dep: &str| {
+        i.report
+            .notes
+            .iter()
+            .any(|n| n.starts_with(&format!("policy.dependencies.{dep}.retry.max_attempts = ")))
+    };
+    // resilience4j: a breaker only → one attempt; a retry instance without maxAttempts → 3.
+    let i = import_text(
+        Source::Resilience4j,
+        "resilience4j.circuitbreaker.instances.a.slidingWindowSize: 20\n\
+         resilience4j.retry.instances.b.waitDuration: 100ms\n",
+    );
+    assert_eq!((attempts(&i, "a"), attempts(&i, "b")), (1, 3), "{}", i.report.render());
+    assert!(noted(&i, "a") && noted(&i, "b"), "{}", i.report.render());
+    // Hystrix does not retry.
+    let i = import_text(
+        Source::Hystrix,
+        "hystrix.command.pay.execution.isolation.thread.timeoutInMilliseconds: 300\n",
+    );
+    assert_eq!(attempts(&i, "pay"), 1, "{}", i.report.render());
+    assert!(noted(&i, "pay"), "{}", i.report.render());
 }
