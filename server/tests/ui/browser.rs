@@ -158,6 +158,30 @@ async fn click(c: &Client, css: &str) {
     until("the next page", || async { old.text().await.is_err().then_some(()) }).await;
 }
 
+/// A real agent of prod/checkout (instance `checkout-web-1`), with its token minted through
+/// the API and its cache in `cache`.
+async fn checkout_agent(app: &TestApp, cache: &tempfile::TempDir) -> Agent {
+    let (s, _, t) = app
+        .api(
+            Method::POST,
+            "/tokens",
+            Some(json!({"kind": "agent", "name": "browser-test", "environment": "prod", "services": ["checkout"], "reason": "test"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{t}");
+    Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "checkout")
+        .cache_dir(cache.path())
+        .instance_name("checkout-web-1")
+        .sync_settings(SyncClientSettings {
+            backoff_base: Duration::from_millis(50),
+            backoff_cap: Duration::from_millis(300),
+            reconnect_jitter: Duration::from_millis(50),
+            ..SyncClientSettings::default()
+        })
+        .build()
+        .expect("agent builds")
+}
+
 /// Log in; flip a switch with a reason and see the agent's ACK appear without a reload;
 /// edit a timeout, see the diff and a validation error, fix it, commit; roll back; a
 /// viewer sees no way to change anything and is refused when trying.
@@ -168,26 +192,8 @@ async fn browser_operator_flips_edits_rolls_back_and_a_viewer_cannot() {
     app.seed().await;
     app.user("olivia", "operator").await;
     app.user("vic", "viewer").await;
-    let (s, _, t) = app
-        .api(
-            Method::POST,
-            "/tokens",
-            Some(json!({"kind": "agent", "name": "browser-test", "environment": "prod", "services": ["checkout"], "reason": "test"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{t}");
     let cache = tempfile::tempdir().unwrap();
-    let agent = Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "checkout")
-        .cache_dir(cache.path())
-        .instance_name("checkout-web-1")
-        .sync_settings(SyncClientSettings {
-            backoff_base: Duration::from_millis(50),
-            backoff_cap: Duration::from_millis(300),
-            reconnect_jitter: Duration::from_millis(50),
-            ..SyncClientSettings::default()
-        })
-        .build()
-        .expect("agent builds");
+    let agent = checkout_agent(&app, &cache).await;
     let switch = agent.flag_bool("recommendations.enabled", true);
     let base = app.base.clone();
 
@@ -398,4 +404,225 @@ async fn browser_an_admin_opens_every_page_and_disables_a_user() {
         "{users}"
     );
     c.close().await.unwrap();
+}
+
+/// An operator defines an emergency profile on the profiles page, applies it through its
+/// confirmation with a reason (the agent's kill switch goes off, the service page says so),
+/// and reverts it (the switch comes back on).
+#[tokio::test]
+async fn browser_an_operator_applies_and_reverts_an_emergency_profile() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = checkout_agent(&app, &cache).await;
+    let switch = agent.flag_bool("recommendations.enabled", true);
+    let base = app.base.clone();
+    let profiles = format!("{base}/ui/environments/prod/profiles");
+
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&profiles).await.unwrap();
+    assert!(body(&c).await.contains("No profile is active in prod."));
+
+    // Define it.
+    let create = "form[action='/ui/environments/prod/profiles']";
+    fill(&c, &format!("{create} input[name=name]"), "recs-down").await;
+    fill(
+        &c,
+        &format!("{create} textarea[name=definition]"),
+        r#"{"description": "recommendations down", "services": {"checkout": {"flags": {"recommendations.enabled": false}, "breakers": [{"dependency": "payments", "state": "forced_open"}]}}}"#,
+    )
+    .await;
+    fill(&c, &format!("{create} textarea[name=reason]"), "prepared for INC-9").await;
+    click(&c, &format!("{create} button[type=submit]")).await;
+    let page = body(&c).await;
+    assert!(page.contains("Saved profile recs-down as version 1"), "{page}");
+    let profile = wait_find(&c, "#profile-recs-down").await.text().await.unwrap();
+    assert!(profile.contains("checkout: flag recommendations.enabled = false"), "{profile}");
+    assert!(profile.contains("checkout: breaker payments FORCED_OPEN"), "{profile}");
+
+    // Apply: the confirmation says what it does and changes nothing yet.
+    fill(&c, "#profile-recs-down input[name=for]", "2h").await;
+    click(&c, "#profile-recs-down button[type=submit]").await;
+    let confirm = body(&c).await;
+    assert!(confirm.contains("Apply profile recs-down"), "{confirm}");
+    assert!(confirm.contains("checkout: breaker payments FORCED_OPEN"), "{confirm}");
+    assert_eq!(app.kill_switch().await, true, "nothing changes before confirming");
+    fill(&c, "textarea[name=reason]", "INC-9 recommendations down").await;
+    click(&c, "button.danger").await;
+    let page = body(&c).await;
+    assert!(page.contains("Applied profile recs-down until"), "{page}");
+    assert!(page.contains("Active: recs-down (version 1)"), "{page}");
+    assert_eq!(app.kill_switch().await, false);
+    let (s, _, active) = app.api(Method::GET, "/environments/prod/active-profile", None).await;
+    assert_eq!(s, StatusCode::OK, "{active}");
+    assert_eq!(
+        (active["profile"].as_str(), active["reason"].as_str()),
+        (Some("recs-down"), Some("INC-9 recommendations down"))
+    );
+    let audit = app.audit().await;
+    assert_eq!((audit[0]["action"].as_str(), audit[0]["via"].as_str()), (Some("profile.apply"), Some("ui")));
+    until("the agent to switch recommendations off", || async { (!switch.get()).then_some(()) }).await;
+
+    // The service page says which profile is active, by whom and why.
+    c.goto(&format!("{base}{SERVICE}")).await.unwrap();
+    let svc = body(&c).await;
+    assert!(
+        svc.contains("Emergency profile recs-down (version 1) is active in prod and changes this service"),
+        "{svc}"
+    );
+    assert!(svc.contains("by olivia") && svc.contains("INC-9 recommendations down"), "{svc}");
+
+    // Revert it.
+    c.goto(&profiles).await.unwrap();
+    fill(&c, "form[action='/ui/environments/prod/profiles/revert'] textarea[name=reason]", "recovered").await;
+    click(&c, "form[action='/ui/environments/prod/profiles/revert'] button.danger").await;
+    let page = body(&c).await;
+    assert!(page.contains("Reverted profile recs-down"), "{page}");
+    assert!(page.contains("No profile is active in prod."), "{page}");
+    assert_eq!(app.kill_switch().await, true);
+    let (s, _, _) = app.api(Method::GET, "/environments/prod/active-profile", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "no profile is active");
+    until("the agent to switch recommendations back on", || async { switch.get().then_some(()) }).await;
+    c.goto(&format!("{base}{SERVICE}")).await.unwrap();
+    assert!(!body(&c).await.contains("Emergency profile"));
+    c.close().await.unwrap();
+    agent.shutdown().await;
+}
+
+/// An operator schedules a flag value a few seconds ahead; the page lists it pending, then
+/// applied, and the agent gets the value.
+#[tokio::test]
+async fn browser_an_operator_schedules_a_flag_value_and_sees_it_applied() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = checkout_agent(&app, &cache).await;
+    let switch = agent.flag_bool("recommendations.enabled", true);
+    let base = app.base.clone();
+    let scheduled = format!("{base}/ui/environments/prod/scheduled");
+
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&scheduled).await.unwrap();
+    assert!(body(&c).await.contains("Nothing scheduled in prod."));
+    let form = "form[action='/ui/environments/prod/scheduled']";
+    fill(&c, &format!("{form} input[name=service]"), "checkout").await;
+    fill(&c, &format!("{form} input[name=flag]"), "recommendations.enabled").await;
+    fill(&c, &format!("{form} input[name=value]"), "false").await;
+    fill(&c, &format!("{form} input[name=run_in]"), "5s").await;
+    fill(&c, &format!("{form} textarea[name=reason]"), "maintenance window").await;
+    click(&c, &format!("{form} button[type=submit]")).await;
+    // The page the form leads to was rendered right after scheduling, 5 s before it is due.
+    let page = body(&c).await;
+    assert!(page.contains("Scheduled change 1 for"), "{page}");
+    let row = wait_find(&c, "#scheduled-1").await.text().await.unwrap();
+    assert!(row.contains("checkout: flag recommendations.enabled"), "{row}");
+    assert!(row.contains("pending") && row.contains("olivia") && row.contains("maintenance window"), "{row}");
+
+    // Applied when due: the page says so once reloaded.
+    let row = until("the scheduled change to be applied", || async {
+        c.goto(&scheduled).await.ok()?;
+        let row = wait_find(&c, "#scheduled-1").await.text().await.ok()?;
+        row.contains("applied").then_some(row)
+    })
+    .await;
+    assert!(!row.contains("pending"), "{row}");
+    assert!(
+        c.find(Locator::Css("#scheduled-1 form")).await.is_err(),
+        "an applied change cannot be cancelled"
+    );
+    let (_, _, list) = app.api(Method::GET, "/environments/prod/scheduled-changes", None).await;
+    assert_eq!(list[0]["state"], "applied", "{list}");
+    assert_eq!(app.kill_switch().await, false);
+    until("the agent to switch recommendations off", || async { (!switch.get()).then_some(()) }).await;
+    c.close().await.unwrap();
+    agent.shutdown().await;
+}
+
+/// Four eyes: with approval required for flags, olivia proposes a flip, cannot approve it
+/// herself, rita approves it in her own session, olivia applies it and the flag changes.
+#[tokio::test]
+async fn browser_a_change_request_is_proposed_approved_by_another_user_and_applied() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/approval-rules",
+            Some(json!({"kinds": ["flag"], "reason": "four eyes in prod"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    app.user("olivia", "operator").await;
+    app.user("rita", "operator").await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = checkout_agent(&app, &cache).await;
+    let switch = agent.flag_bool("recommendations.enabled", true);
+    let base = app.base.clone();
+    let requests = format!("{base}/ui/environments/prod/requests");
+    let request = || async {
+        let (s, _, r) = app.api(Method::GET, "/environments/prod/change-requests/1", None).await;
+        assert_eq!(s, StatusCode::OK, "{r}");
+        r
+    };
+
+    // olivia proposes.
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&requests).await.unwrap();
+    let page = body(&c).await;
+    assert!(page.contains("these changes need an approved request: flag"), "{page}");
+    let form = "form[action='/ui/environments/prod/requests']";
+    fill(&c, &format!("{form} input[name=service]"), "checkout").await;
+    fill(&c, &format!("{form} input[name=flag]"), "recommendations.enabled").await;
+    fill(&c, &format!("{form} input[name=value]"), "false").await;
+    fill(&c, &format!("{form} textarea[name=reason]"), "INC-5 recommendations down").await;
+    click(&c, &format!("{form} button[type=submit]")).await;
+    assert!(body(&c).await.contains("Proposed change request 1"));
+    let card = wait_find(&c, "#request-1").await.text().await.unwrap();
+    assert!(card.contains("open") && card.contains("INC-5 recommendations down"), "{card}");
+    assert!(
+        c.find(Locator::Css("#request-1 button[value=approve]")).await.is_err(),
+        "no approve button for the proposer"
+    );
+    assert!(
+        c.find(Locator::Css("#request-1 button[value=apply]")).await.is_err(),
+        "nothing to apply before approval"
+    );
+    let r = request().await;
+    assert_eq!((r["state"].as_str(), r["proposed_by"].as_str()), (Some("open"), Some("olivia")), "{r}");
+    assert_eq!(app.kill_switch().await, true);
+
+    // rita approves, in her own session.
+    c.delete_all_cookies().await.unwrap();
+    login(&c, &base, "rita", PASSWORD).await;
+    c.goto(&requests).await.unwrap();
+    fill(&c, "#request-1 input[name=reason]", "checked the dashboards").await;
+    click(&c, "#request-1 button[value=approve]").await;
+    assert!(body(&c).await.contains("Change request 1 is approved"));
+    let card = wait_find(&c, "#request-1").await.text().await.unwrap();
+    assert!(card.contains("Approved by rita"), "{card}");
+    let r = request().await;
+    assert_eq!((r["state"].as_str(), r["approved_by"].as_str()), (Some("approved"), Some("rita")), "{r}");
+    assert_eq!(app.kill_switch().await, true, "approving does not apply");
+
+    // olivia applies it.
+    c.delete_all_cookies().await.unwrap();
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&requests).await.unwrap();
+    fill(&c, "#request-1 input[name=reason]", "go").await;
+    click(&c, "#request-1 button[value=apply]").await;
+    assert!(body(&c).await.contains("Change request 1 is applied"));
+    let card = wait_find(&c, "#request-1").await.text().await.unwrap();
+    assert!(card.contains("applied"), "{card}");
+    assert!(c.find(Locator::Css("#request-1 form")).await.is_err(), "an applied request takes no decision");
+    let r = request().await;
+    assert_eq!((r["state"].as_str(), r["applied_by"].as_str()), (Some("applied"), Some("olivia")), "{r}");
+    assert_eq!(app.kill_switch().await, false);
+    until("the agent to switch recommendations off", || async { (!switch.get()).then_some(()) }).await;
+    c.close().await.unwrap();
+    agent.shutdown().await;
 }
