@@ -269,10 +269,46 @@ impl DeclaredFlags for () {
     }
 }
 
+/// A change to what the status report says about breakers, dependencies on a fallback or
+/// degraded features: a generation counter bumped where such a change happens (a breaker
+/// transition, a dependency or feature starting or ending its fallback period, on the call
+/// path) and a [`Notify`](tokio::sync::Notify) the sync client waits on, so it sends a
+/// report at once (debounced by `min_report_gap`) instead of at the next periodic one.
+///
+/// Signalling is one `fetch_add` and one `notify_one` (a CAS on the notify's state, no
+/// allocation); the slots that signal get an `Arc` of it when they are created, through
+/// [`ResolveCtx::changes`], so none of them needs the shared state or the sync client.
+#[derive(Debug, Default)]
+pub(crate) struct StatusChanges {
+    generation: std::sync::atomic::AtomicU64,
+    notify: tokio::sync::Notify,
+}
+
+impl StatusChanges {
+    /// Records a change (lock-free when nobody waits, allocation-free).
+    #[inline]
+    pub(crate) fn changed(&self) {
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// The number of changes so far.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Completes after the next change (or at once if one happened since the last wait).
+    pub(crate) async fn notified(&self) {
+        self.notify.notified().await
+    }
+}
+
 /// Everything a slot's resolution reads besides its own name: the applied snapshot, the
 /// compiled-in defaults, the declared flags, and the time.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ResolveCtx<'a> {
+    /// Where slots created by this resolution signal changes to the status report.
+    pub(crate) changes: &'a Arc<StatusChanges>,
     pub(crate) applied: &'a Applied,
     /// The service's compiled-in defaults (policy for what the snapshot does not name).
     pub(crate) defaults: &'a ServiceConfig,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::applied::ResolveCtx;
+use crate::applied::{ResolveCtx, StatusChanges};
 use crate::fallback::{
     FallbackChain, FeatureHandle, FeatureTracker, FeatureUnavailable, OVERFLOW_FEATURE, Served,
 };
@@ -73,10 +73,12 @@ pub(crate) struct FeatureRegistry {
 }
 
 impl FeatureRegistry {
-    pub(crate) fn new(environment: &str, service: &str) -> Self {
+    /// `changes` is signalled when a feature's level changes (its degraded period starts
+    /// or ends, or it moves to another fallback).
+    pub(crate) fn new(environment: &str, service: &str, changes: Arc<StatusChanges>) -> Self {
         Self {
             views: Registry::new(environment, service),
-            tracker: FeatureTracker::new(MAX_TRACKED_FEATURES),
+            tracker: FeatureTracker::new(MAX_TRACKED_FEATURES).reporting_to(changes),
         }
     }
 

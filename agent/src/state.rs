@@ -14,7 +14,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::applied::{Applied, ResolveCtx, Source};
+use crate::applied::{Applied, ResolveCtx, Source, StatusChanges};
 use crate::cache::DiskCache;
 use crate::enforce::{DepRegistry, Dependency};
 use crate::feature::{Feature, FeatureRegistry};
@@ -98,6 +98,9 @@ pub(crate) struct Shared {
     levers_in_force: AtomicBool,
     /// Wakes the timer task when `next_wake` changed.
     pub(crate) wake: Notify,
+    /// Bumped when what the status report says about breakers, fallbacks or degraded
+    /// features changes; the sync client sends a report soon after.
+    pub(crate) status_changes: Arc<StatusChanges>,
 }
 
 impl fmt::Debug for Shared {
@@ -121,9 +124,11 @@ impl Shared {
     ) -> Self {
         let (live_tx, _) = watch::channel(false);
         let initial = Arc::new(initial);
+        let status_changes = Arc::new(StatusChanges::default());
         let shared = Self {
             deps: DepRegistry::new(&environment, &service),
-            features: FeatureRegistry::new(&environment, &service),
+            features: FeatureRegistry::new(&environment, &service, status_changes.clone()),
+            status_changes,
             environment,
             service,
             defaults,
@@ -161,6 +166,7 @@ impl Shared {
     fn with_snapshot<R>(&self, f: impl FnOnce(&ResolveCtx<'_>, &Arc<Applied>) -> R) -> R {
         let applied = self.current.load_full();
         let ctx = ResolveCtx {
+            changes: &self.status_changes,
             applied: &applied,
             defaults: &self.defaults,
             declared: &self.flags,

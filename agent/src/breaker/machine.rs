@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::metrics::BreakerMetrics;
 use super::window::{Change, CountWindow, FAIL, OK, SLOW, SlidingWindow, WindowCounts};
 use super::{BreakerOpen, BreakerSnapshot, State, Transition, TransitionReason};
+use crate::applied::StatusChanges;
 use crate::metrics_names::Labels;
 use crate::policy::{self, BreakerOverrideState};
 
@@ -203,6 +204,8 @@ pub struct CircuitBreaker {
     reasons: [AtomicU64; 10],
     last_reason: AtomicU8,
     metrics: BreakerMetrics,
+    /// Signalled on every transition (the agent's status report shows the state).
+    changes: Option<Arc<StatusChanges>>,
 }
 
 impl CircuitBreaker {
@@ -222,6 +225,13 @@ impl CircuitBreaker {
         labels: Labels,
     ) -> Self {
         Self::build(settings, attempt_timeout, BreakerMetrics::new(labels))
+    }
+
+    /// Signals `changes` on every transition (lock-free, no allocation), so the agent
+    /// reports the new state to the server without waiting for the periodic report.
+    pub(crate) fn reporting_to(mut self, changes: Arc<StatusChanges>) -> Self {
+        self.changes = Some(changes);
+        self
     }
 
     fn build(
@@ -262,6 +272,7 @@ impl CircuitBreaker {
             reasons: std::array::from_fn(|_| AtomicU64::new(0)),
             last_reason: AtomicU8::new(u8::MAX),
             metrics,
+            changes: None,
         };
         b.update(settings);
         b
@@ -499,6 +510,9 @@ impl CircuitBreaker {
         self.reasons[reason.index()].fetch_add(1, Ordering::Relaxed);
         self.last_reason.store(reason.index() as u8, Ordering::Relaxed);
         self.metrics.transition(from, to, reason);
+        if let Some(changes) = &self.changes {
+            changes.changed();
+        }
         tracing::info!(
             from = from.as_str(),
             to = to.as_str(),

@@ -13,6 +13,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use metrics::Counter;
 
+use crate::applied::StatusChanges;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::fault::FaultInjector;
@@ -103,12 +104,14 @@ impl Guards {
         breaker: &policy::CircuitBreakerPolicy,
         bulkhead: &policy::BulkheadPolicy,
         attempt_timeout: Duration,
+        changes: &Arc<StatusChanges>,
     ) -> Self {
         let labels = Labels::new(dependency, operation);
         let budget = Arc::new(RetryBudget::with_metrics(&retry.budget, &labels));
         let calls = CallCounters::new(&labels);
         Guards {
-            breaker: CircuitBreaker::with_metrics(breaker, attempt_timeout, labels.clone()),
+            breaker: CircuitBreaker::with_metrics(breaker, attempt_timeout, labels.clone())
+                .reporting_to(changes.clone()),
             bulkhead: Bulkhead::with_metrics(bulkhead, &labels),
             retrier: Retrier::with_budget(retry, budget, &labels),
             calls,
@@ -142,36 +145,48 @@ pub(crate) struct DepState {
     pub(crate) faults: FaultInjector,
     pub(crate) fallback: OnFallback,
     pub(crate) throttle: AdaptiveThrottle,
+    changes: Arc<StatusChanges>,
 }
 
 /// Whether a dependency is being served by its fallback, and since when: set by the first
 /// answer a fallback gave, cleared by the next fresh answer. Reported to the server (the
 /// fleet view shows dependencies on a fallback, not only degradation-matrix features).
-#[derive(Debug, Default)]
+/// Starting or ending a period (and a change of level within one) signals `changes`, so
+/// the sync client reports it soon.
+#[derive(Debug)]
 pub(crate) struct OnFallback {
     /// Wall-clock ms since the epoch when the period began (for people); 0: fresh.
     since_ms: std::sync::atomic::AtomicI64,
     /// The `FallbackLevel` of the latest fallback answer, as its `u8`.
     level: std::sync::atomic::AtomicU8,
+    changes: Arc<StatusChanges>,
 }
 
 impl OnFallback {
+    pub(crate) fn new(changes: Arc<StatusChanges>) -> Self {
+        Self { since_ms: Default::default(), level: Default::default(), changes }
+    }
+
     /// A fresh answer: ends the period (one load when there is none).
     #[inline]
     pub(crate) fn fresh(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.since_ms.load(Relaxed) != 0 {
-            self.since_ms.store(0, Relaxed);
+        if self.since_ms.load(Relaxed) != 0 && self.since_ms.swap(0, Relaxed) != 0 {
+            self.changes.changed();
         }
     }
 
     /// A fallback answered at `level`: starts the period unless one is running.
     pub(crate) fn served(&self, level: policy::FallbackLevel) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.level.store(level as u8, Relaxed);
-        if self.since_ms.load(Relaxed) == 0 {
+        let level_changed =
+            self.level.load(Relaxed) != level as u8 && self.level.swap(level as u8, Relaxed) != level as u8;
+        let started = self.since_ms.load(Relaxed) == 0 && {
             let now = crate::policy::Timestamp::now().unix_ms().max(1);
-            let _ = self.since_ms.compare_exchange(0, now, Relaxed, Relaxed);
+            self.since_ms.compare_exchange(0, now, Relaxed, Relaxed).is_ok()
+        };
+        if level_changed || started {
+            self.changes.changed();
         }
     }
 
@@ -201,7 +216,8 @@ impl fmt::Debug for DepState {
 }
 
 impl DepState {
-    pub(crate) fn new(name: Arc<str>) -> Self {
+    /// `changes` is signalled by the dependency's breakers and fallback period.
+    pub(crate) fn new(name: Arc<str>, changes: Arc<StatusChanges>) -> Self {
         let labels = Labels::new(&name, &name);
         let faults = FaultInjector::with_metrics(&labels);
         let throttle = AdaptiveThrottle::with_metrics(&policy::ClientThrottle::default(), &labels);
@@ -211,7 +227,8 @@ impl DepState {
             ops: ArcSwap::from_pointee(HashMap::new()),
             op_calls: OperationCalls::new(),
             faults,
-            fallback: OnFallback::default(),
+            fallback: OnFallback::new(changes.clone()),
+            changes,
             throttle,
         }
     }
@@ -230,6 +247,7 @@ impl DepState {
             &policy.circuit_breaker,
             &policy.bulkhead,
             policy.attempt_timeout,
+            &self.changes,
         ));
         self.guards.store(Arc::new(Some(g.clone())));
         g
@@ -248,7 +266,15 @@ impl DepState {
             g.update(retry, breaker, bulkhead, attempt_timeout);
             return g.clone();
         }
-        let g = Arc::new(Guards::new(&self.name, operation, retry, breaker, bulkhead, attempt_timeout));
+        let g = Arc::new(Guards::new(
+            &self.name,
+            operation,
+            retry,
+            breaker,
+            bulkhead,
+            attempt_timeout,
+            &self.changes,
+        ));
         let key: Arc<str> = operation.into();
         self.ops.rcu(|m| {
             let mut m = HashMap::clone(m);
@@ -303,5 +329,28 @@ impl OperationCalls {
             }
         }
         self.other.get_or_init(|| CallCounters::new(&Labels::new(dependency, OTHER_OPERATION)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fallback_period_signals_its_start_level_changes_and_end_only() {
+        let changes = Arc::new(StatusChanges::default());
+        let on = OnFallback::new(changes.clone());
+        on.fresh();
+        assert_eq!(changes.generation(), 0);
+        on.served(policy::FallbackLevel::Stale);
+        assert_eq!(changes.generation(), 1, "period started");
+        on.served(policy::FallbackLevel::Stale);
+        assert_eq!(changes.generation(), 1, "no signal per fallback answer");
+        on.served(policy::FallbackLevel::Generic);
+        assert_eq!(changes.generation(), 2, "another level");
+        on.fresh();
+        on.fresh();
+        assert_eq!(changes.generation(), 3, "period ended, once");
+        assert!(on.current().is_none());
     }
 }

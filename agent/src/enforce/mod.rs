@@ -257,7 +257,7 @@ impl Resolve for DepView {
     fn resolve(name: &Arc<str>, previous: Option<&Self>, ctx: &ResolveCtx<'_>) -> (Self, Option<Instant>) {
         let state = match previous {
             Some(p) => p.state.clone(),
-            None => Arc::new(DepState::new(name.clone())),
+            None => Arc::new(DepState::new(name.clone(), ctx.changes.clone())),
         };
         Self::resolve_with(name, &state, ctx)
     }

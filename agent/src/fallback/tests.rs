@@ -130,3 +130,21 @@ async fn feature_tracker_records_degraded_since_per_feature() {
     let names: Vec<_> = tracker.report().into_iter().map(|s| s.feature).collect();
     assert_eq!(names, [OVERFLOW_FEATURE, "prices", "recommendations"]);
 }
+
+#[test]
+fn feature_tracker_signals_level_changes_only() {
+    let changes = std::sync::Arc::new(crate::applied::StatusChanges::default());
+    let tracker = FeatureTracker::new(4).reporting_to(changes.clone());
+    let recs = tracker.feature("recommendations");
+    recs.record(FallbackLevel::Fresh);
+    assert_eq!(changes.generation(), 0, "fresh as before: nothing to report");
+    recs.record(FallbackLevel::Stale);
+    assert_eq!(changes.generation(), 1, "degraded period started");
+    recs.record(FallbackLevel::Stale);
+    recs.record(FallbackLevel::Stale);
+    assert_eq!(changes.generation(), 1, "still stale: no signal per call");
+    recs.record(FallbackLevel::Generic);
+    assert_eq!(changes.generation(), 2, "another fallback level");
+    recs.record(FallbackLevel::Fresh);
+    assert_eq!(changes.generation(), 3, "degraded period ended");
+}

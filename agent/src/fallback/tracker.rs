@@ -7,6 +7,7 @@ use arc_swap::ArcSwap;
 use metrics::{Counter, Gauge, Label};
 use tokio::time::Instant;
 
+use crate::applied::StatusChanges;
 use crate::metrics_names::{self as names, LABEL_FEATURE, LABEL_LEVEL};
 use crate::policy::{FallbackLevel, Timestamp};
 
@@ -50,6 +51,8 @@ pub struct FeatureDegradation {
 pub struct FeatureHandle {
     state: Arc<FeatureState>,
     origin: Instant,
+    /// Signalled when the feature's level changes (the agent's status report shows it).
+    changes: Option<Arc<StatusChanges>>,
 }
 
 impl FeatureHandle {
@@ -60,7 +63,14 @@ impl FeatureHandle {
     pub fn record(&self, level: FallbackLevel) {
         let s = &*self.state;
         s.results[level as usize].increment(1);
-        s.level.store(level as u8, Ordering::Relaxed);
+        // One load in the steady state; a level change is signalled to the sync client.
+        if s.level.load(Ordering::Relaxed) != level as u8
+            && s.level.swap(level as u8, Ordering::Relaxed) != level as u8
+        {
+            if let Some(changes) = &self.changes {
+                changes.changed();
+            }
+        }
         if level == FallbackLevel::Fresh {
             if s.since_mono.load(Ordering::Relaxed) != 0 {
                 s.since_mono.store(0, Ordering::Relaxed);
@@ -109,12 +119,24 @@ pub struct FeatureTracker {
     features: ArcSwap<HashMap<Arc<str>, FeatureHandle>>,
     max_features: usize,
     origin: Instant,
+    changes: Option<Arc<StatusChanges>>,
 }
 
 impl FeatureTracker {
     /// A tracker for at most `max_features` named features.
     pub fn new(max_features: usize) -> Self {
-        Self { features: ArcSwap::from_pointee(HashMap::new()), max_features, origin: Instant::now() }
+        Self {
+            features: ArcSwap::from_pointee(HashMap::new()),
+            max_features,
+            origin: Instant::now(),
+            changes: None,
+        }
+    }
+
+    /// Signals `changes` whenever a tracked feature's level changes.
+    pub(crate) fn reporting_to(mut self, changes: Arc<StatusChanges>) -> Self {
+        self.changes = Some(changes);
+        self
     }
 
     /// The handle of `feature`, registering it (and its metrics) on first use. Keep the
@@ -158,6 +180,7 @@ impl FeatureTracker {
                 ),
             }),
             origin: self.origin,
+            changes: self.changes.clone(),
         }
     }
 

@@ -19,7 +19,9 @@ fn past_the_cap_only_unconfigured_names_share_the_overflow_slot_and_each_is_coun
     let applied =
         Applied::new(config, 1, String::new(), Source::Live, None, Instant::now(), Timestamp::now());
     let defaults = ServiceConfig::default();
+    let changes = Arc::default();
     let ctx = ResolveCtx {
+        changes: &changes,
         applied: &applied,
         defaults: &defaults,
         declared: &(),

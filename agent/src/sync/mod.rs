@@ -280,6 +280,12 @@ impl SyncClient {
         let mut status_tick = tokio::time::interval_at(opened, self.settings.status_interval);
         status_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut reported = None;
+        // Changes to breakers, fallbacks and degraded features are reported within
+        // `min_report_gap` (see `send_report`); `last_report` = (when, generation of the
+        // changes it includes), `prompt_at` = when the pending extra report is due.
+        let changes = self.shared.status_changes.clone();
+        let mut last_report = (opened, changes.generation());
+        let mut prompt_at: Option<Instant> = None;
 
         loop {
             let dead_at = last_message + self.dead_after(interval);
@@ -318,7 +324,7 @@ impl SyncClient {
                         }
                         None => {}
                     }
-                    self.report_if_changed(tx, &mut reported);
+                    self.report_if_changed(tx, &mut reported, &mut last_report);
                 }
                 _ = sleep_until(dead_at) => {
                     return Ended::Dropped {
@@ -330,12 +336,21 @@ impl SyncClient {
                         ),
                     };
                 }
-                _ = status_tick.tick() => {
-                    let report = self.shared.status_report();
-                    reported = Some((report.applied_revision, report.source.clone()));
-                    let report = AgentMessage { kind: Some(agent_message::Kind::Status(report)) };
-                    if tx.try_send(report).is_err() {
-                        tracing::debug!("status report dropped: the outbound queue is full");
+                _ = status_tick.tick() => self.send_report(tx, &mut reported, &mut last_report),
+                // A breaker, fallback or degraded feature changed: report it once the gap
+                // since the last report has passed (at once when it already has).
+                _ = async {
+                    match prompt_at {
+                        Some(at) => sleep_until(at).await,
+                        None => changes.notified().await,
+                    }
+                } => {
+                    if prompt_at.take().is_some() {
+                        if changes.generation() != last_report.1 {
+                            self.send_report(tx, &mut reported, &mut last_report);
+                        }
+                    } else if changes.generation() != last_report.1 {
+                        prompt_at = Some(last_report.0 + self.settings.min_report_gap);
                     }
                 }
             }
@@ -344,14 +359,35 @@ impl SyncClient {
 
     /// Sends a status report now when the applied revision or its source changed since the
     /// last one (`reported`), instead of waiting for the next periodic report.
-    fn report_if_changed(&self, tx: &mpsc::Sender<AgentMessage>, reported: &mut Option<(u64, String)>) {
+    fn report_if_changed(
+        &self,
+        tx: &mpsc::Sender<AgentMessage>,
+        reported: &mut Option<(u64, String)>,
+        last_report: &mut (Instant, u64),
+    ) {
         let current = self.shared.current.load();
         let now = (current.revision, current.source.as_str());
         if reported.as_ref().is_some_and(|(r, s)| (*r, s.as_str()) == now) {
             return;
         }
+        drop(current);
+        self.send_report(tx, reported, last_report);
+    }
+
+    /// Sends a status report now and notes what it covers: the applied revision and source
+    /// (`reported`), and when it was built with which generation of
+    /// [`StatusChanges`](crate::applied::StatusChanges) (`last_report`; read before the
+    /// report is built, so a change during the build is reported again, never missed).
+    fn send_report(
+        &self,
+        tx: &mpsc::Sender<AgentMessage>,
+        reported: &mut Option<(u64, String)>,
+        last_report: &mut (Instant, u64),
+    ) {
+        let generation = self.shared.status_changes.generation();
         let report = self.shared.status_report();
         *reported = Some((report.applied_revision, report.source.clone()));
+        *last_report = (Instant::now(), generation);
         if tx.try_send(AgentMessage { kind: Some(agent_message::Kind::Status(report)) }).is_err() {
             tracing::debug!("status report dropped: the outbound queue is full");
         }

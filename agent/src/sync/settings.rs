@@ -25,6 +25,11 @@ pub const DEFAULT_UNAUTHORIZED_BACKOFF: Duration = Duration::from_secs(300);
 pub const UNAUTHORIZED_JITTER: f64 = 0.2;
 /// Interval of the status reports sent to the server.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// Smallest gap between a status report and the extra one sent because a breaker changed
+/// state, or a dependency or feature started or stopped being served by a fallback: the
+/// server's service page shows the change within about this long, and a flapping breaker
+/// adds at most one report per gap to the stream.
+pub const DEFAULT_MIN_REPORT_GAP: Duration = Duration::from_secs(1);
 /// Interval at which the staleness gauges are refreshed while nothing happens.
 pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
 /// Time limit of establishing a connection (TCP + HTTP/2).
@@ -71,6 +76,10 @@ pub struct SyncClientSettings {
     /// Interval of the status reports sent to the server.
     /// Default: [`DEFAULT_STATUS_INTERVAL`].
     pub status_interval: Duration,
+    /// Smallest gap between a report and the extra report of a change to breakers,
+    /// fallbacks or degraded features (sent at once when the last report is older).
+    /// Default: [`DEFAULT_MIN_REPORT_GAP`].
+    pub min_report_gap: Duration,
     /// Interval of the staleness-gauge refreshes (`levee_config_age_seconds`).
     /// Default: [`DEFAULT_METRICS_INTERVAL`].
     pub metrics_interval: Duration,
@@ -111,6 +120,7 @@ impl Default for SyncClientSettings {
             reconnect_jitter: DEFAULT_RECONNECT_JITTER,
             unauthorized_backoff: DEFAULT_UNAUTHORIZED_BACKOFF,
             status_interval: DEFAULT_STATUS_INTERVAL,
+            min_report_gap: DEFAULT_MIN_REPORT_GAP,
             metrics_interval: DEFAULT_METRICS_INTERVAL,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             http2_keepalive_interval: DEFAULT_HTTP2_KEEPALIVE_INTERVAL,

@@ -608,3 +608,90 @@ async fn reconnect_backoff_grows_with_full_jitter_and_resets_after_a_message() {
     assert_eq!(series(&handle.render(), "levee_config_revision", &[]), Some(0.0));
     a.shutdown().await;
 }
+
+const FLAPPING: &str = r#"{"policy": {"dependencies": {"pricing": {
+    "retry": {"max_attempts": 1},
+    "circuit_breaker": {"window": {"type": "count", "size": 10}, "minimum_calls": 3,
+                        "failure_rate_threshold": 0.5, "wait_in_open": "100ms",
+                        "max_wait_in_open": "100ms", "half_open_probes": 1}}}}}"#;
+
+/// The next status report (skipping anything else) and when it arrived.
+async fn next_report(server: &mut TestServer, what: &str) -> (StatusReport, Instant) {
+    loop {
+        if let Event::Status(s) = server.next(what).await {
+            return (s, Instant::now());
+        }
+    }
+}
+
+fn pricing_state(report: &StatusReport) -> Option<&str> {
+    report.breakers.iter().find(|b| b.dependency == "pricing").map(|b| b.state.as_str())
+}
+
+async fn fail_once(pricing: &levee_agent::Dependency) {
+    let refused = || async { Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) };
+    assert!(pricing.call("GET /price", refused).await.is_err());
+}
+
+/// A breaker opening is reported at once, not at the next periodic report (10 s); more
+/// transitions within `min_report_gap` (1 s) make one more report at the end of the gap,
+/// not one each; with no transition there are only the periodic reports.
+#[tokio::test(start_paused = true)]
+async fn breaker_transitions_are_reported_promptly_and_debounced() {
+    use levee_agent::breaker::State;
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = TestServer::start().await;
+    let a = agent(&server.url(), dir.path());
+    let pricing = a.dependency("pricing");
+    let (_, connected_at, conn) = server.connected().await;
+    let (first, _) = next_report(&mut server, "the first status report").await;
+    assert_eq!(pricing_state(&first), Some("CLOSED"));
+    conn.snapshot(1, FLAPPING).await;
+    let (_, _) = next_report(&mut server, "the report of the change").await;
+    server.ack().await;
+
+    // Away from the periodic reports (at 0, 10, 20 s after connecting).
+    tokio::time::sleep_until(connected_at + Duration::from_secs(3)).await;
+    assert!(server.drain().is_empty(), "nothing between the reports");
+    for _ in 0..3 {
+        fail_once(&pricing).await;
+    }
+    let opened_at = Instant::now();
+    assert_eq!(pricing.breaker("").state, State::Open);
+    let (report, at) = next_report(&mut server, "the report of the open breaker").await;
+    assert!(at - opened_at < Duration::from_millis(100), "reported after {:?}", at - opened_at);
+    assert_eq!(pricing_state(&report), Some("OPEN"));
+
+    // Flapping within the gap: OPEN → HALF_OPEN → OPEN, five times over about 0.6 s.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        fail_once(&pricing).await;
+    }
+    assert_eq!(pricing.breaker("").state, State::Open);
+    let flapped_at = Instant::now();
+    assert!(flapped_at - at < Duration::from_secs(1));
+    let (report, next) = next_report(&mut server, "the report after the flapping").await;
+    let gap = next - at;
+    assert!(
+        gap >= Duration::from_millis(1_000) && gap < Duration::from_millis(1_100),
+        "one report at the end of the gap, {gap:?} after the last"
+    );
+    assert_eq!(pricing_state(&report), Some("OPEN"));
+    let pricing_status = report.breakers.iter().find(|b| b.dependency == "pricing").unwrap();
+    assert_eq!(pricing_status.transitions, 11, "it did flap: one opening, five times there and back");
+
+    // No transition from here on: only the periodic reports, at 10 and 20 s.
+    let (_, periodic) = next_report(&mut server, "the periodic report").await;
+    let since = periodic - connected_at;
+    assert!(
+        since >= Duration::from_millis(9_900) && since < Duration::from_millis(10_300),
+        "the next report is the periodic one: {since:?}"
+    );
+    tokio::time::sleep_until(connected_at + Duration::from_millis(19_500)).await;
+    assert!(server.drain().is_empty(), "no report between the periodic ones");
+    let (_, periodic) = next_report(&mut server, "the second periodic report").await;
+    let since = periodic - connected_at;
+    assert!(since >= Duration::from_millis(19_900) && since < Duration::from_millis(20_300), "{since:?}");
+    a.shutdown().await;
+}
