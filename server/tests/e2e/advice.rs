@@ -102,3 +102,53 @@ async fn the_service_view_shows_littles_law_and_warns_from_agents_reports() {
     );
     agent.shutdown().await;
 }
+
+/// An opened breaker reaches the server's view of the agents within about a second, not at
+/// the agent's next periodic status report (every 10 s, the default kept here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opened_breaker_reaches_the_server_within_two_seconds() {
+    let app = TestApp::spawn().await;
+    let api = Api::login(&app.base).await;
+    api.send(Method::POST, "/environments", Some(json!({"name": "prod", "reason": "test"}))).await;
+    api.send(
+        Method::POST,
+        "/environments/prod/services",
+        Some(json!({"name": "shop", "reason": "test", "policy": {
+            "dependencies": {"pricing": {"retry": {"max_attempts": 1}, "circuit_breaker": {
+                "window": {"type": "count", "size": 10}, "minimum_calls": 3,
+                "failure_rate_threshold": 0.5, "wait_in_open": "60s"}}}}})),
+    )
+    .await;
+    let token = api.agent_token("prod", &["shop"]).await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = Agent::builder(&app.grpc, &token, "prod", "shop")
+        .cache_dir(cache.path())
+        .sync_settings(fast_sync())
+        .build()
+        .expect("agent builds");
+    assert_eq!(fast_sync().status_interval, Duration::from_secs(10), "periodic reports are slow here");
+    agent.wait_for_initial_sync(Duration::from_secs(10)).await.expect("initial sync");
+
+    let pricing = agent.dependency("pricing");
+    for _ in 0..3 {
+        let refused = || async { Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) };
+        assert!(pricing.call("GET /price", refused).await.is_err());
+    }
+    assert_eq!(pricing.breaker("").state, levee_agent::breaker::State::Open);
+    let opened = tokio::time::Instant::now();
+    let deadline = opened + Duration::from_secs(2);
+    let mut agents = Value::Null;
+    let mut seen = false;
+    while tokio::time::Instant::now() < deadline {
+        agents = api.send(Method::GET, "/environments/prod/services/shop/agents", None).await;
+        let breakers = agents[0]["status"]["breakers"].as_array().cloned().unwrap_or_default();
+        if breakers.iter().any(|b| b["dependency"] == "pricing" && b["state"] == "OPEN") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen, "the server did not show the OPEN breaker within 2 s: {agents}");
+    println!("opened breaker visible on the server after {:?}", opened.elapsed());
+    agent.shutdown().await;
+}
