@@ -50,7 +50,7 @@ pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text}
 pub use overrides::NewOverride;
 pub use profiles::{
     MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec,
-    activation_services,
+    activation_flags, activation_services,
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};

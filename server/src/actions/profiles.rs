@@ -156,6 +156,14 @@ pub fn activation_services(a: &ActivationRow) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The flags an application of a profile set, per service (what a whole-service write of
+/// flags would undo; breakers, faults and levers are not part of a manifest).
+pub fn activation_flags(a: &ActivationRow) -> BTreeMap<String, Vec<String>> {
+    serde_json::from_str::<BTreeMap<String, Saved>>(&a.saved)
+        .map(|m| m.into_iter().map(|(svc, s)| (svc, s.flags.into_iter().map(|f| f.key).collect())).collect())
+        .unwrap_or_default()
+}
+
 /// Prefixes every error path of a service's configuration with `prefix.`; a lever's
 /// (`levers.shed_sheddable_percent`) becomes the profile's field of the same name under
 /// `prefix` (`prefix.shed_sheddable_percent`).

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
+use crate::actions::activation_flags;
 use crate::advice;
 use crate::diff::{DiffEntry, json_diff};
 use crate::manifest::ServiceManifest;
@@ -65,6 +66,40 @@ pub struct PlanEntry {
     pub changes: Vec<DiffEntry>,
     /// The server's advice on the policy the service would have (none for `prune`).
     pub lints: Vec<Lint>,
+    /// The emergency profile active in the environment, when it covers this service:
+    /// `levee apply` refuses to undo what it set unless told to (`--override-profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<PlanProfile>,
+}
+
+/// An active emergency profile that covers a service of the plan.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct PlanProfile {
+    pub name: String,
+    /// Who applied it.
+    pub applied_by: String,
+    /// When it reverts by itself.
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: i64,
+    /// The entries it set that this plan's changes (or the deletion of the service, for
+    /// `prune`) would undo, as paths (`flags.recommendations.enabled`); empty when the plan
+    /// leaves them alone.
+    pub undoes: Vec<String>,
+}
+
+/// What of `flags` (set by a profile) `changes` would undo: a change of `flags.KEY` or
+/// under it.
+fn undone(flags: &[String], changes: &[DiffEntry]) -> Vec<String> {
+    flags
+        .iter()
+        .map(|k| format!("flags.{k}"))
+        .filter(|p| {
+            changes
+                .iter()
+                .any(|c| c.path == *p || c.path.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('.')))
+        })
+        .collect()
 }
 
 /// Answer of `POST /plan`: manifests first, in their order, then the services no
@@ -148,6 +183,22 @@ pub async fn plan(
     for (env, ms) in by_env {
         let rows = s.store.services(env).await?;
         let named: BTreeSet<&str> = ms.iter().map(|(_, m)| m.service.as_str()).collect();
+        let active = s.store.active_profile(env).await?;
+        let set_by_profile = active.as_ref().map(activation_flags).unwrap_or_default();
+        // `changes` `None`: the service would be deleted, which undoes every entry.
+        let profile = |service: &str, changes: Option<&[DiffEntry]>| {
+            let a = active.as_ref()?;
+            let flags = set_by_profile.get(service)?;
+            Some(PlanProfile {
+                name: a.profile.clone(),
+                applied_by: a.applied_by.clone(),
+                expires_at: a.expires_at,
+                undoes: match changes {
+                    Some(c) => undone(flags, c),
+                    None => flags.iter().map(|k| format!("flags.{k}")).collect(),
+                },
+            })
+        };
         // The environment as the plan would leave it: what is stored, with every manifest
         // of it in place and, under prune, without the services no manifest names.
         let mut environment: BTreeMap<String, Policy> = advice::environment(&s.store, env).await?;
@@ -182,6 +233,7 @@ pub async fn plan(
                 service: m.service.clone(),
                 action,
                 revision,
+                profile: profile(&m.service, Some(&changes)),
                 changes,
                 lints,
             });
@@ -194,6 +246,7 @@ pub async fn plan(
                 revision: Some(r.revision),
                 changes: Vec::new(),
                 lints: Vec::new(),
+                profile: profile(&r.name, if req.prune { None } else { Some(&[]) }),
             });
         }
     }

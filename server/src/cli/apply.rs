@@ -32,6 +32,11 @@ pub struct ApplyArgs {
     /// Also deletes the services of the manifests' environments that no manifest names.
     #[arg(long)]
     pub prune: bool,
+    /// Writes a service even where the plan would undo what the active emergency profile
+    /// set (a flag it switched); REASON is recorded with the write. Without it, such a
+    /// service is not written and apply exits 1.
+    #[arg(long, value_name = "REASON")]
+    pub override_profile: Option<String>,
     #[command(flatten)]
     pub break_glass: super::BreakGlass,
 }
@@ -122,6 +127,24 @@ struct Entry {
     changes: Vec<Change>,
     #[serde(default)]
     lints: Vec<Lint>,
+    profile: Option<ActiveProfile>,
+}
+
+/// The active emergency profile that covers a service of the plan.
+#[derive(Debug, Deserialize)]
+struct ActiveProfile {
+    name: String,
+    applied_by: String,
+    expires_at: String,
+    #[serde(default)]
+    undoes: Vec<String>,
+}
+
+impl Entry {
+    /// The active profile whose entries this entry's write would undo.
+    fn undoes_profile(&self) -> Option<&ActiveProfile> {
+        self.profile.as_ref().filter(|p| !p.undoes.is_empty())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,6 +227,18 @@ fn render(plan: &Plan, prune: bool) -> String {
                 _ => writeln!(out, "    ~ {}: {} → {}", c.path, short(&c.before), short(&c.after)),
             };
         }
+        if let Some(p) = &e.profile {
+            let what = if p.undoes.is_empty() {
+                "this apply leaves what it set alone".to_string()
+            } else {
+                format!("this apply would undo {} (set by the profile)", p.undoes.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "    ! emergency profile {} (applied by {}) is active until {}: {what}",
+                p.name, p.applied_by, p.expires_at
+            );
+        }
         for l in &e.lints {
             let _ = writeln!(out, "    warning: policy.{} [{}]: {}", l.path, l.code, l.message);
         }
@@ -230,6 +265,11 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
     if a.reason.trim().is_empty() {
         return Err(CliError::Usage("--reason must say why (it is recorded in the audit log)".into()));
     }
+    if a.override_profile.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err(CliError::Usage(
+            "--override-profile must say why (it is recorded in the audit log)".into(),
+        ));
+    }
     let manifests = read_manifests(&a.files)?;
     let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
     let body = json!({
@@ -253,7 +293,24 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
     let mut failed = 0;
     for e in pending {
         let key = format!("{}/{}", e.environment, e.service);
-        match write(&api, e, by_key.get(&key).copied(), &a.reason).await {
+        let reason = match (e.undoes_profile(), &a.override_profile) {
+            (None, _) => a.reason.clone(),
+            (Some(p), Some(why)) => format!("{} (overrides emergency profile {}: {why})", a.reason, p.name),
+            (Some(p), None) => {
+                failed += 1;
+                eprintln!(
+                    "error: {key}: not applied: it would undo {} set by the active emergency profile {} \
+                     (until {}); revert the profile first (levee profile revert {} --reason …), or \
+                     pass --override-profile REASON to write it anyway",
+                    p.undoes.join(", "),
+                    p.name,
+                    p.expires_at,
+                    e.environment
+                );
+                continue;
+            }
+        };
+        match write(&api, e, by_key.get(&key).copied(), &reason).await {
             Ok(done) => println!("{key}: {done}"),
             Err(err) => {
                 failed += 1;

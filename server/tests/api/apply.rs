@@ -203,3 +203,62 @@ async fn the_plan_says_what_apply_would_do_and_writes_nothing(app) {
     assert_eq!(b["errors"][0]["path"], "manifests[0].environment", "{b}");
 }
 }
+
+on_both_backends! {
+async fn the_plan_names_an_active_profile_and_what_it_would_undo(app) {
+    app.seed().await;
+    let (s, _, b) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/profiles/recs-down",
+            Some(json!({"services": {"checkout": {"flags": {"recommendations.enabled": false}}}, "reason": "agreed"})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let (_, _, policy) = app.call(Method::GET, &format!("{SVC}/policy"), None).await;
+    let (_, _, before) = app.call(Method::GET, &format!("{SVC}/snapshot"), None).await;
+    let plan_of = |flags: Value| {
+        json!({"manifests": [manifest("checkout", policy["policy"].clone(), flags)]})
+    };
+    let (_, _, plan) = app.call(Method::POST, "/api/v1/plan", Some(plan_of(before["config"]["flags"].clone()))).await;
+    assert!(plan["services"][0].get("profile").is_none(), "no profile active: {plan}");
+
+    let (s, _, a) = app
+        .call(
+            Method::POST,
+            "/api/v1/environments/prod/profiles/recs-down/apply",
+            Some(json!({"expires_in": "2h", "reason": "INC-1"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{a}");
+    let (_, _, active) = app.call(Method::GET, "/api/v1/environments/prod/active-profile", None).await;
+
+    // The repository still says true: the plan says the profile is active and what it undoes.
+    let (s, _, plan) = app.call(Method::POST, "/api/v1/plan", Some(plan_of(before["config"]["flags"].clone()))).await;
+    assert_eq!(s, StatusCode::OK, "{plan}");
+    let e = &plan["services"][0];
+    assert_eq!(e["action"], "change", "{plan}");
+    assert_eq!(e["profile"]["expires_at"], active["expires_at"], "{plan} {active}");
+    assert_eq!(
+        (&e["profile"]["name"], &e["profile"]["applied_by"], &e["profile"]["undoes"]),
+        (&json!("recs-down"), &json!("admin"), &json!(["flags.recommendations.enabled"])),
+        "{plan}"
+    );
+
+    // A manifest that keeps what the profile set undoes nothing, and still names it.
+    let (_, _, now) = app.call(Method::GET, &format!("{SVC}/snapshot"), None).await;
+    let (_, _, plan) = app.call(Method::POST, "/api/v1/plan", Some(plan_of(now["config"]["flags"].clone()))).await;
+    let e = &plan["services"][0];
+    assert_eq!((&e["action"], &e["profile"]["undoes"]), (&json!("unchanged"), &json!([])), "{plan}");
+
+    // Pruning the service would undo every entry the profile set in it.
+    let prune = json!({"manifests": [manifest("search", json!({}), json!({}))], "prune": true});
+    let (_, _, plan) = app.call(Method::POST, "/api/v1/plan", Some(prune)).await;
+    let e = &plan["services"][1];
+    assert_eq!(
+        (&e["action"], &e["profile"]["undoes"]),
+        (&json!("prune"), &json!(["flags.recommendations.enabled"])),
+        "{plan}"
+    );
+}
+}

@@ -439,3 +439,73 @@ async fn break_glass_applies_where_approval_is_required_and_is_audited_as_a_bypa
         "{audit}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_warns_of_an_active_profile_and_undoes_it_only_when_told() {
+    let app = TestApp::spawn().await;
+    seed_env(&app, "prod").await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = tempfile::tempdir().unwrap();
+    let file = repo.path().join("prod.yaml");
+    std::fs::write(&file, TWO_SERVICES).unwrap();
+    let file = file.to_str().unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "bootstrap"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let (s, _, b) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/profiles/recs-down",
+            Some(json!({"services": {"checkout": {"flags": {"recommendations.enabled": false}}}, "reason": "agreed"})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["profile", "apply", "prod", "recs-down", "--for", "2h", "--reason", "INC-7 recommendations down"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
+
+    // The plan says the profile is active and what the apply would undo.
+    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "merge", "--dry-run"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stdout.contains("~ flags.recommendations.enabled.value: false → true"), "{r:?}");
+    assert!(
+        r.stdout.contains("! emergency profile recs-down (applied by admin) is active until ")
+            && r.stdout
+                .contains(": this apply would undo flags.recommendations.enabled (set by the profile)"),
+        "{r:?}"
+    );
+
+    // Apply refuses that service, says how to proceed, and leaves the kill switch off.
+    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "merge"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("prod/checkout: not applied: it would undo flags.recommendations.enabled set by the active emergency profile recs-down")
+            && r.stderr.contains("levee profile revert prod")
+            && r.stderr.contains("--override-profile REASON"),
+        "{r:?}"
+    );
+    let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
+    assert_eq!(flag["value"], false, "{flag}");
+
+    // With --override-profile it writes, and the audit says why.
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["apply", "-f", file, "--reason", "merge", "--override-profile", "INC-7 fixed upstream"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
+    assert_eq!(flag["value"], true, "{flag}");
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=1", None).await;
+    assert_eq!(
+        audit[0]["reason"], "merge (overrides emergency profile recs-down: INC-7 fixed upstream)",
+        "{audit}"
+    );
+}
