@@ -222,6 +222,15 @@ pub fn run_cli(args: &ImportArgs) -> anyhow::Result<()> {
         ReportFormat::Json => serde_json::to_string_pretty(&imported.report)? + "\n",
     };
     eprint!("{report}");
+    if imported.report.mapped() == 0 && !imported.report.settings.is_empty() {
+        // Legitimate (a file of only Sentinel flow rules maps nothing), but also what a
+        // file of another format read with the wrong --from looks like.
+        eprintln!(
+            "warning: no setting of {name} was mapped; if it is not a {} file, --from names its format \
+             (resilience4j, envoy, istio, sentinel, hystrix)",
+            args.source.as_str()
+        );
+    }
     print!("{out}");
     Ok(())
 }

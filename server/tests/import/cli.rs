@@ -70,3 +70,21 @@ fn levee_import_fails_with_the_file_name_on_bad_input() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.json"));
 }
+
+/// Found by a GitOps trial: an Istio file read with `--from envoy` exited 0 with an empty
+/// manifest and nothing that pointed at the mistake.
+#[test]
+fn a_file_read_as_the_wrong_format_gets_a_warning() {
+    let file = corpus_dir().join(
+        "istio/redhat-scholars__istio-tutorial__istiofiles__virtual-service-recommendation-v2_retry.yml",
+    );
+    let out = levee().args(["import", "--from", "envoy"]).arg(&file).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("0 mapped"), "{stderr}");
+    assert!(
+        stderr.contains("warning: no setting of") && stderr.contains("--from names its format"),
+        "{stderr}"
+    );
+    let out = levee().args(["import", "--from", "istio"]).arg(&file).output().unwrap();
+    assert!(!String::from_utf8(out.stderr).unwrap().contains("warning: no setting"));
+}
