@@ -5,12 +5,15 @@
 use levee_agent::policy::Timestamp;
 
 use super::{Action, Actions, Actor, ChangeError, Reason, ServiceAt};
-use crate::db::{AuditDiff, Parts};
+use crate::db::{AuditDiff, Entries, Parts, Subject};
 
 impl Actions {
     /// Removes every flag, fault rule, breaker override and lever override expired at `now`, one revision
-    /// per service that had any (audited as `expiry` by `levee` via `server`, the removed
-    /// entries as `before`). A service that fails is logged and left for the next pass.
+    /// per service that had any (audited as `expiry` by `levee` via `server`: the entries
+    /// it changed as they were and as they are, see [`AuditDiff::entries`], and what it did
+    /// in words as `detail`). A service that fails is logged and left for the next pass.
+    /// (Which entries expired is known only inside the write: a refused expiry, whose
+    /// configuration would not validate, records `{}` as its value.)
     /// Returns how many services changed.
     ///
     /// # Errors
@@ -23,7 +26,15 @@ impl Actions {
         for (env, service) in due {
             let at = ServiceAt::new(env, service, None);
             let res = self
-                .write(&by, &reason, Action::Expiry, &at, "expired entries", |p| Ok(remove_expired(p, now)))
+                .write(
+                    &by,
+                    &reason,
+                    Action::Expiry,
+                    &at,
+                    "expired entries",
+                    Subject::Entries(Entries::default()),
+                    |p| Ok(remove_expired(p, now)),
+                )
                 .await;
             match res {
                 Ok(w) => changed += usize::from(w.changed),
@@ -36,8 +47,11 @@ impl Actions {
     }
 }
 
-/// Removes what expired at `now` from `p`; the audit's `before` lists what was removed.
+/// Removes what expired at `now` from `p`; the audit's `before` holds the removed entries
+/// (and the policy, when a kill switch reverts to its compiled-in default), `after` the
+/// same entries now (`null`: gone), `detail` what was done in words.
 fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
+    let old = p.clone();
     let mut removed = Vec::new();
     let switches: std::collections::BTreeSet<String> =
         p.policy.flag_references().into_iter().map(|r| r.key.to_string()).collect();
@@ -54,8 +68,9 @@ fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
     });
     // An expired kill switch reverts to the service's compiled-in default: the policy says
     // so, or its reference would dangle (OPS-1).
+    let mut detail = Vec::new();
     for k in reverted {
-        removed.push(format!("kill switch {k} now declared in policy.compiled_in_flags"));
+        detail.push(format!("kill switch {k} now declared in policy.compiled_in_flags"));
         p.policy.compiled_in_flags.insert(k);
     }
     p.faults.retain(|id, f| {
@@ -76,7 +91,8 @@ fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
         removed.push("levers".to_string());
         p.levers = None;
     }
-    AuditDiff { before: Some(serde_json::json!(removed).to_string()), after: None }
+    detail.insert(0, format!("removed {}", removed.join(", ")));
+    AuditDiff::entries(&old, p).with_detail(detail.join("; "))
 }
 
 #[cfg(test)]
@@ -114,7 +130,18 @@ mod tests {
         assert_eq!(p.flags.keys().collect::<Vec<_>>(), ["forever", "later"]);
         assert_eq!(p.overrides.len(), 1);
         assert_eq!(p.levers, None);
-        assert_eq!(diff.before.as_deref(), Some(r#"["flag gone","breaker override pay","levers"]"#));
-        assert_eq!(diff.after, None);
+        let value = |s: Option<String>| serde_json::from_str::<serde_json::Value>(&s.unwrap()).unwrap();
+        let gone = serde_json::to_value(flag(at(1_000_000))).unwrap();
+        let pay = serde_json::to_value(o("pay", at(999_999))).unwrap();
+        assert_eq!(
+            value(diff.before),
+            serde_json::json!({"flags": {"gone": gone}, "breaker_overrides": {"pay": pay},
+                "levers": {"retries_paused": true, "expires_at": "1970-01-01T00:16:40Z", "reason": ""}})
+        );
+        assert_eq!(
+            value(diff.after),
+            serde_json::json!({"flags": {"gone": null}, "breaker_overrides": {"pay": null}, "levers": null})
+        );
+        assert_eq!(diff.detail.as_deref(), Some("removed flag gone, breaker override pay, levers"));
     }
 }

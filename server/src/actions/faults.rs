@@ -4,7 +4,7 @@ use levee_agent::policy::{FaultAction, FaultRule};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, Written};
-use crate::db::AuditDiff;
+use crate::db::{AuditDiff, Subject};
 
 /// A fault rule to set; its fields are those of the policy's `FaultRule`, whose validation
 /// states their ranges.
@@ -55,7 +55,7 @@ impl Actions {
             expires_at: new.expires_at,
         };
         let target = format!("fault {id}");
-        self.write(by, reason, Action::FaultSet, at, &target, move |p| {
+        self.write(by, reason, Action::FaultSet, at, &target, Subject::Fault(rule.id.clone()), move |p| {
             let diff = AuditDiff::of(p.faults.get(&rule.id), Some(&rule));
             p.faults.insert(rule.id.clone(), rule);
             Ok(diff)
@@ -75,7 +75,7 @@ impl Actions {
         id: &str,
     ) -> Result<Written, ChangeError> {
         let target = format!("fault {id}");
-        self.write(by, reason, Action::FaultDelete, at, &target, |p| {
+        self.write(by, reason, Action::FaultDelete, at, &target, Subject::Fault(id.to_string()), |p| {
             let old = p
                 .faults
                 .remove(id)

@@ -4,7 +4,7 @@ use levee_agent::policy::{FieldError, Flag, Timestamp};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, Written};
-use crate::db::AuditDiff;
+use crate::db::{AuditDiff, Subject};
 
 impl Actions {
     /// Creates or replaces flag `key` of `at`'s service (audited as `flag.set`).
@@ -25,7 +25,7 @@ impl Actions {
         let target = format!("flag {key}");
         self.gate(by, &at.env, "flag", &target).await?;
         let key = key.as_str().to_string();
-        self.write(by, reason, Action::FlagSet, at, &target, move |p| {
+        self.write(by, reason, Action::FlagSet, at, &target, Subject::Flag(key.clone()), move |p| {
             let diff = AuditDiff::of(p.flags.get(&key), Some(&flag));
             p.flags.insert(key, flag);
             Ok(diff)
@@ -53,7 +53,7 @@ impl Actions {
         expires_in_future("expires_at", expires_at)?;
         let target = format!("flag {key}");
         self.gate(by, &at.env, "flag", &target).await?;
-        self.write(by, reason, Action::FlagSet, at, &target, |p| {
+        self.write(by, reason, Action::FlagSet, at, &target, Subject::Flag(key.to_string()), |p| {
             let flag = p.flags.get_mut(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })
             })?;
@@ -64,10 +64,10 @@ impl Actions {
                     message: format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
                 }));
             }
-            let before = serde_json::to_string(flag).ok();
+            let before = flag.clone();
             flag.value = value;
             flag.expires_at = expires_at;
-            Ok(AuditDiff { before, after: serde_json::to_string(flag).ok() })
+            Ok(AuditDiff::of(Some(&before), Some(flag)))
         })
         .await
     }
@@ -86,7 +86,7 @@ impl Actions {
     ) -> Result<Written, ChangeError> {
         let target = format!("flag {key}");
         self.gate(by, &at.env, "flag", &target).await?;
-        self.write(by, reason, Action::FlagDelete, at, &target, |p| {
+        self.write(by, reason, Action::FlagDelete, at, &target, Subject::Flag(key.to_string()), |p| {
             let old = p.flags.remove(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })
             })?;

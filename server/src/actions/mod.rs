@@ -64,7 +64,7 @@ use levee_agent::policy::{Lint, ServiceConfig, lint};
 use crate::advice;
 
 use crate::auth::Keys;
-use crate::db::{AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Store, now_ms};
+use crate::db::{AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Store, Subject, now_ms};
 use crate::hub::Hub;
 
 /// What every action is called on: the store, this replica's hub and the token keys.
@@ -124,7 +124,9 @@ impl Actions {
 
     /// Writes one revision of `at`'s service as `by`, for `reason`: `edit` changes the
     /// service's parts inside the transaction and returns what it changed; the new revision
-    /// is published to this replica's agents.
+    /// is published to this replica's agents. `target` names `subject` for the audit row (a
+    /// refused attempt records the subject's stored value as `before` and `after`).
+    #[allow(clippy::too_many_arguments)]
     async fn write<F>(
         &self,
         by: &Actor,
@@ -132,14 +134,21 @@ impl Actions {
         action: Action,
         at: &ServiceAt,
         target: &str,
+        subject: Subject,
         edit: F,
     ) -> Result<Written, ChangeError>
     where
         F: FnOnce(&mut Parts) -> Result<AuditDiff, ChangeError>,
     {
         by.may(action)?;
-        let change =
-            Change { env: &at.env, service: &at.service, action: action.name(), target, expected: at.base };
+        let change = Change {
+            env: &at.env,
+            service: &at.service,
+            action: action.name(),
+            target,
+            subject,
+            expected: at.base,
+        };
         let committed = self.store.mutate(change, &by.audit_ctx(reason), edit).await?;
         Ok(self.publish(committed).await)
     }

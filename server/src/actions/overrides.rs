@@ -3,7 +3,7 @@
 use levee_agent::policy::{BreakerOverride, BreakerOverrideState, FieldError, Timestamp};
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, Written};
-use crate::db::AuditDiff;
+use crate::db::{AuditDiff, Subject};
 
 /// A breaker override to set.
 #[derive(Clone, Debug)]
@@ -60,8 +60,9 @@ impl Actions {
             expires_at: new.expires_at,
             reason: reason.as_str().to_string(),
         };
-        self.write(by, reason, Action::BreakerOverride, at, &target, move |p| {
-            let k = (o.dependency.clone(), o.operation.clone().unwrap_or_default());
+        let k = (o.dependency.clone(), o.operation.clone().unwrap_or_default());
+        let subject = Subject::Breaker(k.0.clone(), k.1.clone());
+        self.write(by, reason, Action::BreakerOverride, at, &target, subject, move |p| {
             let diff = AuditDiff::of(p.overrides.get(&k), Some(&o));
             p.overrides.insert(k, o);
             Ok(diff)
@@ -83,8 +84,9 @@ impl Actions {
         operation: Option<&str>,
     ) -> Result<Written, ChangeError> {
         let target = format!("breaker {dependency}");
-        self.write(by, reason, Action::BreakerOverrideDelete, at, &target, |p| {
-            let k = (dependency.to_string(), operation.unwrap_or_default().to_string());
+        let k = (dependency.to_string(), operation.unwrap_or_default().to_string());
+        let subject = Subject::Breaker(k.0.clone(), k.1.clone());
+        self.write(by, reason, Action::BreakerOverrideDelete, at, &target, subject, |p| {
             let old = p.overrides.remove(&k).ok_or_else(|| {
                 ChangeError::NotFound(Missing::BreakerOverride { dependency: dependency.to_string() })
             })?;

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, audit_row};
-use crate::db::{ActivationRow, AuditDiff, AuditRow, Parts, ProfileRow, now_ms};
+use crate::db::{ActivationRow, AuditDiff, AuditRow, Entries, Parts, ProfileRow, Subject, now_ms};
 
 /// The longest a profile may stay applied: it must be renewed (applied again) after that.
 pub const MAX_PROFILE_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -67,6 +67,24 @@ pub struct ProfileService {
 }
 
 impl ProfileService {
+    /// The entries this sets, as far as the definition names them (the read-only flag is
+    /// named by the service's policy: see [`Saved::entries`] for what was set).
+    fn entries(&self) -> Entries {
+        Entries {
+            flags: self.flags.keys().cloned().collect(),
+            faults: self.faults.iter().map(|f| f.id.clone()).collect(),
+            breakers: self
+                .breakers
+                .iter()
+                .map(|b| (b.dependency.clone(), b.operation.clone().unwrap_or_default()))
+                .collect(),
+            levers: self.shed_sheddable_percent.is_some()
+                || self.pause_retries
+                || self.inbound_limit.is_some(),
+            policy: false,
+        }
+    }
+
     /// The lever override this sets, until `expires` (`None` when it sets no lever).
     fn levers(&self, expires: Timestamp, reason: String) -> Option<LeverOverride> {
         let l = LeverOverride {
@@ -129,6 +147,33 @@ struct Saved {
     /// The service's lever override (one per service, so no key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     levers: Option<Swap<(), LeverOverride>>,
+}
+
+impl Saved {
+    /// The entries the profile set in the service: the audit row's subject when it is
+    /// applied and reverted.
+    fn entries(&self) -> Entries {
+        Entries {
+            flags: self.flags.iter().map(|s| s.key.clone()).collect(),
+            faults: self.faults.iter().map(|s| s.key.clone()).collect(),
+            breakers: self.breakers.iter().map(|s| s.key.clone()).collect(),
+            levers: self.levers.is_some(),
+            policy: false,
+        }
+    }
+}
+
+/// An application of a profile as the environment's audit rows record it (`after` of
+/// `profile.apply`, `before` of `profile.revert`): profile, version, expiry and the
+/// services it changed.
+fn activation_value(a: &ActivationRow) -> String {
+    serde_json::json!({
+        "profile": a.profile,
+        "version": a.version,
+        "expires_at": Timestamp::from_unix_ms(a.expires_at),
+        "services": activation_services(a),
+    })
+    .to_string()
 }
 
 /// A stored profile with its decoded definition.
@@ -480,10 +525,12 @@ impl Actions {
             let path = format!("services.{svc}");
             let mut out = None;
             let at = ServiceAt::new(env, svc.clone(), None);
+            let subject = Subject::Entries(spec.entries());
             let res = self
-                .write(by, reason, Action::ProfileApply, &at, &target, |p| {
+                .write(by, reason, Action::ProfileApply, &at, &target, subject, |p| {
+                    let old = p.clone();
                     let s = apply_to(p, spec, name, reason.as_str(), expires_at, &path)?;
-                    let diff = AuditDiff { before: None, after: serde_json::to_string(&s).ok() };
+                    let diff = AuditDiff::between(&Subject::Entries(s.entries()), &old, p);
                     out = Some(s);
                     Ok(diff)
                 })
@@ -510,15 +557,7 @@ impl Actions {
         row.saved = serde_json::to_string(&saved).map_err(|e| ChangeError::Storage(e.into()))?;
         let mut audit = audit_row(by, reason, Action::ProfileApply, target);
         audit.environment = Some(env.to_string());
-        audit.after = Some(
-            serde_json::json!({
-                "profile": name,
-                "version": profile.row.version,
-                "expires_at": expires_at.to_string(),
-                "services": profile.spec.services.keys().collect::<Vec<_>>(),
-            })
-            .to_string(),
-        );
+        audit.after = Some(activation_value(&row));
         self.store.save_activation(id, &row.saved, Some(&audit)).await?;
         Ok(row)
     }
@@ -539,6 +578,7 @@ impl Actions {
         let active = self.store.active_profile(env).await?.ok_or_else(missing)?;
         let mut audit = audit_row(by, reason, Action::ProfileRevert, format!("profile {}", active.profile));
         audit.environment = Some(env.to_string());
+        audit.before = Some(activation_value(&active));
         self.undo(by, reason, &active, Some(&audit)).await?.ok_or_else(missing)
     }
 
@@ -559,6 +599,7 @@ impl Actions {
             ));
             let mut audit = audit_row(&by, &reason, Action::ProfileRevert, format!("profile {}", a.profile));
             audit.environment = Some(a.environment.clone());
+            audit.before = Some(activation_value(&a));
             match self.undo(&by, &reason, &a, Some(&audit)).await {
                 Ok(Some(_)) => n += 1,
                 Ok(None) => {}
@@ -589,10 +630,12 @@ impl Actions {
         let target = format!("profile {}", a.profile);
         for (svc, s) in &saved {
             let at = ServiceAt::new(&a.environment, svc.clone(), None);
+            let subject = Subject::Entries(s.entries());
             let res = self
-                .write(by, reason, Action::ProfileRevert, &at, &target, |p| {
+                .write(by, reason, Action::ProfileRevert, &at, &target, subject.clone(), |p| {
+                    let old = p.clone();
                     let notes = restore(p, s);
-                    Ok(AuditDiff { before: None, after: serde_json::to_string(&notes).ok() })
+                    Ok(AuditDiff::between(&subject, &old, p).with_detail(notes.join("; ")))
                 })
                 .await;
             if let Err(e) = res {

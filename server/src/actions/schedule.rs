@@ -432,7 +432,11 @@ impl Actions {
             audit.environment = Some(c.environment.clone());
             audit.service = c.service.clone();
             audit.outcome = if ran.state == "applied" { "ok".into() } else { ran.state.to_string() };
-            audit.after = Some(json!(ran.outcome).to_string());
+            // The scheduled change is the target: its state as this run claimed it and as
+            // the run left it; what happened, in words, is the detail.
+            audit.before = Some(json!({"state": c.state}).to_string());
+            audit.after = Some(json!({"state": ran.state}).to_string());
+            audit.detail = Some(ran.outcome.clone());
             if let Err(e) = self.store.append_audit(&audit).await {
                 tracing::error!(error = ?e, id = c.id, "auditing a scheduled change that did not apply");
             }

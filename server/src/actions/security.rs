@@ -76,12 +76,15 @@ impl Actions {
             }
             Err(LoginError::Internal(_)) => return result,
         };
-        let mut rows = vec![row(name, &a, action, outcome, serde_json::json!({"client": client}))];
+        let mut rows = vec![row(name, &a, action, outcome, format!("from {client}"))];
         if let Some(t) = began_wait {
             // This failure started a wait: audited once, with its length.
-            let after = serde_json::json!({"client": client, "by": t.by.as_str(),
-                "retry_after_s": t.retry_after.as_secs_f64()});
-            rows.push(row(name, &a, AUDIT_LOGIN_THROTTLED, "throttled", after));
+            let detail = format!(
+                "from {client}: further logins wait {:.1} s (throttled by {})",
+                t.retry_after.as_secs_f64(),
+                t.by.as_str()
+            );
+            rows.push(row(name, &a, AUDIT_LOGIN_THROTTLED, "throttled", detail));
         }
         for r in rows {
             if let Err(e) = self.store.append_audit(&r).await {
@@ -106,11 +109,11 @@ impl Actions {
             action: AUDIT_REFUSED.to_string(),
             target: target.to_string(),
             outcome: "forbidden".to_string(),
-            after: Some(
-                serde_json::json!({"attempted": attempted, "needed": why.needed.as_str(),
-                    "role": why.actual.as_str()})
-                .to_string(),
-            ),
+            detail: Some(format!(
+                "{attempted} needs role {}; the actor has role {}",
+                why.needed.as_str(),
+                why.actual.as_str()
+            )),
             ..Default::default()
         };
         if let Err(e) = self.store.append_audit(&r).await {
@@ -126,7 +129,9 @@ impl Actions {
     }
 }
 
-fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, after: serde_json::Value) -> AuditRow {
+/// A login's audit row: the account is its target, which it does not change (no `before`
+/// or `after`); where it came from, and any wait it started, are its `detail`.
+fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, detail: String) -> AuditRow {
     AuditRow {
         at: now_ms(),
         actor: name.to_string(),
@@ -135,7 +140,7 @@ fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, after: ser
         action: action.to_string(),
         target: format!("user:{name}"),
         outcome: outcome.to_string(),
-        after: Some(after.to_string()),
+        detail: Some(detail),
         ..Default::default()
     }
 }

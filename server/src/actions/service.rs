@@ -8,7 +8,7 @@ use super::{
     Action, Actions, Actor, BadInput, ChangeError, CreateError, Existing, Missing, Name, Reason, ServiceAt,
     Written,
 };
-use crate::db::{AuditDiff, Change, MutateError, Parts};
+use crate::db::{AuditDiff, Change, MutateError, Parts, Subject};
 
 /// A service to create: its first revision holds `policy` and `flags`.
 #[derive(Clone, Debug)]
@@ -111,10 +111,16 @@ impl Actions {
         if let Err(ChangeError::InvalidField(e)) = super::flags::all_expire_in_future(&config.flags) {
             return Err(CreateError::Invalid(ValidationErrors(vec![e])));
         }
-        let diff = AuditDiff { before: None, after: String::from_utf8(canonical_json(&config)).ok() };
+        let diff = AuditDiff { after: String::from_utf8(canonical_json(&config)).ok(), ..Default::default() };
         let name = new.name.as_str();
-        let change =
-            Change { env, service: name, action: Action::ServiceCreate.name(), target: name, expected: None };
+        let change = Change {
+            env,
+            service: name,
+            action: Action::ServiceCreate.name(),
+            target: name,
+            subject: Subject::Config,
+            expected: None,
+        };
         match self.store.create_service(change, &new.description, parts, diff, &by.audit_ctx(reason)).await {
             Ok(Some(c)) => Ok(self.publish(c).await),
             Ok(None) => Err(CreateError::AlreadyExists(Existing::Service {
@@ -146,7 +152,7 @@ impl Actions {
         by.may(Action::PolicyUpdate)?;
         self.gate(by, &at.env, "policy", &format!("policy of {}", at.service)).await?;
         policy.validate().map_err(|v| ChangeError::Invalid(under("policy", v)))?;
-        self.write(by, reason, Action::PolicyUpdate, at, "policy", move |p| {
+        self.write(by, reason, Action::PolicyUpdate, at, "policy", Subject::Policy, move |p| {
             let diff = AuditDiff::of(Some(&p.policy), Some(&policy));
             p.policy = policy;
             Ok(diff)
@@ -178,18 +184,12 @@ impl Actions {
         })?;
         let flags_gate = self.gate_flags(by, at, &flags, &format!("flags of service {}", at.service)).await?;
         let mut written = self
-            .write(by, reason, Action::ServiceApply, at, "policy and flags", move |p| {
+            .write(by, reason, Action::ServiceApply, at, "policy and flags", Subject::Declared, move |p| {
                 flags_gate.check(&p.flags, &flags)?;
-                #[derive(serde::Serialize)]
-                struct Declares<'a> {
-                    policy: &'a Policy,
-                    flags: &'a BTreeMap<String, Flag>,
-                }
-                let before = serde_json::to_string(&Declares { policy: &p.policy, flags: &p.flags }).ok();
-                let after = serde_json::to_string(&Declares { policy: &policy, flags: &flags }).ok();
+                let old = p.clone();
                 p.policy = policy;
                 p.flags = flags;
-                Ok(AuditDiff { before, after })
+                Ok(AuditDiff::between(&Subject::Declared, &old, p))
             })
             .await?;
         if current.description != description {
@@ -267,7 +267,7 @@ impl Actions {
         let target = format!("revision {to}");
         let flags_gate =
             self.gate_flags(by, at, &config.flags, &format!("flags of {} (rollback)", at.service)).await?;
-        self.write(by, reason, Action::Rollback, at, &target, move |p| {
+        self.write(by, reason, Action::Rollback, at, &target, Subject::Config, move |p| {
             flags_gate.check(&p.flags, &config.flags)?;
             let before = p.config();
             *p = Parts::from_config(config, p.faults_allowed);

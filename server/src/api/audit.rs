@@ -32,7 +32,9 @@ pub struct AuditQuery {
     pub limit: Option<i64>,
 }
 
-/// Audit entries, newest first: who, when, from where, what, before/after, why and outcome.
+/// Audit entries, newest first: who, when, from where, what, why and outcome; `before` and
+/// `after` are JSON values of the target (never a message), `detail` says in words why an
+/// attempt was refused or what a revert restored.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", params(AuditQuery),
     responses((status = 200, body = [AuditRow]), (status = 400, body = super::Problem)))]
 pub async fn list(

@@ -17,7 +17,7 @@ mod requests;
 mod rows;
 mod schedule;
 
-pub use mutate::{AuditCtx, AuditDiff, Change, Committed, MutateError, Parts};
+pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::RequestRow;
 pub use rows::*;
@@ -594,7 +594,7 @@ impl Store {
         // Every filter is optional; `$n IS NULL OR col = $n` keeps one static statement.
         let rows = sqlx::query(
             "SELECT id, at, actor, via, request_id, action, environment, service, target, outcome, reason, \
-             before, after, revision FROM audit \
+             before, after, revision, detail FROM audit \
              WHERE ($1 IS NULL OR environment = $1) AND ($2 IS NULL OR service = $2) \
              AND ($3 IS NULL OR actor = $3) AND ($4 IS NULL OR at >= $4) AND ($5 IS NULL OR at <= $5) \
              AND ($6 IS NULL OR id < $6) \

@@ -1,6 +1,6 @@
 //! The single path that writes a revision: everything an agent receives changes here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::fmt::Display;
 
@@ -80,13 +80,142 @@ pub struct AuditDiff {
     pub before: Option<String>,
     /// JSON of what is there now; `None` when it was removed.
     pub after: Option<String>,
+    /// What happened, in words, beyond the values (the audit row's `detail`).
+    pub detail: Option<String>,
 }
 
 impl AuditDiff {
     /// The JSON of `before` and `after`.
     pub fn of<T: Serialize>(before: Option<&T>, after: Option<&T>) -> AuditDiff {
         let json = |v: Option<&T>| v.and_then(|v| serde_json::to_string(v).ok());
-        AuditDiff { before: json(before), after: json(after) }
+        AuditDiff { before: json(before), after: json(after), detail: None }
+    }
+
+    /// The value of `subject` in `old` and in `new` parts.
+    pub fn between(subject: &Subject, old: &Parts, new: &Parts) -> AuditDiff {
+        let json = |p: &Parts| subject.value(p).map(|v| v.to_string());
+        AuditDiff { before: json(old), after: json(new), detail: None }
+    }
+
+    /// The entries that differ between `old` and `new` ([`Entries::changed`]), as they were
+    /// and as they are: the shape of every write of several entries at once (a profile
+    /// applied or reverted, the expiry).
+    pub fn entries(old: &Parts, new: &Parts) -> AuditDiff {
+        AuditDiff::between(&Subject::Entries(Entries::changed(old, new)), old, new)
+    }
+
+    /// With `detail`.
+    pub fn with_detail(self, detail: impl Into<String>) -> AuditDiff {
+        AuditDiff { detail: Some(detail.into()), ..self }
+    }
+}
+
+/// What a change is about inside a service. Its value in the service's parts is what the
+/// audit row records as `before` and `after`; a refused attempt, which changes nothing,
+/// records the value as it is stored on both sides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subject {
+    /// A flag, by key.
+    Flag(String),
+    /// A fault rule, by id.
+    Fault(String),
+    /// A breaker override: dependency and operation (`""`: the dependency-level breaker).
+    Breaker(String, String),
+    /// The policy.
+    Policy,
+    /// What a whole-service write declares: `{"policy": …, "flags": {…}}`.
+    Declared,
+    /// The whole configuration (the snapshot body).
+    Config,
+    /// Several entries at once (see [`Entries`]).
+    Entries(Entries),
+}
+
+impl Subject {
+    /// The subject's JSON value in `p`; `None` when it does not exist there.
+    pub fn value(&self, p: &Parts) -> Option<serde_json::Value> {
+        match self {
+            Subject::Flag(k) => p.flags.get(k).map(json),
+            Subject::Fault(id) => p.faults.get(id).map(json),
+            Subject::Breaker(d, o) => p.overrides.get(&(d.clone(), o.clone())).map(json),
+            Subject::Policy => Some(json(&p.policy)),
+            Subject::Declared => {
+                Some(serde_json::json!({"policy": json(&p.policy), "flags": json(&p.flags)}))
+            }
+            Subject::Config => Some(json(&p.config())),
+            Subject::Entries(e) => Some(e.value(p)),
+        }
+    }
+}
+
+/// `v` as a JSON value (`null` if a serde type could not be written, which ours cannot fail).
+fn json<T: Serialize + ?Sized>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+/// A set of entries of a service, named by key: what an emergency profile sets or
+/// restores, what the expiry removes. Its value is one JSON object with a member per kind
+/// named (`flags`, `faults`, `breaker_overrides` — keyed `dependency` or
+/// `dependency/operation` —, `levers`, `policy`), each entry its JSON value or `null`
+/// where it does not exist.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entries {
+    pub flags: BTreeSet<String>,
+    pub faults: BTreeSet<String>,
+    pub breakers: BTreeSet<(String, String)>,
+    /// The service's lever override.
+    pub levers: bool,
+    /// The policy.
+    pub policy: bool,
+}
+
+impl Entries {
+    /// The entries that differ between `old` and `new`.
+    pub fn changed(old: &Parts, new: &Parts) -> Entries {
+        fn keys<K: Ord + Clone, T: PartialEq>(a: &BTreeMap<K, T>, b: &BTreeMap<K, T>) -> BTreeSet<K> {
+            a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).cloned().collect()
+        }
+        Entries {
+            flags: keys(&old.flags, &new.flags),
+            faults: keys(&old.faults, &new.faults),
+            breakers: keys(&old.overrides, &new.overrides),
+            levers: old.levers != new.levers,
+            policy: old.policy != new.policy,
+        }
+    }
+
+    fn value(&self, p: &Parts) -> serde_json::Value {
+        use serde_json::{Map, Value};
+        fn entries<'k, K: 'k, T: Serialize>(
+            keys: impl IntoIterator<Item = &'k K>,
+            name: impl Fn(&K) -> String,
+            get: impl Fn(&K) -> Option<&'k T>,
+        ) -> Value
+        where
+            T: 'k,
+        {
+            Value::Object(
+                keys.into_iter().map(|k| (name(k), get(k).map_or(Value::Null, |v| json(v)))).collect(),
+            )
+        }
+        let mut out = Map::new();
+        if !self.flags.is_empty() {
+            out.insert("flags".into(), entries(&self.flags, String::clone, |k| p.flags.get(k)));
+        }
+        if !self.faults.is_empty() {
+            out.insert("faults".into(), entries(&self.faults, String::clone, |k| p.faults.get(k)));
+        }
+        if !self.breakers.is_empty() {
+            let name = |(d, o): &(String, String)| if o.is_empty() { d.clone() } else { format!("{d}/{o}") };
+            out.insert("breaker_overrides".into(), entries(&self.breakers, name, |k| p.overrides.get(k)));
+        }
+        if self.levers {
+            out.insert("levers".into(), json(&p.levers));
+        }
+        if self.policy {
+            out.insert("policy".into(), json(&p.policy));
+        }
+        Value::Object(out)
     }
 }
 
@@ -136,7 +265,7 @@ impl<E> From<sqlx::Error> for MutateError<E> {
 pub(crate) async fn insert_audit(conn: &mut AnyConnection, row: &AuditRow) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO audit (at, actor, via, request_id, action, environment, service, target, outcome, reason, \
-         before, after, revision) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+         before, after, revision, detail) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(row.at)
     .bind(&row.actor)
@@ -151,6 +280,7 @@ pub(crate) async fn insert_audit(conn: &mut AnyConnection, row: &AuditRow) -> an
     .bind(row.before.clone())
     .bind(row.after.clone())
     .bind(row.revision)
+    .bind(row.detail.clone())
     .execute(conn)
     .await?;
     // Rows written inside their transaction (a rolled-back one is counted too).
@@ -333,6 +463,30 @@ async fn store_parts(
     Ok(())
 }
 
+/// Whether environment `env` permits faults (its `allow_faults`).
+async fn faults_allowed(conn: &mut Conn, env: &str) -> anyhow::Result<bool> {
+    let row = sqlx::query("SELECT allow_faults FROM environments WHERE name = $1")
+        .bind(env)
+        .fetch_one(conn)
+        .await?;
+    Ok(row.try_get::<i64, _>("allow_faults")? != 0)
+}
+
+/// The parts of a service as stored now; `None` when it does not exist (or is deleted).
+async fn load_current(conn: &mut Conn, env: &str, service: &str) -> anyhow::Result<Option<Parts>> {
+    let row = sqlx::query(
+        "SELECT policy FROM services WHERE environment = $1 AND name = $2 AND deleted_at IS NULL",
+    )
+    .bind(env)
+    .bind(service)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let policy: String = row.try_get("policy")?;
+    let allow = faults_allowed(conn, env).await?;
+    Ok(Some(load_parts(conn, env, service, &policy, allow).await?))
+}
+
 /// The current revision of a service that exists (and is not deleted).
 async fn current_revision(conn: &mut Conn, env: &str, name: &str) -> anyhow::Result<Option<u64>> {
     let row = sqlx::query(
@@ -354,6 +508,9 @@ pub struct Change<'a> {
     pub action: &'a str,
     /// The audit row's `target`: what inside the service (`flag checkout.enabled`, `policy`).
     pub target: &'a str,
+    /// The target as a part of the service, whose value a refused attempt records as its
+    /// `before` and `after` (unchanged).
+    pub subject: Subject,
     /// The revision the change was based on (`If-Match`); `None` for whatever is current.
     pub expected: Option<u64>,
 }
@@ -376,7 +533,8 @@ impl Store {
     /// nothing is written and `changed` is false.
     ///
     /// Refused attempts (conflict, invalid, refused by the edit) are audited too, with
-    /// their outcome.
+    /// their outcome, the error as `detail`, and the value of `change.subject` as stored
+    /// (when the attempt was refused) as both `before` and `after`: nothing changed.
     pub async fn mutate<E, F>(
         &self,
         change: Change<'_>,
@@ -388,13 +546,15 @@ impl Store {
         F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
     {
         let _t = super::timed("mutate");
-        let result = self.mutate_inner(&change, ctx, edit).await;
+        let mut seen = None;
+        let result = self.mutate_inner(&change, ctx, &mut seen, edit).await;
         let outcome = match &result {
             Err(MutateError::Conflict { .. }) => Some("conflict"),
             Err(MutateError::Invalid(_) | MutateError::Refused(_)) => Some("rejected"),
             _ => None,
         };
         if let (Some(outcome), Err(e)) = (outcome, &result) {
+            let value = seen.and_then(|p: Parts| change.subject.value(&p)).map(|v| v.to_string());
             let row = AuditRow {
                 at: now_ms(),
                 actor: ctx.actor.clone(),
@@ -406,8 +566,9 @@ impl Store {
                 target: change.target.to_string(),
                 outcome: outcome.to_string(),
                 reason: ctx.reason.clone(),
-                before: None,
-                after: Some(e.to_string()),
+                before: value.clone(),
+                after: value,
+                detail: Some(e.to_string()),
                 revision: None,
                 ..Default::default()
             };
@@ -418,10 +579,13 @@ impl Store {
         result
     }
 
+    /// [`Store::mutate`]; a refused attempt leaves the parts as stored when it was refused
+    /// in `seen`.
     async fn mutate_inner<E, F>(
         &self,
         change: &Change<'_>,
         ctx: &AuditCtx,
+        seen: &mut Option<Parts>,
         edit: F,
     ) -> Result<Committed, MutateError<E>>
     where
@@ -461,22 +625,19 @@ impl Store {
         let no_service = || MutateError::NoService { env: env.to_string(), service: service.to_string() };
         let Some(bumped) = bumped else {
             let current = current_revision(&mut tx, env, service).await?;
-            drop(tx);
             return match (current, change.expected) {
-                (Some(current), Some(expected)) => Err(MutateError::Conflict { expected, current }),
+                (Some(current), Some(expected)) => {
+                    *seen = load_current(&mut tx, env, service).await?;
+                    Err(MutateError::Conflict { expected, current })
+                }
                 _ => Err(no_service()),
             };
         };
         let revision = bumped.try_get::<i64, _>("revision")? as u64;
         let policy_json: String = bumped.try_get("policy")?;
-        let allow = sqlx::query("SELECT allow_faults FROM environments WHERE name = $1")
-            .bind(env)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get::<i64, _>("allow_faults")?
-            != 0;
+        let allow = faults_allowed(&mut tx, env).await?;
         let old = load_parts(&mut tx, env, service, &policy_json, allow).await?;
-        match self.write_revision(Start { tx, revision, old, now }, change, ctx, true, edit).await? {
+        match self.write_revision(Start { tx, revision, old, now }, change, ctx, true, seen, edit).await? {
             Some(snapshot) => Ok(Committed { snapshot, changed: true }),
             None => {
                 // Nothing changed: the counter bump was rolled back; answer with the current snapshot.
@@ -552,7 +713,7 @@ impl Store {
         };
         let start = Start { tx, revision, old, now };
         let written = self
-            .write_revision(start, &change, ctx, false, |p| {
+            .write_revision(start, &change, ctx, false, &mut None, |p| {
                 *p = parts;
                 Ok::<_, Infallible>(diff)
             })
@@ -637,13 +798,15 @@ impl Store {
     /// validates the whole configuration, and — unless `skip_unchanged` finds the same hash
     /// as the newest revision, which rolls back and returns `None` — stores the changed
     /// parts, the snapshot with its hash, the audit row and, on PostgreSQL, a NOTIFY that
-    /// is delivered after the commit.
+    /// is delivered after the commit. A refused edit or an invalid result leaves the parts
+    /// it started from in `seen`.
     async fn write_revision<E, F>(
         &self,
         start: Start<'_>,
         change: &Change<'_>,
         ctx: &AuditCtx,
         skip_unchanged: bool,
+        seen: &mut Option<Parts>,
         edit: F,
     ) -> Result<Option<SnapshotRow>, MutateError<E>>
     where
@@ -652,9 +815,18 @@ impl Store {
         let Start { mut tx, revision, old, now } = start;
         let (env, service) = (change.env, change.service);
         let mut new = old.clone();
-        let diff = edit(&mut new).map_err(MutateError::Refused)?;
+        let diff = match edit(&mut new) {
+            Ok(diff) => diff,
+            Err(e) => {
+                *seen = Some(old);
+                return Err(MutateError::Refused(e));
+            }
+        };
         let cfg = new.config();
-        cfg.validate().map_err(MutateError::Invalid)?;
+        if let Err(v) = cfg.validate() {
+            *seen = Some(old);
+            return Err(MutateError::Invalid(v));
+        }
         let body = canonical_json(&cfg);
         let hash = content_hash(&body);
         let body = String::from_utf8(body).map_err(|e| MutateError::Db(e.into()))?;
@@ -703,6 +875,7 @@ impl Store {
             reason: ctx.reason.clone(),
             before: diff.before,
             after: diff.after,
+            detail: diff.detail,
             revision: Some(revision as i64),
             ..Default::default()
         };

@@ -292,15 +292,23 @@ pub struct AuditRow {
     pub outcome: String,
     /// Mandatory reason given by the actor.
     pub reason: String,
-    /// What the target was before the change, as JSON (stored as JSON text; the API
-    /// answers the JSON value itself).
+    /// The JSON value of the target before the attempt (stored as JSON text; the API
+    /// answers the JSON value itself): the flag, fault rule, breaker override, policy,
+    /// profile entries… as they were; `null` when the target did not exist. Never a message:
+    /// why an attempt was refused is in `detail`.
     #[serde(serialize_with = "json_text")]
     #[schema(value_type = Option<Value>)]
     pub before: Option<String>,
-    /// What it is after the change, as JSON (like `before`).
+    /// The JSON value of the target after the attempt (like `before`); `null` when it no
+    /// longer exists. A refused or conflicting attempt changed nothing: `after` equals
+    /// `before`.
     #[serde(serialize_with = "json_text")]
     #[schema(value_type = Option<Value>)]
     pub after: Option<String>,
+    /// What happened, in words, when there is more to say than the outcome: why an attempt
+    /// was refused (`rejected`, `conflict`, `forbidden`), what a profile revert restored or
+    /// left as it was, what a scheduled run did. Absent otherwise.
+    pub detail: Option<String>,
     /// Revision created by the change.
     pub revision: Option<i64>,
 }
@@ -321,6 +329,7 @@ impl AuditRow {
             reason: r.try_get("reason")?,
             before: r.try_get("before")?,
             after: r.try_get("after")?,
+            detail: r.try_get("detail")?,
             revision: r.try_get("revision")?,
         })
     }

@@ -41,6 +41,7 @@ struct EntryView {
     revision: String,
     before: String,
     after: String,
+    detail: String,
 }
 
 #[derive(Template)]
@@ -112,6 +113,7 @@ pub async fn page(
             revision: r.revision.map(|v| v.to_string()).unwrap_or_default(),
             before: r.before.unwrap_or_default(),
             after: r.after.unwrap_or_default(),
+            detail: r.detail.unwrap_or_default(),
         })
         .collect();
     Ok(Page::ok(AuditPage {

@@ -160,7 +160,12 @@ async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_remo
     let (_, _, doc) = app.call(Method::GET, POLICY, None).await;
     assert_eq!(doc["policy"]["compiled_in_flags"], json!(["recommendations.enabled"]), "{doc}");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?actor=levee", None).await;
-    assert!(audit[0]["before"].to_string().contains("compiled_in_flags"), "{audit}");
+    assert_eq!(audit[0]["after"]["policy"]["compiled_in_flags"], json!(["recommendations.enabled"]), "{audit}");
+    assert_eq!(audit[0]["after"]["flags"], json!({"recommendations.enabled": null}), "{audit}");
+    assert!(
+        audit[0]["detail"].as_str().unwrap().contains("recommendations.enabled now declared in policy.compiled_in_flags"),
+        "{audit}"
+    );
 }
 }
 

@@ -5,6 +5,7 @@
 #[macro_use]
 mod backends;
 mod apply;
+mod audit_values;
 mod auth;
 mod auth_matrix;
 mod errors;

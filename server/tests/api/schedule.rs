@@ -283,7 +283,11 @@ async fn a_crashed_run_is_taken_over_after_its_lease(app: TestApp) {
     let runs = run_audits(&app, id).await;
     assert_eq!(runs.len(), 1, "the takeover is audited once: {runs:?}");
     assert_eq!(runs[0]["outcome"], "ok");
-    assert!(runs[0]["after"].as_str().unwrap().contains("dead-replica"), "{:?}", runs[0]);
+    assert!(runs[0]["detail"].as_str().unwrap().contains("dead-replica"), "{:?}", runs[0]);
+    assert_eq!(
+        (&runs[0]["before"], &runs[0]["after"]),
+        (&json!({"state": "running"}), &json!({"state": "applied"}))
+    );
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout", None).await;
     let sets = audit
         .as_array()
