@@ -797,7 +797,7 @@ mod tests {
             ..StatusReport::default()
         };
         let json: serde_json::Value = serde_json::from_str(&super::status_json(&report)).unwrap();
-        assert_eq!(json["features"][0]["degraded_since"], "2025-12-01T12:00:00Z");
+        assert_eq!(json["features"][0]["degraded_since"], "2025-12-01T12:00:00.000Z");
         assert_eq!(json["features"][1]["degraded_since"], serde_json::Value::Null);
         assert!(json["features"][0].get("degraded_since_ms").is_none());
     }

@@ -9,8 +9,9 @@ use time::format_description::well_known::Rfc3339;
 
 /// A point in wall-clock time with millisecond precision.
 ///
-/// Serialized as an RFC 3339 string (`"2026-11-30T15:00:00Z"`); any offset is accepted on
-/// input and normalized to UTC on output. Wall-clock time is used only for expiries that a
+/// Serialized as an RFC 3339 string with milliseconds (`"2026-11-30T15:00:00.000Z"`); any
+/// offset and any number of fraction digits are accepted on input, normalized to UTC and
+/// milliseconds on output. Wall-clock time is used only for expiries that a
 /// person sets (they are absolute by nature); every duration the agent measures uses the
 /// monotonic clock instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,12 +43,24 @@ impl Timestamp {
         i64::try_from(ms).ok().map(Self)
     }
 
-    /// Formats as RFC 3339 in UTC.
+    /// Formats as RFC 3339 in UTC with exactly three fraction digits
+    /// (`2026-12-01T12:00:00.000Z`): every time has the same length, so times written by
+    /// the server sort as strings the way they sort as instants. A time outside the years
+    /// 0000–9999, which RFC 3339 cannot spell, is written as its milliseconds.
     pub fn to_rfc3339(self) -> String {
         let nanos = i128::from(self.0) * 1_000_000;
         match OffsetDateTime::from_unix_timestamp_nanos(nanos) {
-            Ok(t) => t.format(&Rfc3339).unwrap_or_else(|_| self.0.to_string()),
-            Err(_) => self.0.to_string(),
+            Ok(t) if (0..=9999).contains(&t.year()) => format!(
+                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+                t.year(),
+                u8::from(t.month()),
+                t.day(),
+                t.hour(),
+                t.minute(),
+                t.second(),
+                t.millisecond()
+            ),
+            _ => self.0.to_string(),
         }
     }
 }
@@ -79,7 +92,8 @@ impl<'de> Deserialize<'de> for Timestamp {
 /// as an RFC 3339 string, as [`Timestamp`] is: `#[serde(with = "levee_agent::policy::rfc3339")]`.
 ///
 /// This is how every time in the server's API is spelled, whatever its storage keeps
-/// (`"2026-12-01T12:00:00Z"`, UTC, millisecond precision; any offset accepted on input).
+/// (`"2026-12-01T12:00:00.000Z"`, UTC, always three fraction digits; any offset accepted on
+/// input).
 /// With the `openapi` feature, pair it with `#[schema(value_type = String, format = DateTime)]`.
 pub mod rfc3339 {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -121,7 +135,7 @@ mod tests {
     #[test]
     fn round_trips_rfc3339_and_normalizes_offsets() {
         let t = Timestamp::parse("2026-12-01T13:00:00+01:00").unwrap();
-        assert_eq!(t.to_rfc3339(), "2026-12-01T12:00:00Z");
+        assert_eq!(t.to_rfc3339(), "2026-12-01T12:00:00.000Z");
         assert_eq!(Timestamp::parse(&t.to_rfc3339()), Some(t));
         assert_eq!(Timestamp::parse("tomorrow"), None);
     }
@@ -132,6 +146,32 @@ mod tests {
         at: i64,
         #[serde(with = "rfc3339::option")]
         until: Option<i64>,
+    }
+
+    /// The API's times sort as strings: a whole second and a later instant within it
+    /// compare as instants do, which they would not if `.000` were left out
+    /// (`"…:00Z"` > `"…:00.5Z"`).
+    #[test]
+    fn every_time_has_three_fraction_digits_so_strings_sort_as_instants() {
+        let times: Vec<i64> =
+            vec![1_764_590_400_000, 1_764_590_400_100, 1_764_590_400_120, 1_764_590_401_000];
+        let written: Vec<String> = times.iter().map(|&ms| Timestamp::from_unix_ms(ms).to_rfc3339()).collect();
+        assert_eq!(
+            written,
+            [
+                "2025-12-01T12:00:00.000Z",
+                "2025-12-01T12:00:00.100Z",
+                "2025-12-01T12:00:00.120Z",
+                "2025-12-01T12:00:01.000Z"
+            ]
+        );
+        let mut sorted = written.clone();
+        sorted.sort();
+        assert_eq!(sorted, written);
+        assert_eq!(
+            Timestamp::parse("2025-12-01T12:00:00.1234567Z"),
+            Some(Timestamp::from_unix_ms(1_764_590_400_123))
+        );
     }
 
     #[test]
