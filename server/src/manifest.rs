@@ -28,6 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use levee_agent::policy::recover::{self, PathPart};
 use levee_agent::policy::{FieldError, Flag, Policy, ServiceConfig, ValidationErrors, check_name};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -183,7 +184,8 @@ thread_local! {
     /// error type keeps only a message and a location, so the path (from
     /// serde_path_to_error) travels beside it; decoding is synchronous, so the failing
     /// call and `parse` run on the same thread.
-    static FAILED_AT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    static FAILED_AT: std::cell::RefCell<Option<(String, Option<Vec<PathPart>>)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// One document: a service, or a sequence of services.
@@ -195,7 +197,8 @@ fn decode_one<'de, D: Deserializer<'de>>(d: D, index: Option<usize>) -> Result<S
         if let Some(i) = index {
             path = if path == "." || path.is_empty() { format!("[{i}]") } else { format!("[{i}].{path}") };
         }
-        FAILED_AT.with(|f| *f.borrow_mut() = Some(path));
+        let parts = recover::path_parts(e.path());
+        FAILED_AT.with(|f| *f.borrow_mut() = Some((path, parts)));
         e.into_inner()
     })
 }
@@ -242,11 +245,12 @@ fn yaml_options() -> serde_saphyr::Options {
 /// service, unknown fields, out-of-range values and the same `environment/service` twice.
 ///
 /// # Errors
-/// [`ManifestError`] listing every problem: one decoding problem (decoding stops there),
-/// or every invalid field of every document.
+/// [`ManifestError`] listing every problem: every invalid field of every document, and
+/// when a field cannot be decoded, that one (with its line and column) and every other
+/// problem found by skipping it ([`recover::decode_all`]).
 pub fn parse(file: &str, text: &str) -> Result<Vec<ServiceManifest>, ManifestError> {
     let docs: Vec<Document> = serde_saphyr::from_multiple_with_options(text, yaml_options())
-        .map_err(|e| decode_error(file, text, &e))?;
+        .map_err(|e| with_the_rest(text, decode_error(file, text, &e)))?;
     let manifests: Vec<ServiceManifest> = docs.into_iter().flat_map(|d| d.0).collect();
     if manifests.is_empty() {
         return Err(ManifestError::one(
@@ -297,15 +301,67 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<ServiceManifest>, ManifestErr
 /// decoder's message, and the location; the document number is counted from the `---`
 /// lines before the error.
 fn decode_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ManifestError {
-    let path = FAILED_AT.with(|f| f.borrow_mut().take()).unwrap_or_else(|| ".".to_string());
+    let (path, parts) = FAILED_AT.with(|f| f.borrow_mut().take()).unwrap_or_else(|| (".".to_string(), None));
     let rendered = e.without_snippet().to_string();
     let (line, column) = match e.location() {
         Some(l) if l.line() > 0 => (Some(l.line()), Some(l.column())),
         _ => (None, None),
     };
     let message = strip_location(&rendered);
+    let message = match parts {
+        Some(p) => recover::explain(&p, &message),
+        None => message,
+    };
     let document = line.map_or(1, |l| document_at_line(text, l));
     ManifestError::one(file, Problem { document, service: None, path, message, line, column })
+}
+
+/// Adds to the one decoding problem `first` every other problem of the file: each
+/// document (each item of a sequence document) is read as plain data, decoded with its
+/// bad fields skipped one by one, and what remains is validated. The problem `first`
+/// names keeps its place and its line and column. When the file cannot be read as plain
+/// data (bad YAML syntax), `first` is all there is.
+fn with_the_rest(text: &str, mut first: ManifestError) -> ManifestError {
+    let Ok(docs) = serde_saphyr::from_multiple_with_options::<serde_json::Value>(text, yaml_options()) else {
+        return first;
+    };
+    let items = docs.into_iter().flat_map(|d| match d {
+        serde_json::Value::Array(items) => items,
+        other => vec![other],
+    });
+    let mut rest = Vec::new();
+    for (i, doc) in items.enumerate() {
+        let name = |k: &str| doc.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        let service = name("environment").zip(name("service")).map(|(e, s)| format!("{e}/{s}"));
+        let (decoded, mut errors) = recover::decode_all::<ServiceManifest>(doc);
+        if let Some(m) = decoded
+            && let Err(e) = m.validate()
+        {
+            errors.extend(e.0);
+        }
+        rest.extend(errors.into_iter().map(|e| Problem {
+            document: i + 1,
+            service: service.clone(),
+            path: e.path,
+            message: if e.value.is_empty() { e.message } else { format!("{} (got {})", e.message, e.value) },
+            line: None,
+            column: None,
+        }));
+    }
+    let head = &mut first.problems[0];
+    let same = |p: &Problem| {
+        p.document == head.document && (p.path == head.path || head.path.ends_with(&format!("].{}", p.path)))
+    };
+    if let Some(i) = rest.iter().position(same) {
+        // The same problem, decoded from plain data: its message is serde's usual one
+        // (the YAML decoder says "invalid u32" where it says which value and type), with
+        // the value; the place stays the YAML decoder's.
+        let found = rest.remove(i);
+        head.service = head.service.take().or(found.service);
+        head.message = found.message;
+    }
+    first.problems.extend(rest);
+    first
 }
 
 /// Removes the location the decoder appends or prepends; it is reported separately.

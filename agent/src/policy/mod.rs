@@ -10,6 +10,7 @@ pub mod defaults;
 pub mod duration;
 mod lint;
 mod model;
+pub mod recover;
 mod timestamp;
 mod validate;
 
@@ -33,8 +34,14 @@ pub enum PolicyError {
     Malformed {
         /// JSON path of the bad field (`.` for the document itself).
         path: String,
-        /// What the decoder expected.
+        /// What the decoder expected, and the allowed range when `validate()` states one.
         message: String,
+        /// The bad value as written (JSON), when the decoder got that far; else empty.
+        value: String,
+        /// The other problems of the same document, found by skipping each bad field
+        /// ([`recover::decode_all`]) and validating what remains: other fields of the
+        /// wrong type, unknown fields, out-of-range values.
+        also: Vec<FieldError>,
     },
     /// Well-formed, but fields are out of range.
     #[error("{0}")]
@@ -45,24 +52,51 @@ impl PolicyError {
     /// Every bad field as [`FieldError`]s (one for a malformed document).
     pub fn field_errors(&self) -> Vec<FieldError> {
         match self {
-            PolicyError::Malformed { path, message } => {
-                vec![FieldError { path: path.clone(), value: String::new(), message: message.clone() }]
+            PolicyError::Malformed { path, message, value, also } => {
+                let first = FieldError { path: path.clone(), value: value.clone(), message: message.clone() };
+                std::iter::once(first).chain(also.iter().cloned()).collect()
             }
             PolicyError::Invalid(v) => v.0.clone(),
         }
     }
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PolicyError> {
+/// Checks of a decoded document that [`decode`] runs on what remains after skipping bad
+/// fields, so one malformed field does not hide the out-of-range ones.
+type Validate<T> = fn(&T) -> Result<(), ValidationErrors>;
+
+fn decode<T: DeserializeOwned>(bytes: &[u8], validate: Option<Validate<T>>) -> Result<T, PolicyError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = match e.path().to_string() {
             p if p == "?" || p.is_empty() => ".".to_string(),
             p => p,
         };
-        let inner = e.into_inner();
+        let parts = recover::path_parts(e.path());
+        let inner = e.into_inner().to_string();
         // serde_json appends " at line L column C"; keep it, it helps people find the spot.
-        PolicyError::Malformed { path, message: inner.to_string() }
+        let message = match &parts {
+            Some(p) => recover::explain(p, &inner),
+            None => inner,
+        };
+        let mut also = Vec::new();
+        let mut value = String::new();
+        if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            let (rest, problems) = recover::decode_all::<T>(doc);
+            for p in problems {
+                if p.path == path && value.is_empty() {
+                    value = p.value;
+                } else {
+                    also.push(p);
+                }
+            }
+            if let (Some(rest), Some(validate)) = (rest, validate)
+                && let Err(errors) = validate(&rest)
+            {
+                also.extend(errors.0);
+            }
+        }
+        PolicyError::Malformed { path, message, value, also }
     })
 }
 
@@ -95,15 +129,24 @@ fn check_objects(
         (Value::Array(_), Value::Object(_)) => Err(PolicyError::Malformed {
             path: if path.is_empty() { ".".into() } else { path.to_string() },
             message: "expected an object, found an array".into(),
+            value: String::new(),
+            also: Vec::new(),
         }),
         _ => Ok(()),
     }
 }
 
-fn decode_strict<T: DeserializeOwned + serde::Serialize>(bytes: &[u8]) -> Result<T, PolicyError> {
-    let value: T = decode(bytes)?;
-    let input: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|e| PolicyError::Malformed { path: ".".into(), message: e.to_string() })?;
+fn decode_strict<T: DeserializeOwned + serde::Serialize>(
+    bytes: &[u8],
+    validate: Validate<T>,
+) -> Result<T, PolicyError> {
+    let value: T = decode(bytes, Some(validate))?;
+    let input: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| PolicyError::Malformed {
+        path: ".".into(),
+        message: e.to_string(),
+        value: String::new(),
+        also: Vec::new(),
+    })?;
     let output = serde_json::to_value(&value).expect("the policy model always serializes");
     check_objects(&input, &output, "")?;
     Ok(value)
@@ -116,9 +159,14 @@ fn decode_strict<T: DeserializeOwned + serde::Serialize>(bytes: &[u8]) -> Result
 /// [`PolicyError::Invalid`] listing every out-of-range field.
 pub fn decode_config(bytes: &[u8]) -> Result<ServiceConfig, PolicyError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(PolicyError::Malformed { path: ".".into(), message: "empty body".into() });
+        return Err(PolicyError::Malformed {
+            path: ".".into(),
+            message: "empty body".into(),
+            value: String::new(),
+            also: Vec::new(),
+        });
     }
-    let cfg: ServiceConfig = decode_strict(bytes)?;
+    let cfg: ServiceConfig = decode_strict(bytes, ServiceConfig::validate)?;
     cfg.validate()?;
     Ok(cfg)
 }
@@ -128,7 +176,7 @@ pub fn decode_config(bytes: &[u8]) -> Result<ServiceConfig, PolicyError> {
 /// # Errors
 /// As [`decode_config`].
 pub fn decode_policy(bytes: &[u8]) -> Result<Policy, PolicyError> {
-    let p: Policy = decode_strict(bytes)?;
+    let p: Policy = decode_strict(bytes, Policy::validate)?;
     p.validate()?;
     Ok(p)
 }
@@ -140,8 +188,13 @@ pub fn decode_policy(bytes: &[u8]) -> Result<Policy, PolicyError> {
 /// [`PolicyError::Malformed`].
 pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, PolicyError> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => decode(bytes),
-        _ => Err(PolicyError::Malformed { path: ".".into(), message: "expected a JSON object".into() }),
+        Some(b'{') => decode(bytes, None),
+        _ => Err(PolicyError::Malformed {
+            path: ".".into(),
+            message: "expected a JSON object".into(),
+            value: String::new(),
+            also: Vec::new(),
+        }),
     }
 }
 

@@ -54,7 +54,7 @@ fn durations_take_units_and_dependency_defaults_fill_in() {
 fn unknown_field_is_rejected_with_its_path() {
     let err = check(r#"{"policy":{"dependencies":{"pricing":{"retry":{"max_attempt":2}}}}}"#).unwrap_err();
     match err {
-        PolicyError::Malformed { path, message } => {
+        PolicyError::Malformed { path, message, .. } => {
             assert_eq!(path, "policy.dependencies.pricing.retry.max_attempt");
             assert!(message.contains("max_attempt"), "{message}");
         }
@@ -411,4 +411,52 @@ fn levers_replace_only_the_policy_values_they_set() {
     assert_eq!((got.shed_sheddable_percent, got.retries_paused), (10.0, false));
     assert_eq!((got.limit.algorithm, got.limit.initial_limit), (LimitAlgorithm::Fixed, 7));
     assert_eq!(got.limit.max_limit, inbound.limit.max_limit);
+}
+
+/// A value of the wrong type names the allowed range that `validate()` states for the
+/// field, and the other bad fields of the document are reported with it.
+#[test]
+fn wrong_type_names_the_range_and_does_not_hide_other_problems() {
+    let err = check(
+        r#"{"policy":{"dependencies":{"pricing":{
+            "retry":{"max_attempts":-1},
+            "bulkhead":{"max_concurrent":2.5},
+            "circuit_breaker":{"failure_rate_threshold":0},
+            "attempt_timeout":"fast"}}}}"#,
+    )
+    .unwrap_err();
+    let PolicyError::Malformed { path, message, .. } = &err else { panic!("{err:?}") };
+    assert_eq!(path, "policy.dependencies.pricing.retry.max_attempts");
+    assert!(
+        message.starts_with("invalid value: integer `-1`, expected a whole number; must be between 1 and 10"),
+        "{message}"
+    );
+    let all = err.field_errors();
+    let by_path = |p: &str| {
+        all.iter()
+            .find(|e| e.path == format!("policy.dependencies.pricing.{p}"))
+            .unwrap_or_else(|| panic!("{p} missing in {all:?}"))
+    };
+    assert!(
+        by_path("bulkhead.max_concurrent").message.contains("expected a whole number; must be between 1 and"),
+        "{all:?}"
+    );
+    assert_eq!(by_path("bulkhead.max_concurrent").value, "2.5");
+    assert!(by_path("attempt_timeout").message.contains("\"250ms\""), "{all:?}");
+    assert_eq!(by_path("circuit_breaker.failure_rate_threshold").message, "must be a ratio, 0 < x <= 1");
+    assert!(by_path("attempt_timeout").message.ends_with("must be between 1ms and 5m"), "{all:?}");
+    assert_eq!(all.len(), 4, "{all:?}");
+}
+
+/// Without a range from `validate()`, the type's own range is named; paths through flag
+/// keys that contain dots and through sequences are followed.
+#[test]
+fn wrong_type_without_a_stated_range_names_the_type_range() {
+    let m =
+        recover::explain(&[recover::PathPart::Key("x".into())], "invalid value: integer `-1`, expected u32");
+    assert_eq!(m, "invalid value: integer `-1`, expected a whole number from 0 to 4294967295");
+    let err = check(r#"{"flags":{"pricing.enabled":{"type":"bool","value":true,"rollout":{"percent":"x"}}},"faults":[{"x":1}]}"#)
+        .unwrap_err();
+    let all = err.field_errors();
+    assert!(all.iter().any(|e| e.path.starts_with("flags.pricing.enabled")), "{all:?}");
 }

@@ -83,7 +83,7 @@ pub(crate) fn judge(shared: &Shared, snap: &Snapshot, now: Instant, wall_now: Ti
             now,
             wall_now,
         )),
-        Err(policy::PolicyError::Malformed { path, message }) => {
+        Err(policy::PolicyError::Malformed { path, message, .. }) => {
             Verdict::Reject(format!("body is not a valid configuration: at {path}: {message}"))
         }
         Err(policy::PolicyError::Invalid(errors)) => {

@@ -139,7 +139,15 @@ impl ApiError {
         match err {
             PolicyError::Malformed { .. } => {
                 let errors = err.field_errors();
-                ApiError::BadRequest { detail: format!("malformed request body: {}", errors[0]), errors }
+                let more = match errors.len() {
+                    1 => String::new(),
+                    2 => " (and 1 more problem, listed in errors)".to_string(),
+                    n => format!(" (and {} more problems, listed in errors)", n - 1),
+                };
+                ApiError::BadRequest {
+                    detail: format!("malformed request body: {}{more}", errors[0]),
+                    errors,
+                }
             }
             PolicyError::Invalid(v) => ApiError::invalid(v),
         }

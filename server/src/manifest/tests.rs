@@ -90,7 +90,10 @@ fn unknown_fields_are_refused_with_their_path_line_and_document() {
     assert_eq!(p.line, Some(10));
     let err = parse("svc.yaml", &text).unwrap_err().to_string();
     assert!(err.starts_with("svc.yaml:10:"), "{err}");
-    assert!(err.contains("document 1: policy.dependencies.pricing.timeout: unknown field"), "{err}");
+    assert!(
+        err.contains("document 1 (prod/checkout): policy.dependencies.pricing.timeout: unknown field"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -195,4 +198,54 @@ fn a_long_description_is_refused() {
     m.description = "ok".into();
     m.policy.dependencies.insert("db".into(), DependencyPolicy::default());
     m.validate().unwrap();
+}
+
+/// GitOps trial: `max_attempts: -1` said "invalid u32" with no range, and hid the
+/// out-of-range fields of the same file. Now the first problem keeps its line and column
+/// and names the range; every other problem of every document follows.
+#[test]
+fn a_wrong_type_names_the_range_and_every_other_problem_follows() {
+    let text = "\
+api_version: levee/v1
+environment: prod
+service: checkout
+policy:
+  dependencies:
+    pricing:
+      retry: { max_attempts: -1 }
+      bulkhead: { max_concurrent: 2.5 }
+      circuit_breaker: { minimum_calls: 0 }
+---
+api_version: levee/v1
+environment: prod
+service: search
+policy:
+  default_deadline: 0s
+  colour: blue
+";
+    let err = parse("svc.yaml", text).unwrap_err();
+    let first = &err.problems[0];
+    assert_eq!(first.path, "policy.dependencies.pricing.retry.max_attempts");
+    assert_eq!((first.document, first.line), (1, Some(7)));
+    assert_eq!(first.service.as_deref(), Some("prod/checkout"));
+    assert!(first.message.contains("expected a whole number; must be between 1 and 10"), "{err}");
+    let rest: Vec<(usize, &str)> = err.problems[1..].iter().map(|p| (p.document, p.path.as_str())).collect();
+    assert_eq!(
+        rest,
+        [
+            (1, "policy.dependencies.pricing.bulkhead.max_concurrent"),
+            (1, "policy.dependencies.pricing.circuit_breaker.minimum_calls"),
+            (2, "policy.colour"),
+            (2, "policy.default_deadline"),
+            // A consequence of the one above, stated as such.
+            (2, "policy.reserve"),
+        ],
+        "{err}"
+    );
+    assert!(err.problems[1].message.contains("must be between 1 and"), "{err}");
+    assert!(err.problems[1].message.ends_with("(got 2.5)"), "{err}");
+    assert_eq!(err.problems[3].service.as_deref(), Some("prod/search"));
+    // The text a user reads names the file, the line and the range.
+    let shown = err.to_string();
+    assert!(shown.starts_with("svc.yaml:7:"), "{shown}");
 }

@@ -192,3 +192,46 @@ async fn hostile_inputs_never_yield_5xx(app) {
     }
 }
 }
+
+/// A value of the wrong type names the allowed range, and the other fields of the body
+/// that cannot be decoded are listed with it (each is skipped in turn).
+#[tokio::test]
+async fn a_wrong_type_names_the_range_and_the_other_bad_fields() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, h, b) = app
+        .call_as(
+            &app.token,
+            Method::PUT,
+            "/api/v1/environments/prod/services/checkout/policy",
+            Some(json!({"reason": "x", "policy": {"dependencies": {"p": {
+                "retry": {"max_attempts": -1}, "bulkhead": {"max_concurrent": 2.5}, "colour": "blue"}}}})),
+            &[("if-match", "*")],
+        )
+        .await;
+    assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
+    let errors = b["errors"].as_array().unwrap();
+    let paths: Vec<&str> = errors.iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        // In the order of the body's keys (json! sorts them).
+        [
+            "policy.dependencies.p.bulkhead.max_concurrent",
+            "policy.dependencies.p.colour",
+            "policy.dependencies.p.retry.max_attempts"
+        ],
+        "{b}"
+    );
+    assert!(
+        errors[0]["message"].as_str().unwrap().contains("expected a whole number; must be between 1 and"),
+        "{b}"
+    );
+    assert_eq!(errors[0]["value"], json!("2.5"), "{b}");
+    assert_eq!(errors[1]["value"], json!("\"blue\""), "{b}");
+    assert!(
+        errors[2]["message"].as_str().unwrap().contains("expected a whole number; must be between 1 and 10"),
+        "{b}"
+    );
+    assert_eq!(errors[2]["value"], json!("-1"), "{b}");
+    assert!(b["detail"].as_str().unwrap().ends_with("(and 2 more problems, listed in errors)"), "{b}");
+}
