@@ -39,6 +39,13 @@ pub struct ApplyArgs {
     pub override_profile: Option<String>,
     #[command(flatten)]
     pub break_glass: super::BreakGlass,
+    /// text (the plan as people read it, writes reported line by line) or json: one JSON
+    /// document on stdout with the fields plan, dry_run and results: the
+    /// server's plan as `POST /api/v1/plan` answers it and one result per write
+    /// (`service`, `action`, and `revision` or `error`). Errors still go to stderr, and the
+    /// exit codes are the same.
+    #[arg(long, short, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
 }
 
 /// Where a manifest came from, for error messages.
@@ -188,17 +195,11 @@ fn locate(e: CliError, manifests: &[(ServiceManifest, Origin)]) -> CliError {
     CliError::Api { what, status, detail, errors, current_revision }
 }
 
-fn short(v: &Option<Value>) -> String {
+/// A value of the plan in full (compact JSON): a reviewer must see all of what changes.
+fn shown(v: &Option<Value>) -> String {
     match v {
         None => "(none)".into(),
-        Some(v) => {
-            let s = v.to_string();
-            if s.chars().count() > 120 {
-                format!("{}…", s.chars().take(119).collect::<String>())
-            } else {
-                s
-            }
-        }
+        Some(v) => v.to_string(),
     }
 }
 
@@ -222,9 +223,9 @@ fn render(plan: &Plan, prune: bool) -> String {
         let _ = writeln!(out, "{mark} {name:<width$}  {what}");
         for c in &e.changes {
             let _ = match c.op.as_str() {
-                "added" => writeln!(out, "    + {}: {}", c.path, short(&c.after)),
-                "removed" => writeln!(out, "    - {}: {}", c.path, short(&c.before)),
-                _ => writeln!(out, "    ~ {}: {} → {}", c.path, short(&c.before), short(&c.after)),
+                "added" => writeln!(out, "    + {}: {}", c.path, shown(&c.after)),
+                "removed" => writeln!(out, "    - {}: {}", c.path, shown(&c.before)),
+                _ => writeln!(out, "    ~ {}: {} → {}", c.path, shown(&c.before), shown(&c.after)),
             };
         }
         if let Some(p) = &e.profile {
@@ -276,18 +277,35 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
         "manifests": manifests.iter().map(|(m, _)| m).collect::<Vec<_>>(),
         "prune": a.prune,
     });
-    let plan: Plan =
+    let raw: Value =
         api.send(Method::POST, "/plan", Some(&body), None).await.map_err(|e| locate(e, &manifests))?;
-    print!("{}", render(&plan, a.prune));
+    let plan: Plan = serde_json::from_value(raw.clone())
+        .map_err(|e| CliError::Usage(format!("the server's plan is not what this levee reads: {e}")))?;
+    let json = a.output == "json";
+    let mut results: Vec<Value> = Vec::new();
+    let finish = |results: Vec<Value>, code: ExitCode| {
+        if json {
+            let doc = json!({"plan": raw, "dry_run": a.dry_run, "results": results});
+            println!("{}", serde_json::to_string_pretty(&doc).expect("JSON values serialize"));
+        }
+        Ok(code)
+    };
+    if !json {
+        print!("{}", render(&plan, a.prune));
+    }
     let pending: Vec<&Entry> =
         plan.services.iter().filter(|e| matches!(e.action.as_str(), "create" | "change" | "prune")).collect();
     if pending.is_empty() {
-        println!("Nothing to do.");
-        return Ok(ExitCode::SUCCESS);
+        if !json {
+            println!("Nothing to do.");
+        }
+        return finish(results, ExitCode::SUCCESS);
     }
     if a.dry_run {
-        println!("Dry run: nothing written.");
-        return Ok(ExitCode::from(EXIT_CHANGES));
+        if !json {
+            println!("Dry run: nothing written.");
+        }
+        return finish(results, ExitCode::from(EXIT_CHANGES));
     }
     let by_key: BTreeMap<String, &ServiceManifest> = manifests.iter().map(|(m, _)| (m.key(), m)).collect();
     let mut failed = 0;
@@ -298,8 +316,8 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
             (Some(p), Some(why)) => format!("{} (overrides emergency profile {}: {why})", a.reason, p.name),
             (Some(p), None) => {
                 failed += 1;
-                eprintln!(
-                    "error: {key}: not applied: it would undo {} set by the active emergency profile {} \
+                let message = format!(
+                    "{key}: not applied: it would undo {} set by the active emergency profile {} \
                      (until {}); revert the profile first (levee profile revert {} --reason …), or \
                      pass --override-profile REASON to write it anyway",
                     p.undoes.join(", "),
@@ -307,22 +325,30 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
                     p.expires_at,
                     e.environment
                 );
+                eprintln!("error: {message}");
+                results.push(json!({"service": key, "action": e.action, "error": message}));
                 continue;
             }
         };
         match write(&api, e, by_key.get(&key).copied(), &reason).await {
-            Ok(done) => println!("{key}: {done}"),
+            Ok((done, revision)) => {
+                if !json {
+                    println!("{key}: {done}");
+                }
+                results.push(json!({"service": key, "action": e.action, "revision": revision}));
+            }
             Err(err) => {
                 failed += 1;
                 super::report(&err);
+                results.push(json!({"service": key, "action": e.action, "error": err.to_string()}));
             }
         }
     }
     if failed > 0 {
         eprintln!("{failed} service{} not applied; the others were", if failed == 1 { "" } else { "s" });
-        return Ok(ExitCode::FAILURE);
+        return finish(results, ExitCode::FAILURE);
     }
-    Ok(ExitCode::SUCCESS)
+    finish(results, ExitCode::SUCCESS)
 }
 
 #[derive(Deserialize)]
@@ -330,8 +356,14 @@ struct Written {
     revision: u64,
 }
 
-/// Writes one entry of the plan, based on the revision the plan saw.
-async fn write(api: &Api, e: &Entry, m: Option<&ServiceManifest>, reason: &str) -> Result<String, CliError> {
+/// Writes one entry of the plan, based on the revision the plan saw: what was done, and
+/// the service's new revision (none for a prune).
+async fn write(
+    api: &Api,
+    e: &Entry,
+    m: Option<&ServiceManifest>,
+    reason: &str,
+) -> Result<(String, Option<u64>), CliError> {
     let path = service_path(&e.environment, &e.service);
     let missing = || {
         CliError::Usage(format!("the plan names {}/{}, which no manifest holds", e.environment, e.service))
@@ -349,7 +381,7 @@ async fn write(api: &Api, e: &Entry, m: Option<&ServiceManifest>, reason: &str) 
                     None,
                 )
                 .await?;
-            Ok(format!("created (revision {})", w.revision))
+            Ok((format!("created (revision {})", w.revision), Some(w.revision)))
         }
         "change" => {
             let m = m.ok_or_else(missing)?;
@@ -357,7 +389,7 @@ async fn write(api: &Api, e: &Entry, m: Option<&ServiceManifest>, reason: &str) 
                 json!({"description": m.description, "policy": m.policy, "flags": m.flags, "reason": reason});
             let w: Written =
                 api.send(Method::PUT, &path, Some(&body), e.revision).await.map_err(conflict_hint)?;
-            Ok(format!("changed (revision {})", w.revision))
+            Ok((format!("changed (revision {})", w.revision), Some(w.revision)))
         }
         _ => {
             let reason: String = form_urlencoded::byte_serialize(reason.as_bytes()).collect();
@@ -365,7 +397,7 @@ async fn write(api: &Api, e: &Entry, m: Option<&ServiceManifest>, reason: &str) 
                 .send(Method::DELETE, &format!("{path}?reason={reason}"), None, e.revision)
                 .await
                 .map_err(conflict_hint)?;
-            Ok("pruned".to_string())
+            Ok(("pruned".to_string(), None))
         }
     }
 }

@@ -222,6 +222,31 @@ async fn errors_name_the_file_the_yaml_path_and_the_allowed_range() {
     let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.stderr.contains("bad.yaml:12:") && r.stderr.contains(r#""250ms", "1.5s""#), "{r:?}");
+    // A wrong type (GitOps trial: "invalid u32") names the range, and the other bad
+    // fields of the file are listed with it.
+    std::fs::write(
+        &bad,
+        TWO_SERVICES.replace("max_attempts: 3", "max_attempts: -1").replace(
+            "attempt_timeout: 100ms, retry: { max_attempts: 2 }",
+            "attempt_timeout: 100ms, retry: { max_attempts: 20 }",
+        ),
+    )
+    .unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains(
+            "bad.yaml:9:30: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts: invalid \
+             value: integer `-1`, expected a whole number; must be between 1 and 10 (got -1)"
+        ),
+        "{r:?}"
+    );
+    assert!(
+        r.stderr.contains(
+            "bad.yaml: document 2 (prod/pricing): policy.dependencies.db.retry.max_attempts: must be between 1 and 10 (got 20)"
+        ),
+        "{r:?}"
+    );
     // What only the server knows (the environment) is located in the file too.
     std::fs::write(
         &bad,
@@ -508,4 +533,55 @@ async fn apply_warns_of_an_active_profile_and_undoes_it_only_when_told() {
         audit[0]["reason"], "merge (overrides emergency profile recs-down: INC-7 fixed upstream)",
         "{audit}"
     );
+}
+
+/// GitOps trial: the plan cut values at 120 characters, and a CI job had no way to read it
+/// but scraping text. `-o json` prints one document: the server's plan, and what became of
+/// each write; the exit codes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_output_json_gives_the_whole_plan_and_the_results() {
+    let app = TestApp::spawn().await;
+    seed_env(&app, "prod").await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = tempfile::tempdir().unwrap();
+    let file = repo.path().join("svc.yaml");
+    std::fs::write(&file, TWO_SERVICES).unwrap();
+    let file = file.to_str().unwrap();
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["apply", "-f", file, "--reason", "bootstrap", "-o", "json", "--dry-run"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{r:?}");
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+    assert_eq!(doc["dry_run"], json!(true));
+    assert_eq!(doc["results"], json!([]));
+    let actions: Vec<&str> =
+        doc["plan"]["services"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["create", "create"]);
+
+    let r =
+        levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "bootstrap", "-o", "json"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+    assert_eq!(
+        doc["results"],
+        json!([
+            {"service": "prod/checkout", "action": "create", "revision": 1},
+            {"service": "prod/pricing", "action": "create", "revision": 1},
+        ])
+    );
+
+    // A long value (a whole new dependency) is shown in full in the text plan.
+    let long_description = "x".repeat(300);
+    std::fs::write(
+        repo.path().join("svc.yaml"),
+        TWO_SERVICES.replace("description: Takes orders", &format!("description: {long_description}")),
+    )
+    .unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "long", "--dry-run"]).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stdout.contains(&format!("~ description: \"Takes orders\" → \"{long_description}\"")), "{r:?}");
 }
