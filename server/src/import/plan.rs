@@ -66,6 +66,18 @@ pub fn dep_path(dep: &str, field: &str) -> String {
     format!("policy.dependencies.{dep}.{field}")
 }
 
+/// Settings that bound or change every call of a dependency whether or not the source
+/// has an equivalent: (group, the field that shows the default). When an import sets
+/// nothing of a group for a dependency it created, the report says which of Levee's
+/// defaults is in force (a bulkhead of 25 where the source bounded nothing is a change
+/// of behaviour the team must see).
+const DEFAULTED: &[(&str, &str)] = &[
+    ("attempt_timeout", "attempt_timeout"),
+    ("retry", "retry.max_attempts"),
+    ("circuit_breaker", "circuit_breaker.failure_rate_threshold"),
+    ("bulkhead", "bulkhead.max_concurrent"),
+];
+
 /// The dependency named `dep`, created with the agent's defaults if absent.
 pub fn dep_mut<'a>(c: &'a mut ServiceConfig, dep: &str) -> &'a mut DependencyPolicy {
     c.policy.dependencies.entry(dep.to_string()).or_default()
@@ -342,6 +354,31 @@ impl Plan {
             match &a.drop_reason {
                 None => notes.push(format!("{} = {}: {why}", a.path, a.value)),
                 Some(r) => notes.push(format!("not applied ({why}): {r}")),
+            }
+        }
+        for (dep, policy) in &cfg.policy.dependencies {
+            let value = serde_json::to_value(policy).unwrap_or_default();
+            let set = |group: &str| {
+                let prefix = dep_path(dep, group);
+                self.assignments
+                    .iter()
+                    .any(|a| a.active && (a.path == prefix || a.path.starts_with(&format!("{prefix}."))))
+            };
+            let defaults: Vec<String> = DEFAULTED
+                .iter()
+                .filter(|(group, _)| !set(group))
+                .map(|(_, field)| {
+                    let v = field.split('.').try_fold(&value, |v, k| v.get(k)).cloned().unwrap_or_default();
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                    format!("{field} = {v}")
+                })
+                .collect();
+            if !defaults.is_empty() {
+                notes.push(format!(
+                    "policy.dependencies.{dep}: the source sets no equivalent of {}; Levee's defaults are in \
+                     force (write them in the manifest to change them)",
+                    defaults.join(", ")
+                ));
             }
         }
         let mut settings = Vec::with_capacity(self.settings.len());

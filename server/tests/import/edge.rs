@@ -254,3 +254,24 @@ fn a_dependency_without_retry_in_the_source_keeps_the_sources_attempts() {
     assert_eq!(attempts(&i, "pay"), 1, "{}", i.report.render());
     assert!(noted(&i, "pay"), "{}", i.report.render());
 }
+
+/// Found by a GitOps trial: a dependency imported from a file with no concurrency limit
+/// got Levee's bulkhead of 25 without a word. Every call-bounding group the source does
+/// not set (attempt timeout, retry, breaker, bulkhead) is named with the default in force;
+/// a group the source sets is not.
+#[test]
+fn levee_defaults_the_source_does_not_set_are_named_in_the_notes() {
+    let i =
+        import_text(Source::Resilience4j, "resilience4j.circuitbreaker.instances.a.slidingWindowSize: 20\n");
+    let note = i
+        .report
+        .notes
+        .iter()
+        .find(|n| n.starts_with("policy.dependencies.a: the source sets no equivalent of "))
+        .unwrap_or_else(|| panic!("no defaults note in {:?}", i.report.notes));
+    let d = &i.manifest.policy.dependencies["a"];
+    assert!(note.contains(&format!("bulkhead.max_concurrent = {}", d.bulkhead.max_concurrent)), "{note}");
+    assert!(note.contains("attempt_timeout = "), "{note}");
+    assert!(!note.contains("circuit_breaker"), "the source sets the breaker: {note}");
+    assert!(i.report.render().contains(note.as_str()), "printed with the report");
+}
