@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(
             value(diff.before),
             serde_json::json!({"flags": {"gone": gone}, "breaker_overrides": {"pay": pay},
-                "levers": {"retries_paused": true, "expires_at": "1970-01-01T00:16:40Z", "reason": ""}})
+                "levers": {"retries_paused": true, "expires_at": "1970-01-01T00:16:40.000Z", "reason": ""}})
         );
         assert_eq!(
             value(diff.after),
