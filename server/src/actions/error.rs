@@ -3,7 +3,7 @@
 
 use levee_agent::policy::{FieldError, ValidationErrors};
 
-use super::Forbidden;
+use super::{Forbidden, ProfileUndo};
 use crate::db::MutateError;
 
 /// What an action refers to that does not exist.
@@ -114,9 +114,30 @@ pub enum ChangeError {
     /// Another emergency profile is active in the environment: revert it first.
     #[error("profile {active:?} is active in environment {env:?}: revert it before applying another")]
     ProfileActive { env: String, active: String },
+    /// A whole-service write or deletion would undo flags the emergency profile active in
+    /// the environment set, and was not told to override it.
+    #[error("{}", undo_message(.env, .undo))]
+    ProfileWouldUndo {
+        env: String,
+        /// The profile and the flag paths the write would undo.
+        undo: ProfileUndo,
+    },
     /// The database failed; the cause is for the log only.
     #[error("storage failed")]
     Storage(#[source] anyhow::Error),
+}
+
+/// What [`ChangeError::ProfileWouldUndo`] says: what, whose, until when, and how to proceed.
+fn undo_message(env: &str, u: &ProfileUndo) -> String {
+    format!(
+        "this write would undo {} set by emergency profile {} (applied by {}, active until {}) in environment \
+         {env:?}; revert the profile first (POST /api/v1/environments/{env}/active-profile/revert), or send \
+         override_profile with a reason to write anyway",
+        u.undoes.join(", "),
+        u.name,
+        u.applied_by,
+        levee_agent::policy::Timestamp::from_unix_ms(u.expires_at)
+    )
 }
 
 impl From<anyhow::Error> for ChangeError {

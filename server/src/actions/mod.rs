@@ -49,8 +49,8 @@ pub use faults::NewFaultRule;
 pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
 pub use overrides::NewOverride;
 pub use profiles::{
-    MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec,
-    activation_flags, activation_services,
+    MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec, ProfileUndo,
+    activation_services, profile_undo,
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};

@@ -203,10 +203,74 @@ pub fn activation_services(a: &ActivationRow) -> Vec<String> {
 
 /// The flags an application of a profile set, per service (what a whole-service write of
 /// flags would undo; breakers, faults and levers are not part of a manifest).
-pub fn activation_flags(a: &ActivationRow) -> BTreeMap<String, Vec<String>> {
+fn activation_flags(a: &ActivationRow) -> BTreeMap<String, Vec<String>> {
     serde_json::from_str::<BTreeMap<String, Saved>>(&a.saved)
         .map(|m| m.into_iter().map(|(svc, s)| (svc, s.flags.into_iter().map(|f| f.key).collect())).collect())
         .unwrap_or_default()
+}
+
+/// An active emergency profile that covers a service, and what of it a whole-service
+/// write would undo.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ProfileUndo {
+    /// The profile.
+    pub name: String,
+    /// Who applied it.
+    pub applied_by: String,
+    /// When it reverts by itself.
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: i64,
+    /// The flags it set in the service that the write would change or remove, as paths
+    /// (`flags.recommendations.enabled`); empty when the write leaves them alone.
+    pub undoes: Vec<String>,
+}
+
+/// What a whole-service write of `service` would undo of the profile applied by `a`: the
+/// flags `a` set there that the write changes — from `before` to `after` — or removes
+/// (`after` `None`: the service is deleted). `None` when the profile does not cover the
+/// service. The one statement of this rule: the plan reports it, and whole-service writes
+/// and deletions refuse on it ([`Actions::apply_service`], [`Actions::delete_service`]).
+/// Breakers, faults and levers are not part of what such a write declares.
+pub fn profile_undo(
+    a: &ActivationRow,
+    service: &str,
+    before: &BTreeMap<String, Flag>,
+    after: Option<&BTreeMap<String, Flag>>,
+) -> Option<ProfileUndo> {
+    let set = activation_flags(a).remove(service)?;
+    let undoes = set
+        .into_iter()
+        .filter(|k| after.is_none_or(|after| before.get(k) != after.get(k)))
+        .map(|k| format!("flags.{k}"))
+        .collect();
+    Some(ProfileUndo {
+        name: a.profile.clone(),
+        applied_by: a.applied_by.clone(),
+        expires_at: a.expires_at,
+        undoes,
+    })
+}
+
+/// The reason a write that undoes `undo` is recorded with when told to override it (`why`,
+/// `None`: not told to), or the refusal ([`ChangeError::ProfileWouldUndo`]). A write that
+/// undoes nothing keeps `reason`.
+pub(super) fn overriding(
+    undo: Option<ProfileUndo>,
+    env: &str,
+    reason: &Reason,
+    why: Option<&Reason>,
+) -> Result<Reason, ChangeError> {
+    match (undo.filter(|u| !u.undoes.is_empty()), why) {
+        (None, _) => Ok(reason.clone()),
+        (Some(u), Some(why)) => Ok(Reason::by_server(format!(
+            "{reason} (overrides emergency profile {}: {why})",
+            u.name,
+            reason = reason.as_str(),
+            why = why.as_str()
+        ))),
+        (Some(u), None) => Err(ChangeError::ProfileWouldUndo { env: env.to_string(), undo: u }),
+    }
 }
 
 /// Prefixes every error path of a service's configuration with `prefix.`; a lever's

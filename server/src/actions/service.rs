@@ -4,11 +4,12 @@ use std::collections::BTreeMap;
 
 use levee_agent::policy::{Flag, Policy, ServiceConfig, ValidationErrors, canonical_json};
 
+use super::profiles::overriding;
 use super::{
     Action, Actions, Actor, BadInput, ChangeError, CreateError, Existing, Missing, Name, Reason, ServiceAt,
-    Written,
+    Written, profile_undo,
 };
-use crate::db::{AuditDiff, Change, MutateError, Parts, Subject};
+use crate::db::{AuditDiff, AuditRow, Change, MutateError, Parts, Subject};
 
 /// A service to create: its first revision holds `policy` and `flags`.
 #[derive(Clone, Debug)]
@@ -165,6 +166,12 @@ impl Actions {
     /// overrides stay. A new description is stored beside it (no revision: agents do not
     /// receive it), audited as `service.apply` on target `description`.
     ///
+    /// When the emergency profile active in the environment covers the service and the
+    /// write would change or remove a flag it set ([`profile_undo`]), the write is refused
+    /// ([`ChangeError::ProfileWouldUndo`], audited as rejected) unless `override_profile`
+    /// says why; then it goes through, its reason recorded as `REASON (overrides emergency
+    /// profile NAME: WHY)`.
+    ///
     /// # Errors
     /// [`ChangeError`]; the paths of an invalid configuration start with `policy.` or
     /// `flags.`.
@@ -174,6 +181,7 @@ impl Actions {
         reason: &Reason,
         at: &ServiceAt,
         declared: Declared,
+        override_profile: Option<&Reason>,
     ) -> Result<Written, ChangeError> {
         by.may(Action::ServiceApply)?;
         self.gate(by, &at.env, "policy", &format!("service {}", at.service)).await?;
@@ -183,9 +191,25 @@ impl Actions {
             ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
         })?;
         let flags_gate = self.gate_flags(by, at, &flags, &format!("flags of service {}", at.service)).await?;
+        let active = self.store.active_profile(&at.env).await?;
+        let undo = |stored: &BTreeMap<String, Flag>, flags: &BTreeMap<String, Flag>| {
+            active.as_ref().and_then(|a| profile_undo(a, &at.service, stored, Some(flags)))
+        };
+        // Told to override: the reason says so when the write undoes something (checked
+        // against the configuration as stored now; the write itself is based on `at.base`).
+        let reason = match override_profile {
+            Some(why) if active.is_some() => {
+                let stored = self.stored_flags(at).await?;
+                overriding(undo(&stored, &flags), &at.env, reason, Some(why))?
+            }
+            _ => reason.clone(),
+        };
         let mut written = self
-            .write(by, reason, Action::ServiceApply, at, "policy and flags", Subject::Declared, move |p| {
+            .write(by, &reason, Action::ServiceApply, at, "policy and flags", Subject::Declared, |p| {
                 flags_gate.check(&p.flags, &flags)?;
+                if override_profile.is_none() {
+                    overriding(undo(&p.flags, &flags), &at.env, &reason, None)?;
+                }
                 let old = p.clone();
                 p.policy = policy;
                 p.flags = flags;
@@ -193,7 +217,7 @@ impl Actions {
             })
             .await?;
         if current.description != description {
-            let mut audit = super::audit_row(by, reason, Action::ServiceApply, "description".to_string());
+            let mut audit = super::audit_row(by, &reason, Action::ServiceApply, "description".to_string());
             audit.environment = Some(at.env.clone());
             audit.service = Some(at.service.clone());
             audit.before = serde_json::to_string(&current.description).ok();
@@ -215,6 +239,10 @@ impl Actions {
     /// number, and a service created again under the name continues its revisions; agents
     /// keep the configuration they have.
     ///
+    /// Deleting a service the active emergency profile set flags in undoes them all: refused
+    /// ([`ChangeError::ProfileWouldUndo`], audited as rejected) unless `override_profile`
+    /// says why, as for [`Actions::apply_service`].
+    ///
     /// # Errors
     /// [`ChangeError`]: no such service, or a conflict with `at.base`.
     pub async fn delete_service(
@@ -222,13 +250,33 @@ impl Actions {
         by: &Actor,
         reason: &Reason,
         at: &ServiceAt,
+        override_profile: Option<&Reason>,
     ) -> Result<(), ChangeError> {
         by.may(Action::ServiceDelete)?;
         let last = self.store.latest_snapshot(&at.env, &at.service).await?;
         let mut audit = super::audit_row(by, reason, Action::ServiceDelete, at.service.clone());
         audit.environment = Some(at.env.clone());
         audit.service = Some(at.service.clone());
-        audit.before = last.map(|s| s.body);
+        audit.before = last.as_ref().map(|s| s.body.clone());
+        if let (Some(active), Some(last)) = (self.store.active_profile(&at.env).await?, &last) {
+            let cfg: ServiceConfig =
+                serde_json::from_str(&last.body).map_err(|e| ChangeError::Storage(e.into()))?;
+            let undo = profile_undo(&active, &at.service, &cfg.flags, None);
+            match overriding(undo, &at.env, reason, override_profile) {
+                Ok(r) => audit.reason = r.as_str().to_string(),
+                Err(e) => {
+                    // Refused: audited like a refused write, the service unchanged.
+                    let refused = AuditRow {
+                        outcome: "rejected".into(),
+                        after: audit.before.clone(),
+                        detail: Some(e.to_string()),
+                        ..audit
+                    };
+                    self.store.append_audit(&refused).await?;
+                    return Err(e);
+                }
+            }
+        }
         self.store.delete_service(&at.env, &at.service, at.base, &audit).await.map_err(|e| match e {
             MutateError::NoService { env, service } => {
                 ChangeError::NotFound(Missing::Service { env, service })
@@ -239,6 +287,16 @@ impl Actions {
                 ChangeError::Storage(anyhow::anyhow!("deleting a service: {e}"))
             }
         })
+    }
+
+    /// The flags of `at`'s service as stored now.
+    async fn stored_flags(&self, at: &ServiceAt) -> Result<BTreeMap<String, Flag>, ChangeError> {
+        let snap = self.store.latest_snapshot(&at.env, &at.service).await?.ok_or_else(|| {
+            ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
+        })?;
+        let cfg: ServiceConfig =
+            serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+        Ok(cfg.flags)
     }
 
     /// Makes the content of revision `to` of `at`'s service current again, as a new

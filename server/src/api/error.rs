@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use levee_agent::policy::{FieldError, PolicyError, ValidationErrors};
 use serde::Serialize;
 
-use crate::actions::{BadInput, ChangeError, CreateError, Forbidden, ReasonError, TokenError};
+use crate::actions::{BadInput, ChangeError, CreateError, Forbidden, ProfileUndo, ReasonError, TokenError};
 use crate::auth::LoginError;
 
 /// Media type of every error body.
@@ -54,6 +54,15 @@ pub enum ApiError {
     /// 409: the resource already exists.
     #[error("{0}")]
     AlreadyExists(String),
+    /// 409: a whole-service write or deletion would undo what the active emergency profile
+    /// set; carries the profile and the flag paths.
+    #[error("{detail}")]
+    ProfileWouldUndo {
+        /// What, whose, until when, and how to proceed.
+        detail: String,
+        /// The profile and what the write would undo.
+        undo: ProfileUndo,
+    },
     /// 413: body larger than the limit.
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge {
@@ -160,7 +169,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict { .. } | ApiError::AlreadyExists(_) => StatusCode::CONFLICT,
+            ApiError::Conflict { .. } | ApiError::AlreadyExists(_) | ApiError::ProfileWouldUndo { .. } => {
+                StatusCode::CONFLICT
+            }
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
@@ -180,6 +191,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not-found",
             ApiError::Conflict { .. } => "revision-conflict",
             ApiError::AlreadyExists(_) => "already-exists",
+            ApiError::ProfileWouldUndo { .. } => "profile-would-undo",
             ApiError::TooLarge { .. } => "body-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::PreconditionRequired(_) => "precondition-required",
@@ -231,6 +243,10 @@ impl From<ChangeError> for ApiError {
             ChangeError::InvalidField(f) => ApiError::invalid_field(f),
             e @ ChangeError::FaultsNotAllowed { .. } => ApiError::Forbidden(e.to_string()),
             e @ ChangeError::ProfileActive { .. } => ApiError::AlreadyExists(e.to_string()),
+            ChangeError::ProfileWouldUndo { env, undo } => {
+                let detail = ChangeError::ProfileWouldUndo { env, undo: undo.clone() }.to_string();
+                ApiError::ProfileWouldUndo { detail, undo }
+            }
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
             | ChangeError::SelfApproval { .. }) => ApiError::Forbidden(e.to_string()),
@@ -293,6 +309,12 @@ pub struct Problem {
     /// On a revision conflict: the current revision (send it as `If-Match` after re-reading).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_revision: Option<u64>,
+    /// On a write refused because it would undo what the active emergency profile set
+    /// (`profile-would-undo`): the profile (name, who applied it, until when) and the flag
+    /// paths the write would undo. Revert the profile, or send `override_profile` with a
+    /// reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileUndo>,
 }
 
 /// An internal error's cause for the log: its whole chain, each cause once (anyhow's
@@ -325,6 +347,10 @@ impl IntoResponse for ApiError {
             detail: self.to_string(),
             errors,
             current_revision,
+            profile: match &self {
+                ApiError::ProfileWouldUndo { undo, .. } => Some(undo.clone()),
+                _ => None,
+            },
         };
         let mut res = (status, axum::Json(problem)).into_response();
         res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use axum::Json;
 use axum::extract::State;
-use levee_agent::policy::{FieldError, Lint, Policy, ServiceConfig, Timestamp, ValidationErrors};
+use levee_agent::policy::{FieldError, Flag, Lint, Policy, ServiceConfig, Timestamp, ValidationErrors};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
-use crate::actions::activation_flags;
+use crate::actions::{ProfileUndo, profile_undo};
 use crate::advice;
 use crate::diff::{DiffEntry, json_diff};
 use crate::manifest::ServiceManifest;
@@ -66,40 +66,13 @@ pub struct PlanEntry {
     pub changes: Vec<DiffEntry>,
     /// The server's advice on the policy the service would have (none for `prune`).
     pub lints: Vec<Lint>,
-    /// The emergency profile active in the environment, when it covers this service:
-    /// `levee apply` refuses to undo what it set unless told to (`--override-profile`).
+    /// The emergency profile active in the environment, when it covers this service, with
+    /// `undoes`: the flags it set that this plan's changes (or the deletion of the service,
+    /// for `prune`) would undo. The write of such a service is refused (409
+    /// `profile-would-undo`) unless it sends `override_profile` (`levee apply
+    /// --override-profile`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile: Option<PlanProfile>,
-}
-
-/// An active emergency profile that covers a service of the plan.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct PlanProfile {
-    pub name: String,
-    /// Who applied it.
-    pub applied_by: String,
-    /// When it reverts by itself.
-    #[serde(with = "levee_agent::policy::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub expires_at: i64,
-    /// The entries it set that this plan's changes (or the deletion of the service, for
-    /// `prune`) would undo, as paths (`flags.recommendations.enabled`); empty when the plan
-    /// leaves them alone.
-    pub undoes: Vec<String>,
-}
-
-/// What of `flags` (set by a profile) `changes` would undo: a change of `flags.KEY` or
-/// under it.
-fn undone(flags: &[String], changes: &[DiffEntry]) -> Vec<String> {
-    flags
-        .iter()
-        .map(|k| format!("flags.{k}"))
-        .filter(|p| {
-            changes
-                .iter()
-                .any(|c| c.path == *p || c.path.strip_prefix(p.as_str()).is_some_and(|r| r.starts_with('.')))
-        })
-        .collect()
+    pub profile: Option<ProfileUndo>,
 }
 
 /// Answer of `POST /plan`: manifests first, in their order, then the services no
@@ -184,21 +157,13 @@ pub async fn plan(
         let rows = s.store.services(env).await?;
         let named: BTreeSet<&str> = ms.iter().map(|(_, m)| m.service.as_str()).collect();
         let active = s.store.active_profile(env).await?;
-        let set_by_profile = active.as_ref().map(activation_flags).unwrap_or_default();
-        // `changes` `None`: the service would be deleted, which undoes every entry.
-        let profile = |service: &str, changes: Option<&[DiffEntry]>| {
-            let a = active.as_ref()?;
-            let flags = set_by_profile.get(service)?;
-            Some(PlanProfile {
-                name: a.profile.clone(),
-                applied_by: a.applied_by.clone(),
-                expires_at: a.expires_at,
-                undoes: match changes {
-                    Some(c) => undone(flags, c),
-                    None => flags.iter().map(|k| format!("flags.{k}")).collect(),
-                },
-            })
-        };
+        // The flags as stored and as the plan would leave them (`None`: the service would
+        // be deleted, which undoes every entry).
+        let none = BTreeMap::new();
+        let profile =
+            |service: &str, stored: &BTreeMap<String, Flag>, planned: Option<&BTreeMap<String, Flag>>| {
+                profile_undo(active.as_ref()?, service, stored, planned)
+            };
         // The environment as the plan would leave it: what is stored, with every manifest
         // of it in place and, under prune, without the services no manifest names.
         let mut environment: BTreeMap<String, Policy> = advice::environment(&s.store, env).await?;
@@ -208,9 +173,10 @@ pub async fn plan(
         }
         for (i, m) in ms {
             let row = rows.iter().find(|r| r.name == m.service);
-            let desired = declared(&m.description, &m.to_config());
-            let (action, revision, changes) = match row {
-                None => (PlanAction::Create, None, Vec::new()),
+            let config = m.to_config();
+            let desired = declared(&m.description, &config);
+            let (action, revision, changes, stored) = match row {
+                None => (PlanAction::Create, None, Vec::new(), config.flags.clone()),
                 Some(r) => {
                     let snap = s.store.revision(env, &r.name, r.revision).await?.ok_or_else(|| {
                         ApiError::Internal(anyhow::anyhow!(
@@ -223,7 +189,7 @@ pub async fn plan(
                         serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))?;
                     let changes = json_diff(&declared(&r.description, &cfg), &desired);
                     let action = if changes.is_empty() { PlanAction::Unchanged } else { PlanAction::Change };
-                    (action, Some(r.revision), changes)
+                    (action, Some(r.revision), changes, cfg.flags)
                 }
             };
             let agents = s.store.agents(env, &m.service).await?;
@@ -233,7 +199,7 @@ pub async fn plan(
                 service: m.service.clone(),
                 action,
                 revision,
-                profile: profile(&m.service, Some(&changes)),
+                profile: profile(&m.service, &stored, Some(&config.flags)),
                 changes,
                 lints,
             });
@@ -246,7 +212,7 @@ pub async fn plan(
                 revision: Some(r.revision),
                 changes: Vec::new(),
                 lints: Vec::new(),
-                profile: profile(&r.name, if req.prune { None } else { Some(&[]) }),
+                profile: profile(&r.name, &none, if req.prune { None } else { Some(&none) }),
             });
         }
     }

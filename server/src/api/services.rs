@@ -10,7 +10,7 @@ use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, Declared, NewService, Reason, ServiceAt, Written};
+use crate::actions::{Action, Declared, NewService, Reason, ReasonError, ServiceAt, Written};
 use crate::advice::{self, BulkheadSizing};
 use crate::db::{RevisionMeta, SnapshotRow};
 use crate::diff::{DiffEntry, json_diff};
@@ -63,6 +63,12 @@ pub struct PutService {
     pub flags: BTreeMap<String, Flag>,
     /// Why, recorded in the audit log; required.
     pub reason: String,
+    /// Why this write may undo what the emergency profile active in the environment set
+    /// (a flag it switched that this write changes or removes). Without it such a write is
+    /// refused (409 `profile-would-undo`); with it, it goes through and the audit row's
+    /// reason says `REASON (overrides emergency profile NAME: WHY)`.
+    #[serde(default)]
+    pub override_profile: Option<String>,
 }
 
 /// Query of `DELETE /environments/{env}/services/{svc}`.
@@ -71,6 +77,27 @@ pub struct PutService {
 pub struct DeleteServiceQuery {
     /// Why, recorded in the audit log; required.
     pub reason: Option<String>,
+    /// Why the deletion may undo what the emergency profile active in the environment set
+    /// in the service; without it such a deletion is refused (409 `profile-would-undo`), with
+    /// it the audit row's reason says `REASON (overrides emergency profile NAME: WHY)`.
+    pub override_profile: Option<String>,
+}
+
+/// The `override_profile` of a request: absent, or a reason (never empty).
+fn override_reason(text: Option<&str>) -> ApiResult<Option<Reason>> {
+    text.map(|t| {
+        Reason::parse(t).map_err(|e| match e {
+            ReasonError::Missing => ApiError::bad_field(
+                "override_profile",
+                "\"\"",
+                "must say why the emergency profile may be undone (it is recorded in the audit log)",
+            ),
+            ReasonError::TooLong { bytes } => {
+                ApiError::bad_field("override_profile", format!("{bytes} bytes"), e.to_string())
+            }
+        })
+    })
+    .transpose()
 }
 
 /// Body of `POST /environments/{env}/services`.
@@ -306,12 +333,18 @@ fn stored_policy(r: &crate::db::ServiceRow) -> ApiResult<Policy> {
 
 /// Replaces what the service declares — description, policy and every flag — in one
 /// revision, as `levee apply` does (operator); fault rules and breaker overrides stay.
-/// Requires `If-Match` (409 with the current revision on mismatch).
+/// Requires `If-Match` (409 with the current revision on mismatch). While an emergency
+/// profile is active in the environment and set flags of the service, a write that would
+/// change or remove one of them is refused unless `override_profile` says why.
 #[utoipa::path(put, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
     request_body = PutService, params(("env" = String, Path), ("svc" = String, Path),
         ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to overwrite")),
     responses((status = 200, body = WriteResult), (status = 404, body = super::Problem),
-              (status = 409, body = super::Problem), (status = 422, body = super::Problem),
+              (status = 409, body = super::Problem, description = "revision-conflict: the service \
+               moved past If-Match (`current_revision`); or profile-would-undo: the write would \
+               undo flags the active emergency profile set (`profile`: name, applied_by, \
+               expires_at, undoes) — revert the profile, or send override_profile with a reason"),
+              (status = 422, body = super::Problem),
               (status = 428, body = super::Problem)))]
 pub async fn put_service(
     State(s): State<AppState>,
@@ -325,19 +358,26 @@ pub async fn put_service(
     let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
     let reason = Reason::parse(&req.reason)?;
     let declared = Declared::new(req.description, req.policy, req.flags)?;
-    let written = s.actions.apply_service(&by, &reason, &at, declared).await?;
+    let why = override_reason(req.override_profile.as_deref())?;
+    let written = s.actions.apply_service(&by, &reason, &at, declared, why.as_ref()).await?;
     Ok(write_response(written, StatusCode::OK))
 }
 
 /// Deletes a service (operator): it leaves lists and reads, its flags, fault rules and
 /// overrides go. Its history stays readable by revision number, a service created again
 /// under its name continues its revisions, and its agents keep the configuration they
-/// have. Requires `If-Match`.
+/// have. Requires `If-Match`. While an emergency profile active in the environment set
+/// flags of the service, deleting it (which undoes them) is refused unless
+/// `override_profile` says why.
 #[utoipa::path(delete, path = "/api/v1/environments/{env}/services/{svc}", tag = "services",
     params(("env" = String, Path), ("svc" = String, Path), DeleteServiceQuery,
         ("If-Match" = String, Header, description = "Revision read, e.g. \"5\", or * to delete whatever it is")),
     responses((status = 204, description = "deleted"), (status = 404, body = super::Problem),
-              (status = 409, body = super::Problem), (status = 428, body = super::Problem)))]
+              (status = 409, body = super::Problem, description = "revision-conflict: the service \
+               moved past If-Match (`current_revision`); or profile-would-undo: the active emergency \
+               profile set flags of the service (`profile`: name, applied_by, expires_at, undoes) — \
+               revert the profile, or send override_profile with a reason"),
+              (status = 428, body = super::Problem)))]
 pub async fn delete_service(
     State(s): State<AppState>,
     auth: Auth,
@@ -349,7 +389,8 @@ pub async fn delete_service(
     let by = auth.actor(Action::ServiceDelete, &rid)?;
     let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
     let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
-    s.actions.delete_service(&by, &reason, &at).await?;
+    let why = override_reason(q.override_profile.as_deref())?;
+    s.actions.delete_service(&by, &reason, &at, why.as_ref()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -68,7 +68,9 @@ impl From<ChangeError> for UiError {
                  and repeat the action if it is still needed."
             )),
             e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
-            e @ ChangeError::ProfileActive { .. } => UiError::Conflict(e.to_string()),
+            e @ (ChangeError::ProfileActive { .. } | ChangeError::ProfileWouldUndo { .. }) => {
+                UiError::Conflict(e.to_string())
+            }
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
             | ChangeError::SelfApproval { .. }) => UiError::Forbidden(e.to_string()),

@@ -14,6 +14,7 @@ mod history;
 mod kill_switch_refs;
 mod openapi_routes;
 mod policy;
+mod profile_undo;
 mod profiles;
 mod requests;
 mod router;
