@@ -33,8 +33,9 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub prune: bool,
     /// Writes a service even where the plan would undo what the active emergency profile
-    /// set (a flag it switched); REASON is recorded with the write. Without it, such a
-    /// service is not written and apply exits 1.
+    /// set (a flag it switched); REASON goes with the write as its `override_profile`, which
+    /// the server records in the audit reason. Without it, such a service is not written and
+    /// apply exits 1.
     #[arg(long, value_name = "REASON")]
     pub override_profile: Option<String>,
     #[command(flatten)]
@@ -311,9 +312,12 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
     let mut failed = 0;
     for e in pending {
         let key = format!("{}/{}", e.environment, e.service);
-        let reason = match (e.undoes_profile(), &a.override_profile) {
-            (None, _) => a.reason.clone(),
-            (Some(p), Some(why)) => format!("{} (overrides emergency profile {}: {why})", a.reason, p.name),
+        // The server refuses such a write too; checking the plan first says what and why
+        // before anything is written. The override goes to the server, which records it in
+        // the audit reason.
+        let override_profile = match (e.undoes_profile(), &a.override_profile) {
+            (None, _) => None,
+            (Some(_), Some(why)) => Some(why.as_str()),
             (Some(p), None) => {
                 failed += 1;
                 let message = format!(
@@ -330,7 +334,7 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
                 continue;
             }
         };
-        match write(&api, e, by_key.get(&key).copied(), &reason).await {
+        match write(&api, e, by_key.get(&key).copied(), &a.reason, override_profile).await {
             Ok((done, revision)) => {
                 if !json {
                     println!("{key}: {done}");
@@ -356,13 +360,15 @@ struct Written {
     revision: u64,
 }
 
-/// Writes one entry of the plan, based on the revision the plan saw: what was done, and
-/// the service's new revision (none for a prune).
+/// Writes one entry of the plan, based on the revision the plan saw (`override_profile`:
+/// why it may undo what the active emergency profile set): what was done, and the
+/// service's new revision (none for a prune).
 async fn write(
     api: &Api,
     e: &Entry,
     m: Option<&ServiceManifest>,
     reason: &str,
+    override_profile: Option<&str>,
 ) -> Result<(String, Option<u64>), CliError> {
     let path = service_path(&e.environment, &e.service);
     let missing = || {
@@ -385,16 +391,23 @@ async fn write(
         }
         "change" => {
             let m = m.ok_or_else(missing)?;
-            let body =
+            let mut body =
                 json!({"description": m.description, "policy": m.policy, "flags": m.flags, "reason": reason});
+            if let Some(why) = override_profile {
+                body["override_profile"] = json!(why);
+            }
             let w: Written =
                 api.send(Method::PUT, &path, Some(&body), e.revision).await.map_err(conflict_hint)?;
             Ok((format!("changed (revision {})", w.revision), Some(w.revision)))
         }
         _ => {
-            let reason: String = form_urlencoded::byte_serialize(reason.as_bytes()).collect();
+            let encode = |text: &str| form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
+            let mut query = format!("reason={}", encode(reason));
+            if let Some(why) = override_profile {
+                query.push_str(&format!("&override_profile={}", encode(why)));
+            }
             let _: Value = api
-                .send(Method::DELETE, &format!("{path}?reason={reason}"), None, e.revision)
+                .send(Method::DELETE, &format!("{path}?{query}"), None, e.revision)
                 .await
                 .map_err(conflict_hint)?;
             Ok(("pruned".to_string(), None))
