@@ -17,7 +17,7 @@ mod validate;
 pub use lint::{Lint, lint};
 pub use model::*;
 pub use timestamp::{Timestamp, rfc3339};
-pub use validate::{FieldError, ValidationErrors, check_name, check_operation};
+pub use validate::{FieldError, MIN_ATTEMPT_TIMEOUT, ValidationErrors, check_name, check_operation};
 
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};

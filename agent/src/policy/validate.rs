@@ -161,6 +161,8 @@ fn unknown(what: &str, known: String) -> String {
 }
 
 const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+/// The shortest attempt timeout Levee allows (dependency and operation `attempt_timeout`).
+pub const MIN_ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1);
 /// Allowed inbound concurrency limits (`limit.*_limit`, the `inbound_limit` lever).
 const LIMIT_RANGE: (u32, u32) = (1, 100_000);
 /// Allowed share of sheddable traffic shed by the operator lever, in percent.
@@ -330,7 +332,7 @@ fn validate_dependency(c: &mut Check, p: &str, dep: &DependencyPolicy) {
     if let Some(f) = &dep.enabled_flag {
         c.name(&join(p, "enabled_flag"), f, "flag key");
     }
-    c.duration(&join(p, "attempt_timeout"), dep.attempt_timeout, Duration::from_millis(1), MAX_TIMEOUT);
+    c.duration(&join(p, "attempt_timeout"), dep.attempt_timeout, MIN_ATTEMPT_TIMEOUT, MAX_TIMEOUT);
     validate_retry(c, &join(p, "retry"), &dep.retry);
     validate_breaker(c, &join(p, "circuit_breaker"), &dep.circuit_breaker);
     validate_bulkhead(c, &join(p, "bulkhead"), &dep.bulkhead);
@@ -377,7 +379,7 @@ fn validate_dependency(c: &mut Check, p: &str, dep: &DependencyPolicy) {
             c.push(&opp, format!("{name:?}"), format!("operation name {msg}"));
         }
         if let Some(t) = op.attempt_timeout {
-            c.duration(&join(&opp, "attempt_timeout"), t, Duration::from_millis(1), MAX_TIMEOUT);
+            c.duration(&join(&opp, "attempt_timeout"), t, MIN_ATTEMPT_TIMEOUT, MAX_TIMEOUT);
         }
         if let Some(r) = &op.retry {
             validate_retry(c, &join(&opp, "retry"), r);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use levee_agent::policy::{DependencyPolicy, OutlierDetection};
+use levee_agent::policy::{DependencyPolicy, MIN_ATTEMPT_TIMEOUT, OutlierDetection};
 
 use super::doc::{Node, Seg, path_text};
 use super::plan::{Plan, Sid, dep_mut, dep_path};
@@ -200,53 +200,231 @@ pub fn mesh_outlier_defaults() -> OutlierDetection {
     }
 }
 
-/// A route's timeouts as Envoy and Istio apply them: the per-try timeout bounds an attempt;
-/// without one, each attempt may use the route timeout. Returns `false` when the route sets
-/// neither (the caller applies its source's default).
-pub fn route_timeout(
-    p: &mut Plan,
-    dep: &str,
-    base: &[Sid],
-    per_try: Option<(Duration, Sid)>,
-    timeout: Option<(Duration, Sid)>,
-    retrying: bool,
-) -> bool {
-    let with = |s: Sid| {
+/// A route's timeouts (Envoy, Istio) and the attempts it makes, read before they are
+/// mapped. Both sources bound the whole request, retries included, by the route timeout
+/// and each attempt by the per-try timeout (which defaults to the route timeout).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// The source's name, for the notes ("Envoy", "Istio").
+    pub source: &'static str,
+    pub per_try: Option<(Duration, Sid)>,
+    /// The route's whole-request timeout; `0s` turns it off.
+    pub total: Option<(Duration, Sid)>,
+    /// The source's whole-request timeout when the route sets none (Envoy's 15 s).
+    pub default_total: Option<Duration>,
+    /// Attempts in total, first included, as the import sets them.
+    pub attempts: u32,
+}
+
+impl Timeouts {
+    /// The bound on the whole request: the route's (not `0s`), else the source's default.
+    fn bound(&self) -> Option<(Duration, Option<Sid>)> {
+        match self.total {
+            Some((d, _)) if d.is_zero() => None,
+            Some((d, s)) => Some((d, Some(s))),
+            None => self.default_total.map(|d| (d, None)),
+        }
+    }
+
+    /// `total` split over the attempts: whole milliseconds, rounded down, at least
+    /// Levee's minimum attempt timeout.
+    fn split(&self, total: Duration) -> Duration {
+        let n = u128::from(self.attempts.max(1));
+        let ms = u64::try_from(total.as_millis() / n).unwrap_or(u64::MAX);
+        Duration::from_millis(ms).max(MIN_ATTEMPT_TIMEOUT)
+    }
+
+    /// The attempt timeout the import sets, so that the attempts together never take
+    /// longer than the source allows; `None` = the route bounds nothing (Levee's default
+    /// stays).
+    pub fn attempt_timeout(&self) -> Option<Duration> {
+        let n = self.attempts.max(1);
+        match (self.per_try, self.bound()) {
+            (Some((d, _)), Some((t, _))) if d.saturating_mul(n) > t => Some(self.split(t)),
+            (Some((d, _)), _) => Some(d),
+            (None, Some((t, _))) => Some(self.split(t)),
+            (None, None) => None,
+        }
+    }
+
+    /// How a whole-request bound `t` became the attempt timeout `v`.
+    fn split_note(&self, t: Duration, v: Duration) -> String {
+        let n = self.attempts.max(1);
+        let levee = "Levee has no total timeout per dependency: the caller's deadline bounds a whole call, \
+                     retries included";
+        let mut out = if n == 1 {
+            format!(
+                "{} bounds the whole request by {}; with one attempt that is the attempt timeout ({levee})",
+                self.source,
+                fmt_duration(t)
+            )
+        } else {
+            format!(
+                "{} bounds the whole request, retries included, by {}; {levee}, so it is split over the {n} \
+                 attempts: attempt_timeout = {} / {n} = {} (whole milliseconds, rounded down), and the attempts \
+                 together never take longer than the source allowed",
+                self.source,
+                fmt_duration(t),
+                fmt_duration(t),
+                fmt_duration(v)
+            )
+        };
+        if v.saturating_mul(n) > t {
+            out.push_str(&format!(
+                "; {} is Levee's shortest attempt timeout, so {n} attempts may take {}",
+                fmt_duration(v),
+                fmt_duration(v.saturating_mul(n))
+            ));
+        }
+        out
+    }
+}
+
+/// Maps a route's timeouts onto `attempt_timeout` of `dep` ([`Timeouts::attempt_timeout`]),
+/// with a note saying how. Returns `false` when the route and the source bound nothing
+/// (the caller says that Levee's default applies).
+pub fn route_timeout(p: &mut Plan, dep: &str, base: &[Sid], t: &Timeouts) -> bool {
+    let with = |extra: &[Sid]| {
         let mut v = base.to_vec();
-        v.push(s);
+        v.extend(extra);
         v
     };
-    match (per_try, timeout) {
-        (Some((d, s)), t) => {
-            set_duration(p, dep, "attempt_timeout", &with(s), d, |x, d| x.attempt_timeout = d);
-            if let Some((_, ts)) = t {
-                p.not_mapped(ts, WHOLE_REQUEST);
+    let n = t.attempts.max(1);
+    let Some(v) = t.attempt_timeout() else {
+        return match t.total {
+            Some((_, s)) => {
+                p.not_mapped(
+                    s,
+                    "0s disables the timeout; Levee's timeouts are always finite (its default is kept)",
+                );
+                true
             }
-        }
-        (None, Some((d, s))) if d.is_zero() => {
-            p.not_mapped(
-                s,
-                "0s disables the timeout; Levee's timeouts are always finite (its default is kept)",
+            None => false,
+        };
+    };
+    let bound = t.bound();
+    match (t.per_try, bound) {
+        (Some((d, ps)), Some((total, ts))) if v < d => {
+            let whose = match ts {
+                Some(_) => format!("the route timeout {}", fmt_duration(total)),
+                None => format!("{}'s default route timeout {}", t.source, fmt_duration(total)),
+            };
+            p.note(
+                ps,
+                format!(
+                    "{n} attempts × the per-try timeout {} = {} exceed {whose}, which bounds the whole request in {}: \
+                     attempt_timeout is lowered to {} / {n} = {} (whole milliseconds, rounded down) so the total \
+                     holds; the attempts are kept, so a quick failure is still retried as the source retries it. \
+                     Levee bounds a whole call by the caller's deadline",
+                    fmt_duration(d),
+                    fmt_duration(d.saturating_mul(n)),
+                    t.source,
+                    fmt_duration(total),
+                    fmt_duration(v)
+                ),
             );
+            let src: Vec<Sid> = std::iter::once(ps).chain(ts).collect();
+            set_duration(p, dep, "attempt_timeout", &with(&src), v, |x, d| x.attempt_timeout = d);
         }
-        (None, Some((d, s))) => {
-            if retrying {
-                p.note(s, "with no per-try timeout, each attempt may use the whole route timeout");
+        (Some((d, ps)), _) => {
+            set_duration(p, dep, "attempt_timeout", &with(&[ps]), d, |x, d| x.attempt_timeout = d);
+            if let Some((_, s)) = t.total {
+                let fits = match bound {
+                    Some((total, _)) => format!(
+                        "; {n} attempts × {} = {} fit within its {}",
+                        fmt_duration(d),
+                        fmt_duration(d.saturating_mul(n)),
+                        fmt_duration(total)
+                    ),
+                    None => String::new(),
+                };
+                p.not_mapped(s, format!("{WHOLE_REQUEST}{fits}"));
             }
-            set_duration(p, dep, "attempt_timeout", &with(s), d, |x, d| x.attempt_timeout = d);
+        }
+        (None, Some((total, Some(s)))) => {
+            p.note(s, t.split_note(total, v));
+            set_duration(p, dep, "attempt_timeout", &with(&[s]), v, |x, d| x.attempt_timeout = d);
+        }
+        (None, Some((total, None))) => {
+            let why = format!("{}'s default route timeout: {}", t.source, t.split_note(total, v));
+            imply(p, dep, "attempt_timeout", fmt_duration(v), why, base, v, |x: &mut DependencyPolicy, d| {
+                x.attempt_timeout = d
+            });
         }
         (None, None) => return false,
     }
     true
 }
 
+/// Levee's attempts in total for a retry count (Envoy `num_retries`, Istio `attempts`).
+pub fn retry_attempts(n: &Node) -> Option<u32> {
+    whole(n).and_then(|k| u32::try_from(k).ok()).map(|k| k.saturating_add(1))
+}
+
+/// What a route sets for a dependency, in Levee's terms, to compare routes that send to
+/// the same dependency.
+pub fn route_summary(
+    attempt_timeout: Option<Duration>,
+    attempts: u32,
+    back_off: Option<(Duration, Duration)>,
+) -> String {
+    let mut out = match attempt_timeout {
+        Some(d) => format!("attempt_timeout = {}", fmt_duration(d)),
+        None => "no attempt timeout (Levee's default)".to_string(),
+    };
+    out.push_str(&format!(", retry.max_attempts = {attempts}"));
+    if let (true, Some((base, cap))) = (attempts > 1, back_off) {
+        out.push_str(&format!(", retry.base = {}, retry.cap = {}", fmt_duration(base), fmt_duration(cap)));
+    }
+    out
+}
+
+/// The first route (in file order) that sets each dependency's timeout and retries.
+/// Levee has one policy per dependency; a mesh may send several routes to one cluster or
+/// host with different settings. The first route's settings are taken as a whole (never a
+/// mix of fields from several routes), and a later route that differs is reported.
+#[derive(Default)]
+pub struct FirstRoute(std::collections::BTreeMap<String, (String, String)>);
+
+impl FirstRoute {
+    /// `Ok` when `route` is the first to send to `dep` or sets the same as the first;
+    /// else why its settings are not taken (also noted for the whole import).
+    pub fn claim(&mut self, p: &mut Plan, dep: &str, route: &str, summary: String) -> Result<(), String> {
+        let (first, taken) =
+            self.0.entry(dep.to_string()).or_insert_with(|| (route.to_string(), summary.clone())).clone();
+        if taken == summary {
+            return Ok(());
+        }
+        p.general_note(format!(
+            "{dep}: routes {first} and {route} both send to it with different timeouts or retries; Levee keeps one \
+             policy per dependency, and the first route's settings are taken as a whole ({taken}), not those of \
+             {route} ({summary}). Give a route's own values to an operation (policy.dependencies.{dep}.operations) \
+             by hand if its requests need them"
+        ));
+        Err(format!(
+            "conflicts with {first} which already set the route settings of dependency {dep} ({taken}); this route \
+             would set {summary}. Levee keeps one policy per dependency and takes the first route's settings as a \
+             whole"
+        ))
+    }
+}
+
+/// Reason for the setting that names a route's destination (Envoy `route.cluster`, Istio
+/// `destination.host`) when none of the route's settings is kept for it.
+pub fn destination_reason(dep: &str) -> String {
+    format!(
+        "names the destination the route sends to: dependency {dep}, which the route's timeout and retry settings \
+         apply to; none of this route's settings is in the manifest for it"
+    )
+}
+
 /// A retry count (Envoy `num_retries`, Istio `attempts`) as Levee's attempts in total.
 pub fn set_retries(p: &mut Plan, dep: &str, n: &Node, sid: Sid, base: &[Sid]) {
-    let Some(k) = whole(n).and_then(|k| u32::try_from(k).ok()) else {
+    let Some(attempts) = retry_attempts(n) else {
         p.not_mapped(sid, "not a whole number of retries");
         return;
     };
-    let attempts = k.saturating_add(1);
+    let k = attempts - 1;
     p.note(
         sid,
         if k == 0 {

@@ -14,9 +14,9 @@ use std::time::Duration;
 use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::common::{
-    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ONE_COUNT, PANIC, QUEUE, UNSPLIT, fault_reason, imply,
-    mesh_outlier_defaults, not_mapped_below, retry_on_reason, route_timeout, set, set_duration, set_retries,
-    whole,
+    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, FirstRoute, ONE_COUNT, PANIC, QUEUE, Timeouts, UNSPLIT,
+    destination_reason, fault_reason, imply, mesh_outlier_defaults, not_mapped_below, retry_attempts,
+    retry_on_reason, route_summary, route_timeout, set, set_duration, set_retries, whole,
 };
 use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
@@ -40,8 +40,9 @@ pub fn import(
     // Route configurations first: the fault filters need to know where their routes go.
     let mut clusters_of_rc: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut clusters_at: Vec<(String, Vec<String>)> = Vec::new();
+    let mut first = FirstRoute::default();
     for (at, rc) in &found.route_configs {
-        let deps = route_config(&mut p, at, rc);
+        let deps = route_config(&mut p, at, rc, &mut first);
         if let Some(name) = rc.get("name").and_then(Node::as_str) {
             clusters_of_rc.entry(name.to_string()).or_default().extend(deps.iter().cloned());
         }
@@ -161,7 +162,7 @@ fn duration_at(p: &mut Plan, at: &At, n: &Node) -> Option<(Duration, Sid)> {
 
 /// Reads the route configuration and maps its routes' settings onto the clusters they send
 /// to. Returns those dependencies.
-fn route_config(p: &mut Plan, at: &At, rc: &Node) -> Vec<String> {
+fn route_config(p: &mut Plan, at: &At, rc: &Node, first: &mut FirstRoute) -> Vec<String> {
     let mut deps = Vec::new();
     for (vi, vh) in rc.get("virtual_hosts").map(Node::items).unwrap_or_default().iter().enumerate() {
         let vh_at = at.key("virtual_hosts").index(vi);
@@ -213,45 +214,88 @@ fn route_config(p: &mut Plan, at: &At, rc: &Node) -> Vec<String> {
                     deps.push(dep.clone());
                 }
                 let base: Vec<Sid> = name_sid.into_iter().collect();
-                route_settings(p, &dep, &ra, route, retry.as_ref(), &base);
+                route_settings(p, &dep, &r_at, route, retry.as_ref(), &base, first);
             }
         }
     }
     deps
 }
 
-fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<&(At, &Node)>, base: &[Sid]) {
+/// Maps one route's timeout and retry settings onto dependency `dep` (the first route to
+/// send to it wins: [`FirstRoute`]).
+fn route_settings(
+    p: &mut Plan,
+    dep: &str,
+    r_at: &At,
+    route: &Node,
+    retry: Option<&(At, &Node)>,
+    base: &[Sid],
+    first: &mut FirstRoute,
+) {
+    let ra = r_at.key("route");
+    if let Some((ra_retry, r)) = retry {
+        retry_not_mapped(p, ra_retry, r);
+    }
     let timeout = route.get("timeout").and_then(|t| duration_at(p, &ra.key("timeout"), t));
     let per_try = retry.and_then(|(a, r)| {
         r.get("per_try_timeout").and_then(|t| duration_at(p, &a.key("per_try_timeout"), t))
     });
+    let no_retry = Source::Envoy.attempts_without_retry();
+    let attempts = match retry.map(|(_, r)| r.get("num_retries")) {
+        None => no_retry.0,
+        Some(None) => 2,
+        Some(Some(n)) => retry_attempts(n).unwrap_or(no_retry.0),
+    };
+    let back_off = retry.map(|(a, r)| {
+        let b = r.get("retry_back_off");
+        let at = a.key("retry_back_off");
+        let base_iv =
+            b.and_then(|b| b.get("base_interval")).and_then(|t| duration_at(p, &at.key("base_interval"), t));
+        let max_iv =
+            b.and_then(|b| b.get("max_interval")).and_then(|t| duration_at(p, &at.key("max_interval"), t));
+        (base_iv, max_iv)
+    });
+    let base_d = back_off.and_then(|b| b.0).map_or(Duration::from_millis(25), |(d, _)| d);
+    let cap_d = back_off.and_then(|b| b.1).map_or(base_d.saturating_mul(10), |(d, _)| d);
+    let t = Timeouts {
+        source: "Envoy",
+        per_try,
+        total: timeout,
+        default_total: Some(Duration::from_secs(15)),
+        attempts,
+    };
+    let summary = route_summary(t.attempt_timeout(), attempts, retry.map(|_| (base_d, cap_d)));
+    let route_name = r_at.text();
+    if let Err(why) = first.claim(p, dep, &route_name, summary) {
+        for &s in base {
+            p.not_mapped(s, format!("{}: {why}", destination_reason(dep)));
+        }
+        not_mapped_below(p, &ra.key("timeout"), &why);
+        if let Some((ra_retry, _)) = retry {
+            for k in ["num_retries", "per_try_timeout", "retry_back_off"] {
+                not_mapped_below(p, &ra_retry.key(k), &why);
+            }
+        }
+        return;
+    }
+    for &s in base {
+        p.not_mapped(s, destination_reason(dep));
+    }
     let src = |s: Sid| {
         let mut v = base.to_vec();
         v.push(s);
         v
     };
-    if !route_timeout(p, dep, base, per_try, timeout, retry.is_some()) {
-        imply(
-            p,
-            dep,
-            "attempt_timeout",
-            "15s",
-            "Envoy's default route timeout",
-            base,
-            Duration::from_secs(15),
-            |x: &mut DependencyPolicy, d| x.attempt_timeout = d,
-        );
-    }
-    let Some((ra_retry, r)) = retry else {
-        let (attempts, why) = Source::Envoy.attempts_without_retry();
+    route_timeout(p, dep, base, &t);
+    let (Some((ra_retry, r)), Some((base_iv, max_iv))) = (retry, back_off) else {
         imply(
             p,
             dep,
             "retry.max_attempts",
-            attempts.to_string(),
-            why,
+            no_retry.0.to_string(),
+            no_retry.1,
             base,
-            attempts,
+            no_retry.0,
             |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
         );
         return;
@@ -273,55 +317,42 @@ fn route_settings(p: &mut Plan, dep: &str, ra: &At, route: &Node, retry: Option<
             |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
         ),
     }
+    match base_iv {
+        Some((d, s)) => {
+            p.note(s, "Envoy's back-off is fully jittered exponential, as Levee's");
+            set_duration(p, dep, "retry.base", &src(s), d, |x, d| x.retry.base = d);
+        }
+        None => imply(
+            p,
+            dep,
+            "retry.base",
+            fmt_duration(base_d),
+            "Envoy's default retry back-off base_interval",
+            base,
+            base_d,
+            |x: &mut DependencyPolicy, d| x.retry.base = d,
+        ),
+    }
+    match max_iv {
+        Some((d, s)) => set_duration(p, dep, "retry.cap", &src(s), d, |x, d| x.retry.cap = d),
+        None => imply(
+            p,
+            dep,
+            "retry.cap",
+            fmt_duration(cap_d),
+            "Envoy's default max_interval (10 × base_interval)",
+            base,
+            cap_d,
+            |x: &mut DependencyPolicy, d| x.retry.cap = d,
+        ),
+    }
+}
+
+/// The settings of a retry policy Levee has no field for, with their reasons.
+fn retry_not_mapped(p: &mut Plan, ra_retry: &At, r: &Node) {
     if let Some(s) = ra_retry.key("retry_on").sid(p) {
         let list = r.get("retry_on").map(Node::text).unwrap_or_default();
         p.not_mapped(s, retry_on_reason(&list));
-    }
-    let back_off = r.get("retry_back_off");
-    let bo_at = ra_retry.key("retry_back_off");
-    let base_iv = back_off
-        .and_then(|b| b.get("base_interval"))
-        .and_then(|t| duration_at(p, &bo_at.key("base_interval"), t));
-    let max_iv = back_off
-        .and_then(|b| b.get("max_interval"))
-        .and_then(|t| duration_at(p, &bo_at.key("max_interval"), t));
-    let jitter = "Envoy's back-off is fully jittered exponential, as Levee's";
-    let base_d = match base_iv {
-        Some((d, s)) => {
-            p.note(s, jitter);
-            set_duration(p, dep, "retry.base", &src(s), d, |x, d| x.retry.base = d);
-            d
-        }
-        None => {
-            let d = Duration::from_millis(25);
-            imply(
-                p,
-                dep,
-                "retry.base",
-                "25ms",
-                "Envoy's default retry back-off base_interval",
-                base,
-                d,
-                |x: &mut DependencyPolicy, d| x.retry.base = d,
-            );
-            d
-        }
-    };
-    match max_iv {
-        Some((d, s)) => set_duration(p, dep, "retry.cap", &src(s), d, |x, d| x.retry.cap = d),
-        None => {
-            let cap = base_d.saturating_mul(10);
-            imply(
-                p,
-                dep,
-                "retry.cap",
-                fmt_duration(cap),
-                "Envoy's default max_interval (10 × base_interval)",
-                base,
-                cap,
-                |x: &mut DependencyPolicy, d| x.retry.cap = d,
-            );
-        }
     }
     for k in ["host_selection_retry_max_attempts", "retry_host_predicate", "retry_priority"] {
         not_mapped_below(

@@ -14,9 +14,9 @@ use std::time::Duration;
 use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::common::{
-    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ONE_COUNT, PANIC, QUEUE, UNSPLIT, fault_reason, imply,
-    mesh_outlier_defaults, not_mapped_below, retry_on_reason, route_timeout, set, set_duration, set_retries,
-    whole,
+    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, FirstRoute, ONE_COUNT, PANIC, QUEUE, Timeouts, UNSPLIT,
+    destination_reason, fault_reason, imply, mesh_outlier_defaults, not_mapped_below, retry_attempts,
+    retry_on_reason, route_summary, route_timeout, set, set_duration, set_retries, whole,
 };
 use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
@@ -33,8 +33,9 @@ pub fn import(
     let mut p = Plan::new(Source::Istio, file);
     let docs = doc::parse_yaml(text)?;
     doc::register(&mut p, &docs);
+    let mut first = FirstRoute::default();
     for (i, d) in docs.iter().enumerate() {
-        resource(&mut p, &At::root(i), d);
+        resource(&mut p, &At::root(i), d, &mut first);
     }
     p.finish(base, &fallback)
 }
@@ -50,14 +51,14 @@ fn fallback(path: &str) -> String {
     }
 }
 
-fn resource(p: &mut Plan, at: &At, d: &Node) {
+fn resource(p: &mut Plan, at: &At, d: &Node, first: &mut FirstRoute) {
     match d.get("kind").and_then(Node::as_str) {
         Some("List") => {
             for (i, item) in d.get("items").map(Node::items).unwrap_or_default().iter().enumerate() {
-                resource(p, &at.key("items").index(i), item);
+                resource(p, &at.key("items").index(i), item, first);
             }
         }
-        Some("VirtualService") => virtual_service(p, at, d),
+        Some("VirtualService") => virtual_service(p, at, d, first),
         Some("DestinationRule") => destination_rule(p, at, d),
         other => not_mapped_below(
             p,
@@ -81,7 +82,7 @@ fn duration(p: &mut Plan, at: &At, n: &Node) -> Option<(Duration, Sid)> {
     }
 }
 
-fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
+fn virtual_service(p: &mut Plan, at: &At, d: &Node, first: &mut FirstRoute) {
     let spec = at.key("spec");
     let Some(http) = d.get("spec").and_then(|s| s.get("http")) else { return };
     for (ri, route) in http.items().iter().enumerate() {
@@ -127,48 +128,69 @@ fn virtual_service(p: &mut Plan, at: &At, d: &Node) {
             "locality-aware retries: Levee does not choose endpoints by locality",
         );
         let deps: Vec<String> = targets.iter().map(|(h, _)| p.dep_name(h)).collect();
+        let attempts_at = ret_at.key("attempts");
+        let attempts_node = retries.and_then(|r| r.get("attempts"));
+        let attempts =
+            attempts_node.and_then(retry_attempts).unwrap_or(Source::Istio.attempts_without_retry().0);
+        let t = Timeouts { source: "Istio", per_try, total: timeout, default_total: None, attempts };
+        let back_off = (Duration::from_millis(25), Duration::from_millis(250));
+        let route_name =
+            if at.doc > 0 { format!("{} (document {})", ra.text(), at.doc + 1) } else { ra.text() };
         for ((_, host_sid), dep) in targets.iter().zip(&deps) {
-            if !route_timeout(p, dep, host_sid, per_try, timeout, retries.is_some()) {
+            let summary = route_summary(t.attempt_timeout(), attempts, Some(back_off));
+            if let Err(why) = first.claim(p, dep, &route_name, summary) {
+                for &s in host_sid {
+                    p.not_mapped(s, format!("{}: {why}", destination_reason(dep)));
+                }
+                for a in [ra.key("timeout"), attempts_at.clone(), ret_at.key("perTryTimeout")] {
+                    not_mapped_below(p, &a, &why);
+                }
+                continue;
+            }
+            for &s in host_sid {
+                p.not_mapped(s, destination_reason(dep));
+            }
+            if !route_timeout(p, dep, host_sid, &t) {
                 p.general_note(format!(
                     "{dep}: Istio sets no timeout by default; a Levee attempt timeout is always finite, so Levee's \
                      default (1s) applies"
                 ));
             }
-            match retries.and_then(|r| r.get("attempts")) {
-                Some(n) => {
-                    if let Some(s) = ret_at.key("attempts").sid(p) {
-                        set_retries(p, dep, n, s, host_sid);
-                    }
+            match (attempts_node, attempts_at.sid(p)) {
+                (Some(n), Some(s)) => set_retries(p, dep, n, s, host_sid),
+                (Some(_), None) => {}
+                (None, _) => {
+                    let (n, why) = Source::Istio.attempts_without_retry();
+                    imply(
+                        p,
+                        dep,
+                        "retry.max_attempts",
+                        n.to_string(),
+                        why,
+                        host_sid,
+                        n,
+                        |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
+                    )
                 }
-                None => imply(
-                    p,
-                    dep,
-                    "retry.max_attempts",
-                    "3",
-                    "Istio's default retry policy: 2 retries",
-                    host_sid,
-                    3u32,
-                    |x: &mut DependencyPolicy, n| x.retry.max_attempts = n,
-                ),
             }
             imply(
                 p,
                 dep,
                 "retry.base",
-                "25ms",
+                fmt_duration(back_off.0),
                 "Istio's (Envoy's) default retry back-off",
                 host_sid,
-                Duration::from_millis(25),
+                back_off.0,
                 |x: &mut DependencyPolicy, d| x.retry.base = d,
             );
             imply(
                 p,
                 dep,
                 "retry.cap",
-                "250ms",
+                fmt_duration(back_off.1),
                 "Istio's (Envoy's) default retry back-off cap",
                 host_sid,
-                Duration::from_millis(250),
+                back_off.1,
                 |x: &mut DependencyPolicy, d| x.retry.cap = d,
             );
         }

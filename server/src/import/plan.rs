@@ -66,17 +66,71 @@ pub fn dep_path(dep: &str, field: &str) -> String {
     format!("policy.dependencies.{dep}.{field}")
 }
 
-/// Settings that bound or change every call of a dependency whether or not the source
-/// has an equivalent: (group, the field that shows the default). When an import sets
-/// nothing of a group for a dependency it created, the report says which of Levee's
-/// defaults is in force (a bulkhead of 25 where the source bounded nothing is a change
-/// of behaviour the team must see).
-const DEFAULTED: &[(&str, &str)] = &[
-    ("attempt_timeout", "attempt_timeout"),
-    ("retry", "retry.max_attempts"),
-    ("circuit_breaker", "circuit_breaker.failure_rate_threshold"),
-    ("bulkhead", "bulkhead.max_concurrent"),
+/// Groups of a dependency's settings that bound or change every call whether or not the
+/// source has an equivalent. When an import sets nothing of a group for a dependency, the
+/// report names the group's whole default, read from the built config; when it sets part
+/// of it, the parts it does not set (a bulkhead of 25
+/// where the source bounded nothing is a change of behaviour the team must see).
+const DEFAULTED: &[&str] = &["attempt_timeout", "retry", "circuit_breaker", "bulkhead"];
+
+/// Service-level settings in force whatever the source says: (path below `policy`, what it
+/// does). Named in one note when the import sets none of a path.
+const SERVICE_DEFAULTS: &[(&str, &str)] = &[
+    (
+        "default_deadline",
+        "the budget of a request whose caller sends none; it bounds every call, retries included",
+    ),
+    ("non_critical_cap", "the most a non-critical dependency may take per attempt"),
 ];
+
+/// The inbound admission limit: on by default and enforcing, so always named when the
+/// source does not set it (the fields shown, below `policy.inbound.limit`).
+const LIMIT_SHOWN: &[&str] = &["algorithm", "initial_limit", "min_limit", "max_limit"];
+
+/// A JSON value as a compact, YAML-like text: `{type: count, size: 100}`, `none` for null.
+fn compact(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "none".into(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => format!("[{}]", a.iter().map(compact).collect::<Vec<_>>().join(", ")),
+        Value::Object(o) => {
+            format!(
+                "{{{}}}",
+                o.iter().map(|(k, v)| format!("{k}: {}", compact(v))).collect::<Vec<_>>().join(", ")
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The value at a Levee path (`policy.dependencies.<dep>.<field>…`, `policy.<field>…`) in
+/// `cfg`, and whether it is Levee's default there. Dependency names may hold dots: the
+/// longest name the path starts with is taken. `None` when the place is not in `cfg`.
+fn value_at(cfg: &ServiceConfig, path: &str) -> Option<(String, serde_json::Value, bool)> {
+    let rest = path.strip_prefix("policy.")?;
+    let walk = |mut v: serde_json::Value, field: &str| {
+        for k in field.split('.').filter(|k| !k.is_empty()) {
+            v = v.get(k)?.clone();
+        }
+        Some(v)
+    };
+    if let Some(r) = rest.strip_prefix("dependencies.") {
+        let name = cfg
+            .policy
+            .dependencies
+            .keys()
+            .filter(|k| r.starts_with(&format!("{k}.")))
+            .max_by_key(|k| k.len())?;
+        let field = &r[name.len() + 1..];
+        let v = walk(serde_json::to_value(&cfg.policy.dependencies[name]).ok()?, field)?;
+        let default = walk(serde_json::to_value(DependencyPolicy::default()).ok()?, field);
+        return Some((field.to_string(), v.clone(), default.as_ref() == Some(&v)));
+    }
+    let v = walk(serde_json::to_value(&cfg.policy).ok()?, rest)?;
+    let default = walk(serde_json::to_value(levee_agent::policy::Policy::default()).ok()?, rest);
+    Some((rest.to_string(), v.clone(), default.as_ref() == Some(&v)))
+}
 
 /// The dependency named `dep`, created with the agent's defaults if absent.
 pub fn dep_mut<'a>(c: &'a mut ServiceConfig, dep: &str) -> &'a mut DependencyPolicy {
@@ -297,6 +351,25 @@ impl Plan {
         }
     }
 
+    /// The defaults in force at `path` (shown as `label`): the whole value when no kept
+    /// assignment sets anything at or below it, else the parts nothing sets.
+    fn defaults_left(&self, path: &str, label: &str, v: &serde_json::Value, out: &mut Vec<String>) {
+        let active = || self.assignments.iter().filter(|a| a.active);
+        if active().any(|a| a.path == path || path.starts_with(&format!("{}.", a.path))) {
+            return;
+        }
+        let below = active().any(|a| a.path.starts_with(&format!("{path}.")));
+        match (below, v.as_object()) {
+            (false, _) => out.push(format!("{label} = {}", compact(v))),
+            (true, Some(fields)) => {
+                for (k, c) in fields {
+                    self.defaults_left(&format!("{path}.{k}"), &format!("{label}.{k}"), c, out);
+                }
+            }
+            (true, None) => {}
+        }
+    }
+
     /// Applies the assignments, validates, drops what Levee does not allow, and returns
     /// the manifest and the report. `fallback` gives the reason for a setting the importer
     /// never looked at (by its path).
@@ -341,7 +414,14 @@ impl Plan {
             }
         };
         for a in self.assignments.iter().filter(|a| !a.active && a.implied.is_none()) {
-            let reason = a.drop_reason.clone().unwrap_or_default();
+            let mut reason = a.drop_reason.clone().unwrap_or_default();
+            reason.push_str(&match value_at(&cfg, &a.path) {
+                Some((field, v, true)) => {
+                    format!("; the manifest keeps Levee's default {field} = {}", compact(&v))
+                }
+                Some((field, v, false)) => format!("; the manifest has {field} = {} instead", compact(&v)),
+                None => "; the manifest has nothing in its place".to_string(),
+            });
             for &s in &a.sources {
                 self.settings[s].dropped.push(reason.clone());
             }
@@ -356,23 +436,22 @@ impl Plan {
                 Some(r) => notes.push(format!("not applied ({why}): {r}")),
             }
         }
+        let set = |prefix: &str| {
+            self.assignments
+                .iter()
+                .any(|a| a.active && (a.path == prefix || a.path.starts_with(&format!("{prefix}."))))
+        };
         for (dep, policy) in &cfg.policy.dependencies {
             let value = serde_json::to_value(policy).unwrap_or_default();
-            let set = |group: &str| {
-                let prefix = dep_path(dep, group);
-                self.assignments
-                    .iter()
-                    .any(|a| a.active && (a.path == prefix || a.path.starts_with(&format!("{prefix}."))))
-            };
-            let defaults: Vec<String> = DEFAULTED
-                .iter()
-                .filter(|(group, _)| !set(group))
-                .map(|(_, field)| {
-                    let v = field.split('.').try_fold(&value, |v, k| v.get(k)).cloned().unwrap_or_default();
-                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
-                    format!("{field} = {v}")
-                })
-                .collect();
+            let mut defaults = Vec::new();
+            for group in DEFAULTED {
+                self.defaults_left(
+                    &dep_path(dep, group),
+                    group,
+                    value.get(*group).unwrap_or_default(),
+                    &mut defaults,
+                );
+            }
             if !defaults.is_empty() {
                 notes.push(format!(
                     "policy.dependencies.{dep}: the source sets no equivalent of {}; Levee's defaults are in \
@@ -380,6 +459,38 @@ impl Plan {
                     defaults.join(", ")
                 ));
             }
+        }
+        let policy = serde_json::to_value(&cfg.policy).unwrap_or_default();
+        let mut service: Vec<String> = SERVICE_DEFAULTS
+            .iter()
+            .filter(|(field, _)| !set(&format!("policy.{field}")))
+            .map(|(field, what)| {
+                format!("{field} = {} ({what})", compact(policy.get(*field).unwrap_or_default()))
+            })
+            .collect();
+        let inbound = policy.get("inbound").cloned().unwrap_or_default();
+        let mode = compact(inbound.get("mode").unwrap_or_default());
+        if !set("policy.inbound.limit") {
+            let limit = inbound.get("limit").cloned().unwrap_or_default();
+            let shown: Vec<String> = LIMIT_SHOWN
+                .iter()
+                .map(|k| format!("{k}: {}", compact(limit.get(*k).unwrap_or_default())))
+                .collect();
+            service.push(format!(
+                "the inbound admission limit, on by default: inbound.limit = {{{}}}, inbound.mode = {mode} (with \
+                 enforce, requests over the limit are rejected with 503 / RESOURCE_EXHAUSTED; shadow only counts \
+                 them)",
+                shown.join(", ")
+            ));
+        } else if !set("policy.inbound.mode") {
+            service.push(format!("inbound.mode = {mode} (the inbound limit rejects what it sheds)"));
+        }
+        if !service.is_empty() {
+            notes.push(format!(
+                "policy: the source sets no equivalent of these service-level Levee defaults, which are in force \
+                 (write them in the manifest to change them): {}",
+                service.join("; ")
+            ));
         }
         let mut settings = Vec::with_capacity(self.settings.len());
         for (id, s) in self.settings.iter().enumerate() {

@@ -381,7 +381,14 @@ fn envoy_clusters_routes_and_faults() {
 #[test]
 fn istio_durations_retries_outliers_and_faults() {
     let t = import_file(Source::Istio, CORPUS[13].0);
-    assert_eq!(t.manifest.policy.dependencies["recommendation"].attempt_timeout, ms(1000), "1.000s");
+    let d = &t.manifest.policy.dependencies["recommendation"];
+    assert_eq!(
+        (d.attempt_timeout, d.retry.max_attempts),
+        (ms(333), 3),
+        "timeout 1.000s bounds the whole request; Istio's default 2 retries: 1s / 3 attempts"
+    );
+    let s = t.report.setting("spec.http[0].timeout").unwrap();
+    assert!(s.notes.iter().any(|n| n.contains("1s / 3 = 333ms")), "{:?}", s.notes);
 
     let ej = import_file(Source::Istio, CORPUS[10].0);
     let od = ej.manifest.policy.dependencies["recommendation"].outlier_detection.clone().unwrap();

@@ -257,8 +257,9 @@ fn a_dependency_without_retry_in_the_source_keeps_the_sources_attempts() {
 
 /// Found by a GitOps trial: a dependency imported from a file with no concurrency limit
 /// got Levee's bulkhead of 25 without a word. Every call-bounding group the source does
-/// not set (attempt timeout, retry, breaker, bulkhead) is named with the default in force;
-/// a group the source sets is not.
+/// not set (attempt timeout, retry, breaker, bulkhead) is named with its whole default in
+/// force, read from the manifest; a group the source sets is not. The service-level
+/// defaults (deadline, non-critical cap, the enforcing inbound limit) are named in one note.
 #[test]
 fn levee_defaults_the_source_does_not_set_are_named_in_the_notes() {
     let i =
@@ -270,8 +271,257 @@ fn levee_defaults_the_source_does_not_set_are_named_in_the_notes() {
         .find(|n| n.starts_with("policy.dependencies.a: the source sets no equivalent of "))
         .unwrap_or_else(|| panic!("no defaults note in {:?}", i.report.notes));
     let d = &i.manifest.policy.dependencies["a"];
-    assert!(note.contains(&format!("bulkhead.max_concurrent = {}", d.bulkhead.max_concurrent)), "{note}");
-    assert!(note.contains("attempt_timeout = "), "{note}");
-    assert!(!note.contains("circuit_breaker"), "the source sets the breaker: {note}");
+    let bulkhead = format!(
+        "bulkhead = {{max_concurrent: {}, max_wait: {}}}",
+        d.bulkhead.max_concurrent,
+        levee_agent::policy::duration::format(d.bulkhead.max_wait)
+    );
+    assert!(note.contains(&bulkhead), "the whole group: {note}");
+    assert!(
+        note.contains(&format!(
+            "attempt_timeout = {}",
+            levee_agent::policy::duration::format(d.attempt_timeout)
+        )),
+        "{note}"
+    );
+    assert!(!note.contains("circuit_breaker = {"), "the source sets the breaker: {note}");
+    assert!(!note.contains("circuit_breaker.window"), "the source sets the window: {note}");
+    assert!(note.contains("circuit_breaker.slow_call_duration = none"), "the parts it does not set: {note}");
+    assert!(note.contains("retry.budget = {"), "the retry budget, which no source sets: {note}");
     assert!(i.report.render().contains(note.as_str()), "printed with the report");
+
+    // A group the source does not set at all is named in full: the breaker's window,
+    // thresholds, slow-call, open and half-open settings; of the retry (whose attempts the
+    // import always sets), the back-off and the budget.
+    let i = import_text(Source::Resilience4j, "resilience4j.bulkhead.instances.b.maxConcurrentCalls: 4\n");
+    let note = i
+        .report
+        .notes
+        .iter()
+        .find(|n| n.starts_with("policy.dependencies.b: the source sets no equivalent of "))
+        .unwrap_or_else(|| panic!("no defaults note in {:?}", i.report.notes));
+    let cb = &i.manifest.policy.dependencies["b"].circuit_breaker;
+    let levee_agent::policy::Window::Count { size } = cb.window else { panic!("count window") };
+    for part in [
+        format!("window: {{size: {size}, type: count}}"),
+        format!("minimum_calls: {}", cb.minimum_calls),
+        format!("failure_rate_threshold: {}", cb.failure_rate_threshold),
+        "slow_call_duration: none".to_string(),
+        format!("slow_call_rate_threshold: {:?}", cb.slow_call_rate_threshold),
+        format!("wait_in_open: {}", levee_agent::policy::duration::format(cb.wait_in_open)),
+        format!("half_open_probes: {}", cb.half_open_probes),
+        "retry.base = ".to_string(),
+        "retry.budget = {capacity: ".to_string(),
+    ] {
+        assert!(note.contains(&part), "{part} missing from {note}");
+    }
+    assert!(!note.contains("bulkhead = {"), "the source sets the bulkhead: {note}");
+    assert!(!note.contains("bulkhead.max_concurrent"), "the source sets it: {note}");
+    assert!(note.contains("bulkhead.max_wait = "), "the part it does not set: {note}");
+
+    // Service level: one note, with the inbound limit's algorithm, initial limit and mode.
+    let p = &i.manifest.policy;
+    let service: Vec<&String> =
+        i.report.notes.iter().filter(|n| n.starts_with("policy: the source sets no equivalent")).collect();
+    assert_eq!(service.len(), 1, "{:?}", i.report.notes);
+    for part in [
+        format!("default_deadline = {}", levee_agent::policy::duration::format(p.default_deadline)),
+        format!("non_critical_cap = {}", levee_agent::policy::duration::format(p.non_critical_cap)),
+        format!("algorithm: aimd, initial_limit: {}", p.inbound.limit.initial_limit),
+        "inbound.mode = enforce".to_string(),
+    ] {
+        assert!(service[0].contains(&part), "{part} missing from {}", service[0]);
+    }
+
+    // A source that sets the inbound limit (Sentinel's system rule) gets only the mode.
+    let i = import_text(Source::Sentinel, r#"[{"maxThread": 10}]"#);
+    let service = i.report.notes.iter().find(|n| n.starts_with("policy: ")).unwrap();
+    assert!(service.contains("inbound.mode = enforce") && !service.contains("inbound.limit ="), "{service}");
+}
+
+/// User trial: a value Levee does not allow was reported with the range, but not with
+/// what the manifest holds instead.
+#[test]
+fn a_dropped_value_says_what_the_manifest_keeps_instead() {
+    let i = import_text(
+        Source::Resilience4j,
+        "resilience4j.retry.instances.pricing:\n  maxAttempts: 20\n  waitDuration: 100ms\n\
+         resilience4j.bulkhead.instances.pricing.maxConcurrentCalls: 0\n",
+    );
+    let d = &i.manifest.policy.dependencies["pricing"];
+    let why = reason(&i, "resilience4j.retry.instances.pricing.maxAttempts");
+    assert!(why.contains("must be between 1 and 10"), "{why}");
+    assert!(
+        why.ends_with(&format!(
+            "; the manifest keeps Levee's default retry.max_attempts = {}",
+            d.retry.max_attempts
+        )),
+        "{why}"
+    );
+    let why = reason(&i, "resilience4j.bulkhead.instances.pricing.maxConcurrentCalls");
+    assert!(
+        why.contains(&format!(
+            "the manifest keeps Levee's default bulkhead.max_concurrent = {}",
+            d.bulkhead.max_concurrent
+        )),
+        "{why}"
+    );
+}
+
+/// User trial: `timeout: 5s` alone became a 5 s attempt timeout with Istio's 3 attempts
+/// (15 s and more), where Istio bounds the whole request, retries included, by 5 s.
+#[test]
+fn a_whole_request_timeout_is_split_over_the_attempts() {
+    let vs = |http: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: r}}\nspec:\n  hosts: [r]\n  \
+             http:\n  - route:\n    - destination: {{host: r}}\n{http}"
+        )
+    };
+    let total = |i: &Imported, dep: &str| {
+        let d = &i.manifest.policy.dependencies[dep];
+        (d.attempt_timeout, d.retry.max_attempts)
+    };
+    // Istio, no retries: Istio's default 2 retries; 5s / 3 = 1666 ms (rounded down).
+    let i = import_text(Source::Istio, &vs("    timeout: 5s\n"));
+    assert_eq!(total(&i, "r"), (Duration::from_millis(1666), 3), "{}", i.report.render());
+    let s = i.report.setting("spec.http[0].timeout").unwrap();
+    assert!(
+        s.notes.iter().any(|n| n.contains("by 5s")
+            && n.contains("5s / 3 = 1s 666ms")
+            && n.contains("rounded down")
+            && n.contains("caller's deadline")),
+        "{:?}",
+        s.notes
+    );
+    // No retries at all: the whole timeout is the attempt's.
+    let i = import_text(Source::Istio, &vs("    timeout: 5s\n    retries: {attempts: 0}\n"));
+    assert_eq!(total(&i, "r"), (Duration::from_secs(5), 1));
+    // A per-try timeout that fits is kept, and the total is reported as not mapped.
+    let i =
+        import_text(Source::Istio, &vs("    timeout: 5s\n    retries: {attempts: 1, perTryTimeout: 2s}\n"));
+    assert_eq!(total(&i, "r"), (Duration::from_secs(2), 2));
+    assert!(reason(&i, "spec.http[0].timeout").contains("2 attempts × 2s = 4s fit within its 5s"));
+    // One that does not fit (3 × 2s > 5s) is lowered to 5s / 3; the attempts are kept.
+    let i =
+        import_text(Source::Istio, &vs("    timeout: 5s\n    retries: {attempts: 2, perTryTimeout: 2s}\n"));
+    assert_eq!(total(&i, "r"), (Duration::from_millis(1666), 3));
+    let s = i.report.setting("spec.http[0].retries.perTryTimeout").unwrap();
+    assert!(s.notes.iter().any(|n| n.contains("lowered to 5s / 3 = 1s 666ms")), "{:?}", s.notes);
+    // Never below Levee's shortest attempt timeout.
+    let i = import_text(Source::Istio, &vs("    timeout: 2ms\n"));
+    assert_eq!(total(&i, "r"), (levee_agent::policy::MIN_ATTEMPT_TIMEOUT, 3));
+
+    // Envoy: route timeout without per_try_timeout, and Envoy's default 15 s.
+    let envoy = |route: &str| {
+        format!(
+            "static_resources:\n  listeners:\n  - filter_chains:\n    - filters:\n      - name: hcm\n        \
+             typed_config:\n          route_config:\n            virtual_hosts:\n            - name: a\n              \
+             routes:\n              - match: {{prefix: /}}\n                route: {route}\n          \
+             http_filters: []\n"
+        )
+    };
+    let i =
+        import_text(Source::Envoy, &envoy("{cluster: pricing, timeout: 3s, retry_policy: {num_retries: 2}}"));
+    assert_eq!(total(&i, "pricing"), (Duration::from_secs(1), 3), "{}", i.report.render());
+    let base = "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[0].route";
+    let s = i.report.setting(&format!("{base}.timeout")).unwrap();
+    assert!(
+        s.notes.iter().any(|n| n.contains("Envoy bounds the whole request, retries included, by 3s")),
+        "{:?}",
+        s.notes
+    );
+    assert!(!s.notes.iter().any(|n| n.contains("may use the whole route timeout")), "{:?}", s.notes);
+    let i = import_text(Source::Envoy, &envoy("{cluster: pricing, retry_policy: {retry_on: 5xx}}"));
+    assert_eq!(total(&i, "pricing"), (Duration::from_millis(7500), 2), "15s / 2 attempts");
+    assert!(
+        i.report.notes.iter().any(|n| n.starts_with(
+            "policy.dependencies.pricing.attempt_timeout = 7s 500ms: Envoy's default route timeout"
+        )),
+        "{:?}",
+        i.report.notes
+    );
+    let i = import_text(
+        Source::Envoy,
+        &envoy("{cluster: pricing, timeout: 1s, retry_policy: {num_retries: 3, per_try_timeout: 0.5s}}"),
+    );
+    assert_eq!(total(&i, "pricing"), (Duration::from_millis(250), 4), "4 × 0.5s > 1s: 1s / 4");
+}
+
+/// User trial: two Envoy routes to one cluster with different settings were merged field
+/// by field without a word (route `/b`'s timeout and retries with nothing of `/a`), and the
+/// first route's `cluster` was "not a timeout, retry … setting". The first route's settings
+/// are taken as a whole, the other route's are reported, and Istio does the same.
+#[test]
+fn routes_to_one_dependency_with_different_settings_take_the_first_and_report_the_conflict() {
+    let text = "\
+static_resources:
+  listeners:
+  - filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          route_config:
+            virtual_hosts:
+            - name: a
+              routes:
+              - match: {prefix: /a}
+                route: {cluster: pricing, timeout: 0s}
+              - match: {prefix: /b}
+                route: {cluster: pricing, timeout: 3s, retry_policy: {num_retries: 2}}
+          http_filters: []
+";
+    let i = import_text(Source::Envoy, text);
+    let d = &i.manifest.policy.dependencies["pricing"];
+    assert_eq!(d.retry.max_attempts, 1, "route /a: no retry_policy");
+    assert_eq!(d.attempt_timeout, levee_agent::policy::DependencyPolicy::default().attempt_timeout, "/a: 0s");
+    let vh = "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0]";
+    assert!(
+        mapped_to(&i, &format!("{vh}.routes[0].route.cluster")).contains(
+            &"policy.dependencies.pricing.retry.max_attempts = 1 (no retry_policy: Envoy does not retry)"
+                .to_string()
+        )
+    );
+    for k in ["route.timeout", "route.retry_policy.num_retries", "route.cluster"] {
+        let why = reason(&i, &format!("{vh}.routes[1].{k}"));
+        assert!(
+            why.contains(&format!("conflicts with {vh}.routes[0]")) && why.contains("retry.max_attempts = 3"),
+            "{k}: {why}"
+        );
+    }
+    assert!(reason(&i, &format!("{vh}.routes[1].route.cluster")).starts_with("names the destination"));
+    assert!(
+        i.report
+            .notes
+            .iter()
+            .any(|n| n.starts_with("pricing: routes ") && n.contains("the first route's settings are taken")),
+        "{:?}",
+        i.report.notes
+    );
+
+    let text = "\
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: pricing}
+spec:
+  hosts: [pricing]
+  http:
+  - match: [{uri: {prefix: /a}}]
+    route:
+    - destination: {host: pricing}
+    retries: {attempts: 0}
+  - route:
+    - destination: {host: pricing}
+    timeout: 3s
+    retries: {attempts: 2}
+";
+    let i = import_text(Source::Istio, text);
+    let d = &i.manifest.policy.dependencies["pricing"];
+    assert_eq!(d.retry.max_attempts, 1, "the first route's attempts: 0");
+    assert_eq!(d.attempt_timeout, levee_agent::policy::DependencyPolicy::default().attempt_timeout);
+    for k in ["timeout", "retries.attempts", "route[0].destination.host"] {
+        let why = reason(&i, &format!("spec.http[1].{k}"));
+        assert!(why.contains("conflicts with spec.http[0]"), "{k}: {why}");
+    }
+    assert!(i.report.notes.iter().any(|n| n.starts_with("pricing: routes spec.http[0] and spec.http[1]")));
 }
