@@ -63,7 +63,22 @@ fn init_tracing(filter: &str) {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<std::process::ExitCode> {
+async fn main() -> std::process::ExitCode {
+    // An error is printed as every command prints one (`error: …`, each cause on its own
+    // line), never as anyhow's `Error:` with a backtrace when RUST_BACKTRACE is set.
+    match run().await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<std::process::ExitCode> {
     // A usage error exits 1, not clap's 2: `levee apply --dry-run` exits 2 for "the plan
     // has changes", and a CI job must not read a typo as that.
     let cli = match Cli::try_parse() {

@@ -307,7 +307,25 @@ fn decode_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ManifestErro
         Some(l) if l.line() > 0 => (Some(l.line()), Some(l.column())),
         _ => (None, None),
     };
-    let message = strip_location(&rendered);
+    let mut message = strip_location(&rendered);
+    let mut path = path;
+    // The YAML decoder names a duplicate key in its message and not in the path (`a.?`),
+    // and suggests one of its own options: say it in the manifest's terms.
+    if let Some(rest) = message.strip_prefix("duplicate mapping key") {
+        let key = rest.strip_prefix(": ").and_then(|r| r.split(", set DuplicateKeyPolicy").next());
+        if let Some(key) = key {
+            if let Some(parent) = path.strip_suffix(".?").or_else(|| path.strip_suffix('?')) {
+                path = if parent.is_empty() || parent == "." {
+                    key.to_string()
+                } else {
+                    format!("{parent}.{key}")
+                };
+            }
+            message = format!("duplicate key `{key}`: a key may appear only once in a mapping");
+        } else {
+            message = "duplicate key: a key may appear only once in a mapping".to_string();
+        }
+    }
     let message = match parts {
         Some(p) => recover::explain(&p, &message),
         None => message,
@@ -322,7 +340,12 @@ fn decode_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ManifestErro
 /// names keeps its place and its line and column. When the file cannot be read as plain
 /// data (bad YAML syntax), `first` is all there is.
 fn with_the_rest(text: &str, mut first: ManifestError) -> ManifestError {
-    let Ok(docs) = serde_saphyr::from_multiple_with_options::<serde_json::Value>(text, yaml_options()) else {
+    // A duplicate key is `first` already; read past it (the later value wins) to find the rest.
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
+    };
+    let Ok(docs) = serde_saphyr::from_multiple_with_options::<serde_json::Value>(text, options) else {
         return first;
     };
     let items = docs.into_iter().flat_map(|d| match d {

@@ -104,7 +104,7 @@ pub(super) fn expires_in_future(path: &str, expires_at: Option<Timestamp>) -> Re
 }
 
 /// [`expires_in_future`] for every flag of a declared set, the paths under `flags.<key>`.
-pub(super) fn all_expire_in_future<'a>(
+pub(crate) fn all_expire_in_future<'a>(
     flags: impl IntoIterator<Item = (&'a String, &'a Flag)>,
 ) -> Result<(), ChangeError> {
     for (key, flag) in flags {

@@ -30,7 +30,7 @@ mod environments;
 mod error;
 mod expiry;
 mod faults;
-mod flags;
+pub(crate) mod flags;
 mod input;
 mod overrides;
 mod profiles;

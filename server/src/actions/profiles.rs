@@ -557,7 +557,8 @@ impl Actions {
             return Err(ChangeError::InvalidField(field(
                 "expires_at".into(),
                 expires_at.to_string(),
-                "must be at most 7 days ahead; apply the profile again to extend it",
+                "must be at most 7 days ahead (--for 7d at most); an active profile cannot be extended: \
+                 to keep it in force longer, apply it again once it has ended or been reverted",
             )));
         }
         let profile = self.store.profile(env, name).await?.ok_or_else(|| {

@@ -109,6 +109,13 @@ fn check(manifests: &[ServiceManifest]) -> ApiResult<()> {
                 v.0.into_iter().map(|e| FieldError { path: format!("manifests[{i}].{}", e.path), ..e }),
             );
         }
+        // The write refuses an expiry in the past; so does the plan, or a dry run in CI
+        // passes and the apply on merge fails.
+        if let Err(crate::actions::ChangeError::InvalidField(e)) =
+            crate::actions::flags::all_expire_in_future(&m.flags)
+        {
+            errors.push(FieldError { path: format!("manifests[{i}].{}", e.path), ..e });
+        }
         if !seen.insert(m.key()) {
             errors.push(FieldError {
                 path: format!("manifests[{i}].service"),

@@ -23,9 +23,10 @@ pub struct ApplyArgs {
     /// (hidden ones skipped). Repeat -f for several.
     #[arg(short = 'f', long = "file", value_name = "FILE|DIR", required = true)]
     pub files: Vec<PathBuf>,
-    /// Why, recorded in the audit log with every write; required (in CI, e.g. the commit).
-    #[arg(long)]
-    pub reason: String,
+    /// Why, recorded in the audit log with every write; required unless --dry-run (in CI,
+    /// e.g. the pull request).
+    #[arg(long, required_unless_present = "dry_run")]
+    pub reason: Option<String>,
     /// Shows the plan and writes nothing; exits 2 when the plan has changes, 0 when not.
     #[arg(long)]
     pub dry_run: bool,
@@ -264,7 +265,8 @@ fn render(plan: &Plan, prune: bool) -> String {
 
 /// `levee apply`.
 pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
-    if a.reason.trim().is_empty() {
+    let reason = a.reason.clone().unwrap_or_default();
+    if !a.dry_run && reason.trim().is_empty() {
         return Err(CliError::Usage("--reason must say why (it is recorded in the audit log)".into()));
     }
     if a.override_profile.as_deref().is_some_and(|r| r.trim().is_empty()) {
@@ -303,6 +305,25 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
         return finish(results, ExitCode::SUCCESS);
     }
     if a.dry_run {
+        // What the apply would refuse makes the dry run fail too: a CI check on the pull
+        // request must not pass when the apply on merge cannot.
+        let mut refused = 0;
+        for e in &pending {
+            if let (Some(p), None) = (e.undoes_profile(), &a.override_profile) {
+                refused += 1;
+                let message = refused_for_profile(e, p);
+                eprintln!("error: {message}");
+                results.push(json!({"service": format!("{}/{}", e.environment, e.service),
+                                    "action": e.action, "error": message}));
+            }
+        }
+        if refused > 0 {
+            eprintln!(
+                "Dry run: nothing written; the apply would refuse {refused} service{}.",
+                if refused == 1 { "" } else { "s" }
+            );
+            return finish(results, ExitCode::FAILURE);
+        }
         if !json {
             println!("Dry run: nothing written.");
         }
@@ -320,21 +341,13 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
             (Some(_), Some(why)) => Some(why.as_str()),
             (Some(p), None) => {
                 failed += 1;
-                let message = format!(
-                    "{key}: not applied: it would undo {} set by the active emergency profile {} \
-                     (until {}); revert the profile first (levee profile revert {} --reason …), or \
-                     pass --override-profile REASON to write it anyway",
-                    p.undoes.join(", "),
-                    p.name,
-                    p.expires_at,
-                    e.environment
-                );
+                let message = refused_for_profile(e, p);
                 eprintln!("error: {message}");
                 results.push(json!({"service": key, "action": e.action, "error": message}));
                 continue;
             }
         };
-        match write(&api, e, by_key.get(&key).copied(), &a.reason, override_profile).await {
+        match write(&api, e, by_key.get(&key).copied(), &reason, override_profile).await {
             Ok((done, revision)) => {
                 if !json {
                     println!("{key}: {done}");
@@ -353,6 +366,21 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
         return finish(results, ExitCode::FAILURE);
     }
     finish(results, ExitCode::SUCCESS)
+}
+
+/// Why `levee apply` does not write `e` without `--override-profile`.
+fn refused_for_profile(e: &Entry, p: &ActiveProfile) -> String {
+    format!(
+        "{}/{}: not applied: it would undo {} set by the active emergency profile {} (until {}); revert \
+         the profile first (levee profile revert {} --reason …), or pass --override-profile REASON to \
+         write it anyway",
+        e.environment,
+        e.service,
+        p.undoes.join(", "),
+        p.name,
+        p.expires_at,
+        e.environment
+    )
 }
 
 #[derive(Deserialize)]

@@ -175,7 +175,10 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
 
 /// Prints an error and the fields it names, one per line.
 fn report(e: &CliError) {
-    eprintln!("error: {e}");
+    // One problem per line, each marked, so a CI log's error filter catches every one.
+    for line in e.to_string().lines() {
+        eprintln!("error: {line}");
+    }
     if let CliError::Api { errors, current_revision, .. } = e {
         for f in errors {
             let value = if f.value.is_empty() { String::new() } else { format!(" (got {})", f.value) };

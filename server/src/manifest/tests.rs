@@ -135,6 +135,13 @@ fn duplicate_keys_are_refused() {
     let p = problem(&text);
     assert!(p.message.contains("duplicate"), "{p:?}");
     assert_eq!(p.line, Some(7));
+    // Trial: the path ended in `?`, the message suggested a decoder option, and every
+    // other problem of the file stayed hidden until the duplicate was removed.
+    assert_eq!(p.path, "policy.default_deadline");
+    assert_eq!(p.message, "duplicate key `default_deadline`: a key may appear only once in a mapping");
+    let err = parse("svc.yaml", &text.replace("max_attempts: 2", "max_attempts: 20")).unwrap_err();
+    let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(paths, ["policy.default_deadline", "policy.dependencies.pricing.retry.max_attempts"], "{err}");
 }
 
 #[test]

@@ -494,9 +494,17 @@ async fn apply_warns_of_an_active_profile_and_undoes_it_only_when_told() {
     assert_eq!(r.code, 0, "{r:?}");
     const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
 
-    // The plan says the profile is active and what the apply would undo.
-    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "merge", "--dry-run"]).await;
-    assert_eq!(r.code, 2, "{r:?}");
+    // The plan says the profile is active and what the apply would undo; the dry run
+    // fails as the apply would (trial: the PR check passed, the merge job failed), and
+    // with --override-profile it shows changes (2). A dry run needs no --reason.
+    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--dry-run"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.stderr.contains("prod/checkout: not applied: it would undo flags.recommendations.enabled"),
+        "{r:?}"
+    );
+    let dry_override = ["apply", "-f", file, "--dry-run", "--override-profile", "INC-7 fixed upstream"];
+    assert_eq!(levee(&app, home.path(), None, &dry_override).await.code, 2);
     assert!(r.stdout.contains("~ flags.recommendations.enabled.value: false → true"), "{r:?}");
     assert!(
         r.stdout.contains("! emergency profile recs-down (applied by admin) is active until ")
