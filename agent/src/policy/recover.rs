@@ -105,6 +105,14 @@ pub fn explain(parts: &[PathPart], message: &str) -> String {
             }
         }
     }
+    // serde names a struct by its Rust type (`expected struct Retry`); a user wrote YAML.
+    if let Some(i) = out.find("expected struct ") {
+        let start = i + "expected struct ".len();
+        let end = out[start..]
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .map_or(out.len(), |n| start + n);
+        out.replace_range(i..end, "expected a mapping");
+    }
     match hint {
         Some(h) => {
             // serde_json appends the location; keep it last.

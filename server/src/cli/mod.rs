@@ -303,9 +303,39 @@ async fn get(a: &GetArgs, dir: Option<&std::path::Path>) -> Result<ExitCode, Cli
                     .map_err(|e| CliError::Usage(format!("cannot write {}: {e}", file.display())))?;
                 println!("wrote {}", file.display());
             }
+            if svc.is_none() {
+                warn_of_stale_files(dir, env, &names, ext);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// After exporting environment `env` into `dir`: warns of every other manifest file there
+/// that holds a service of `env` the server no longer has (trial: a re-export left
+/// `temp.yaml` of a deleted service, and the next apply created it again).
+fn warn_of_stale_files(dir: &std::path::Path, env: &str, exported: &[String], ext: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut files: Vec<std::path::PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    for file in files {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let is_manifest = [".yaml", ".yml", ".json"].iter().any(|x| name.ends_with(x));
+        let written = exported.iter().any(|s| name == format!("{s}.{ext}"));
+        if !is_manifest || written || name.starts_with('.') {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let Ok(ms) = manifest::parse(&name, &text) else { continue };
+        for m in ms.iter().filter(|m| m.environment == env && !exported.contains(&m.service)) {
+            eprintln!(
+                "warning: {} holds {}, which the server does not have: delete the file, or the next \
+                 levee apply creates the service again",
+                file.display(),
+                m.key()
+            );
+        }
+    }
 }
 
 /// Reads `text` as a value of `kind`.

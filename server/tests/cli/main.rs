@@ -194,6 +194,17 @@ async fn gitops_flow_export_edit_dry_run_apply_apply_again_and_prune() {
         levee(&app, home.path(), None, &["apply", "-f", dir, "--reason", "drop pricing", "--prune"]).await;
     assert_eq!((r.code, r.stdout.contains("Nothing to do.")), (0, true), "{r:?}");
 
+    // A re-export over a directory that still holds the file of a deleted service warns of
+    // it (trial: the next apply silently created the service again).
+    std::fs::write(Path::new(dir).join("pricing.yaml"), TWO_SERVICES.split("---\n").nth(1).unwrap()).unwrap();
+    let r = levee(&app, home.path(), None, &["export", "prod", "--dir", dir]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stderr.contains("pricing.yaml holds prod/pricing, which the server does not have: delete the file"),
+        "{r:?}"
+    );
+    std::fs::remove_file(Path::new(dir).join("pricing.yaml")).unwrap();
+
     // Bringing it back continues its revisions (its agents hold revision 1).
     let r = levee(&app, home.path(), None, &["apply", "-f", first, "--reason", "pricing is back"]).await;
     assert_eq!(r.code, 0, "{r:?}");
