@@ -224,9 +224,15 @@ fn render(plan: &Plan, prune: bool) -> String {
         };
         let _ = writeln!(out, "{mark} {name:<width$}  {what}");
         for c in &e.changes {
-            let _ = match c.op.as_str() {
-                "added" => writeln!(out, "    + {}: {}", c.path, shown(&c.after)),
-                "removed" => writeln!(out, "    - {}: {}", c.path, shown(&c.before)),
+            // A value that becomes null (an expiry taken away) reads as removed, and one
+            // that was null as added: JSON null arrives here as no value.
+            let _ = match (c.op.as_str(), &c.before, &c.after) {
+                ("added", _, _) | ("changed", None, _) => {
+                    writeln!(out, "    + {}: {}", c.path, shown(&c.after))
+                }
+                ("removed", _, _) | ("changed", _, None) => {
+                    writeln!(out, "    - {}: {}", c.path, shown(&c.before))
+                }
                 _ => writeln!(out, "    ~ {}: {} → {}", c.path, shown(&c.before), shown(&c.after)),
             };
         }
@@ -274,17 +280,29 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
             "--override-profile must say why (it is recorded in the audit log)".into(),
         ));
     }
-    let manifests = read_manifests(&a.files)?;
+    let json = a.output == "json";
+    // With -o json a CI job reads stdout: a failure before the plan is a JSON document too.
+    let failed_early = |e: CliError| {
+        if json {
+            println!(
+                "{}",
+                json!({"plan": null, "dry_run": a.dry_run, "results": [], "error": e.to_string()})
+            );
+        }
+        e
+    };
+    let manifests = read_manifests(&a.files).map_err(failed_early)?;
     let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
     let body = json!({
         "manifests": manifests.iter().map(|(m, _)| m).collect::<Vec<_>>(),
         "prune": a.prune,
     });
-    let raw: Value =
-        api.send(Method::POST, "/plan", Some(&body), None).await.map_err(|e| locate(e, &manifests))?;
+    let raw: Value = api
+        .send(Method::POST, "/plan", Some(&body), None)
+        .await
+        .map_err(|e| failed_early(locate(e, &manifests)))?;
     let plan: Plan = serde_json::from_value(raw.clone())
         .map_err(|e| CliError::Usage(format!("the server's plan is not what this levee reads: {e}")))?;
-    let json = a.output == "json";
     let mut results: Vec<Value> = Vec::new();
     let finish = |results: Vec<Value>, code: ExitCode| {
         if json {

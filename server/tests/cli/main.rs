@@ -517,6 +517,8 @@ async fn apply_warns_of_an_active_profile_and_undoes_it_only_when_told() {
     let dry_override = ["apply", "-f", file, "--dry-run", "--override-profile", "INC-7 fixed upstream"];
     assert_eq!(levee(&app, home.path(), None, &dry_override).await.code, 2);
     assert!(r.stdout.contains("~ flags.recommendations.enabled.value: false → true"), "{r:?}");
+    // The expiry the profile set is shown as taken away (it read `"…" → (none)`).
+    assert!(r.stdout.contains("    - flags.recommendations.enabled.expires_at: \""), "{r:?}");
     assert!(
         r.stdout.contains("! emergency profile recs-down (applied by admin) is active until ")
             && r.stdout
@@ -603,4 +605,16 @@ async fn apply_output_json_gives_the_whole_plan_and_the_results() {
     let r = levee(&app, home.path(), None, &["apply", "-f", file, "--reason", "long", "--dry-run"]).await;
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stdout.contains(&format!("~ description: \"Takes orders\" → \"{long_description}\"")), "{r:?}");
+
+    // An invalid file still gives a CI job a JSON document on stdout (and exit 1).
+    std::fs::write(repo.path().join("svc.yaml"), TWO_SERVICES.replace("max_attempts: 3", "max_attempts: 30"))
+        .unwrap();
+    let r = levee(&app, home.path(), None, &["apply", "-f", file, "--dry-run", "-o", "json"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    let doc: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+    assert!(
+        doc["error"].as_str().unwrap().contains("retry.max_attempts: must be between 1 and 10 (got 30)"),
+        "{doc}"
+    );
+    assert_eq!(doc["plan"], Value::Null);
 }
