@@ -239,6 +239,31 @@ fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! { strict_booleans: true }
 }
 
+/// For reading past the first problem: a duplicate key is that problem already, so the
+/// later value wins.
+fn lenient_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
+    }
+}
+
+/// Gives every problem without a place the line and column of the value its path names
+/// in the file (or of the mapping that leaves the field out), then puts the problems in
+/// file order.
+fn locate(text: &str, problems: &mut [Problem]) {
+    if let Ok(docs) = serde_saphyr::from_multiple_with_options::<locate::Located>(text, lenient_options()) {
+        let items: Vec<locate::Located> = docs.into_iter().flat_map(locate::Located::items).collect();
+        for p in problems.iter_mut().filter(|p| p.line.is_none()) {
+            if let Some(doc) = p.document.checked_sub(1).and_then(|i| items.get(i)) {
+                let (line, column) = doc.find(&p.path);
+                (p.line, p.column) = (Some(line), Some(column));
+            }
+        }
+    }
+    problems.sort_by_key(|p| (p.document, p.line.unwrap_or(u64::MAX), p.column.unwrap_or(u64::MAX)));
+}
+
 /// Decodes and validates every service of a manifest file (YAML or JSON).
 ///
 /// `file` names the file in errors. Refuses an empty file, a document that is not a
@@ -294,7 +319,11 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<ServiceManifest>, ManifestErr
             });
         }
     }
-    if problems.is_empty() { Ok(manifests) } else { Err(ManifestError { file: file.to_string(), problems }) }
+    if problems.is_empty() {
+        return Ok(manifests);
+    }
+    locate(text, &mut problems);
+    Err(ManifestError { file: file.to_string(), problems })
 }
 
 /// Turns a decoder error into a problem: the path recorded by `decode_one`, the
@@ -340,12 +369,8 @@ fn decode_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ManifestErro
 /// names keeps its place and its line and column. When the file cannot be read as plain
 /// data (bad YAML syntax), `first` is all there is.
 fn with_the_rest(text: &str, mut first: ManifestError) -> ManifestError {
-    // A duplicate key is `first` already; read past it (the later value wins) to find the rest.
-    let options = serde_saphyr::options! {
-        strict_booleans: true,
-        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
-    };
-    let Ok(docs) = serde_saphyr::from_multiple_with_options::<serde_json::Value>(text, options) else {
+    let Ok(docs) = serde_saphyr::from_multiple_with_options::<serde_json::Value>(text, lenient_options())
+    else {
         return first;
     };
     let items = docs.into_iter().flat_map(|d| match d {
@@ -384,6 +409,7 @@ fn with_the_rest(text: &str, mut first: ManifestError) -> ManifestError {
         head.message = found.message;
     }
     first.problems.extend(rest);
+    locate(text, &mut first.problems);
     first
 }
 
@@ -448,6 +474,8 @@ pub fn to_json(manifests: &[ServiceManifest]) -> String {
     };
     text.expect("a manifest always serializes to JSON") + "\n"
 }
+
+mod locate;
 
 #[cfg(test)]
 mod tests;

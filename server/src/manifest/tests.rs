@@ -170,7 +170,9 @@ fn out_of_range_values_are_reported_with_path_and_allowed_range() {
         ]
     );
     let text = err.to_string();
-    assert!(text.contains("svc.yaml: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts: must be between 1 and 10 (got 12)"), "{text}");
+    // Each is located at its value in the file (trial: only the first decoding error had a line).
+    assert!(text.contains("svc.yaml:10:30: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts: must be between 1 and 10 (got 12)"), "{text}");
+    assert!(text.contains("svc.yaml:20:10: document 2 (prod/Search): service: "), "{text}");
     assert!(text.contains("must be a ratio, 0 < x <= 1 (got 50)"), "{text}");
 }
 
@@ -242,16 +244,19 @@ policy:
         [
             (1, "policy.dependencies.pricing.bulkhead.max_concurrent"),
             (1, "policy.dependencies.pricing.circuit_breaker.minimum_calls"),
-            (2, "policy.colour"),
-            (2, "policy.default_deadline"),
-            // A consequence of the one above, stated as such.
+            // In file order; a field left out (reserve, a consequence of the deadline
+            // below) is located at the mapping that leaves it out.
             (2, "policy.reserve"),
+            (2, "policy.default_deadline"),
+            (2, "policy.colour"),
         ],
         "{err}"
     );
     assert!(err.problems[1].message.contains("must be between 1 and"), "{err}");
     assert!(err.problems[1].message.ends_with("(got 2.5)"), "{err}");
     assert_eq!(err.problems[3].service.as_deref(), Some("prod/search"));
+    let lines: Vec<Option<u64>> = err.problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(7), Some(8), Some(9), Some(15), Some(15), Some(16)], "{err}");
     // The text a user reads names the file, the line and the range.
     let shown = err.to_string();
     assert!(shown.starts_with("svc.yaml:7:"), "{shown}");

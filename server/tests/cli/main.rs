@@ -222,9 +222,9 @@ async fn errors_name_the_file_the_yaml_path_and_the_allowed_range() {
     let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
     assert_eq!(r.code, 1, "{r:?}");
     assert!(
-        r.stderr
-            .contains("bad.yaml: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts")
-            && r.stderr.contains("between 1 and 10")
+        r.stderr.contains(
+            "bad.yaml:9:30: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts"
+        ) && r.stderr.contains("between 1 and 10")
             && r.stderr.contains("(got 30)"),
         "{r:?}"
     );
@@ -254,7 +254,7 @@ async fn errors_name_the_file_the_yaml_path_and_the_allowed_range() {
     );
     assert!(
         r.stderr.contains(
-            "bad.yaml: document 2 (prod/pricing): policy.dependencies.db.retry.max_attempts: must be between 1 and 10 (got 20)"
+            "bad.yaml:23:58: document 2 (prod/pricing): policy.dependencies.db.retry.max_attempts: must be between 1 and 10 (got 20)"
         ),
         "{r:?}"
     );
