@@ -1,5 +1,5 @@
 //! Expiry: the server removes flags, fault rules, breaker overrides and levers whose time is
-//! up.
+//! up, and puts back a flag whose temporary value ends (see `flags::remembered`).
 //! Agents expire them locally too, so this matters for what the server shows and pushes.
 
 use levee_agent::policy::Timestamp;
@@ -8,7 +8,8 @@ use super::{Action, Actions, Actor, ChangeError, Reason, ServiceAt};
 use crate::db::{AuditDiff, Entries, Parts, Subject};
 
 impl Actions {
-    /// Removes every flag, fault rule, breaker override and lever override expired at `now`, one revision
+    /// Removes every flag, fault rule, breaker override and lever override expired at `now`
+    /// (a flag with a temporary value goes back to the flag it was instead), one revision
     /// per service that had any (audited as `expiry` by `levee` via `server`: the entries
     /// it changed as they were and as they are, see [`AuditDiff::entries`], and what it did
     /// in words as `detail`). A service that fails is logged and left for the next pass.
@@ -47,25 +48,41 @@ impl Actions {
     }
 }
 
-/// Removes what expired at `now` from `p`; the audit's `before` holds the removed entries
-/// (and the policy, when a kill switch reverts to its compiled-in default), `after` the
-/// same entries now (`null`: gone), `detail` what was done in words.
+/// Removes what expired at `now` from `p`, except a flag the server remembers as it was
+/// before its temporary value (`Parts::restores`, see `flags::remembered`): that flag is put
+/// back, in this same revision. The audit's `before` holds the changed entries as they were
+/// (and the policy, when a kill switch reverts to its compiled-in default), `after` the same
+/// entries now (`null`: gone; a restored flag: its value again), `detail` what was done in
+/// words.
 fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
     let old = p.clone();
     let mut removed = Vec::new();
+    let mut restored = Vec::new();
     let switches: std::collections::BTreeSet<String> =
         p.policy.flag_references().into_iter().map(|r| r.key.to_string()).collect();
     let mut reverted = Vec::new();
-    p.flags.retain(|k, f| {
-        let keep = f.expires_at.is_none_or(|e| e > now);
-        if !keep {
-            removed.push(format!("flag {k}"));
-            if switches.contains(k) {
-                reverted.push(k.clone());
+    let expired: Vec<String> = p
+        .flags
+        .iter()
+        .filter(|(_, f)| f.expires_at.is_some_and(|e| e <= now))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in expired {
+        match p.restores.remove(&k) {
+            Some(back) => {
+                restored
+                    .push(format!("flag {k} back to {} (its value before the temporary one)", back.value));
+                p.flags.insert(k, back);
+            }
+            None => {
+                p.flags.remove(&k);
+                removed.push(format!("flag {k}"));
+                if switches.contains(&k) {
+                    reverted.push(k);
+                }
             }
         }
-        keep
-    });
+    }
     // An expired kill switch reverts to the service's compiled-in default: the policy says
     // so, or its reference would dangle (OPS-1).
     let mut detail = Vec::new();
@@ -91,7 +108,12 @@ fn remove_expired(p: &mut Parts, now: Timestamp) -> AuditDiff {
         removed.push("levers".to_string());
         p.levers = None;
     }
-    detail.insert(0, format!("removed {}", removed.join(", ")));
+    if !restored.is_empty() {
+        detail.insert(0, format!("restored {}", restored.join(", ")));
+    }
+    if !removed.is_empty() {
+        detail.insert(0, format!("removed {}", removed.join(", ")));
+    }
     AuditDiff::entries(&old, p).with_detail(detail.join("; "))
 }
 
@@ -143,5 +165,39 @@ mod tests {
             serde_json::json!({"flags": {"gone": null}, "breaker_overrides": {"pay": null}, "levers": null})
         );
         assert_eq!(diff.detail.as_deref(), Some("removed flag gone, breaker override pay, levers"));
+    }
+
+    #[test]
+    fn a_temporary_value_goes_back_to_the_remembered_flag_in_the_same_revision() {
+        let now = Timestamp::from_unix_ms(1_000_000);
+        let flag = |v: bool, expires_at| Flag {
+            expires_at,
+            ..serde_json::from_str(&format!(r#"{{"type":"bool","value":{v}}}"#)).unwrap()
+        };
+        let cfg: ServiceConfig = serde_json::from_str(
+            r#"{"policy": {"dependencies": {"recs": {"enabled_flag": "recs.enabled"}}}}"#,
+        )
+        .unwrap();
+        let mut p = Parts::from_config(cfg, false);
+        p.flags.insert("recs.enabled".into(), flag(false, Some(now)));
+        p.restores.insert("recs.enabled".into(), flag(true, None));
+        p.flags.insert("made.temporary".into(), flag(true, Some(now)));
+        let diff = remove_expired(&mut p, now);
+        assert_eq!(p.flags.get("recs.enabled"), Some(&flag(true, None)));
+        assert!(p.restores.is_empty());
+        assert!(p.policy.compiled_in_flags.is_empty(), "the kill switch names a flag again");
+        let value = |s: Option<String>| serde_json::from_str::<serde_json::Value>(&s.unwrap()).unwrap();
+        assert_eq!(
+            value(diff.after),
+            serde_json::json!({"flags": {"made.temporary": null,
+                "recs.enabled": serde_json::to_value(flag(true, None)).unwrap()}})
+        );
+        assert_eq!(value(diff.before)["flags"]["recs.enabled"]["value"], serde_json::json!(false));
+        assert_eq!(
+            diff.detail.as_deref(),
+            Some(
+                "removed flag made.temporary; restored flag recs.enabled back to true (its value before the temporary one)"
+            )
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! Flags: kill switches and tunables.
 
+use std::collections::BTreeMap;
+
 use levee_agent::policy::{FieldError, Flag, Timestamp};
 
 use super::overrides::in_future;
@@ -96,6 +98,33 @@ impl Actions {
     }
 }
 
+/// The one rule of what a temporary flag value goes back to at its expiry, applied after
+/// every write of a service (`Actions::write`) from the flags and memory before it
+/// (`flags`, `restores`) and the flags after it (`now`):
+///
+/// - a flag given an expiry it did not have (`levee flip … --for`, a `PUT`/`PATCH` with
+///   `expires_at`, a profile) is remembered as it was, so its expiry puts it back instead of
+///   deleting it;
+/// - while it stays temporary (a new flip with `--for`, a profile over it), the ORIGINAL
+///   flag stays remembered: a temporary value never becomes what the flag returns to;
+/// - a flag written without an expiry (the operator decided the value, an apply, a profile
+///   revert, the expiry's own restore) or deleted is forgotten;
+/// - a flag that was created with an expiry has nothing to go back to, and expires as ever
+///   (removed; a kill switch then falls back to the compiled-in default).
+pub(super) fn remembered(
+    flags: &BTreeMap<String, Flag>,
+    restores: &BTreeMap<String, Flag>,
+    now: &BTreeMap<String, Flag>,
+) -> BTreeMap<String, Flag> {
+    now.iter()
+        .filter(|(_, f)| f.expires_at.is_some())
+        .filter_map(|(k, _)| {
+            let before = restores.get(k).or_else(|| flags.get(k).filter(|f| f.expires_at.is_none()));
+            before.map(|f| (k.clone(), f.clone()))
+        })
+        .collect()
+}
+
 /// A flag's expiry, when it has one, is in the future: one already past would have the
 /// flag removed at once by the expiry sweeper (and a manifest carrying it re-created and
 /// removed on every apply). `path` names the field in errors.
@@ -111,4 +140,41 @@ pub(crate) fn all_expire_in_future<'a>(
         expires_in_future(&format!("flags.{key}.expires_at"), flag.expires_at)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flag(v: i64, expires: Option<i64>) -> Flag {
+        Flag {
+            expires_at: expires.map(Timestamp::from_unix_ms),
+            ..serde_json::from_str(&format!(r#"{{"type":"int","value":{v}}}"#)).unwrap()
+        }
+    }
+
+    fn map(entries: &[(&str, Flag)]) -> BTreeMap<String, Flag> {
+        entries.iter().map(|(k, f)| (k.to_string(), f.clone())).collect()
+    }
+
+    #[test]
+    fn a_flip_remembers_the_original_until_a_permanent_write() {
+        let none = BTreeMap::new();
+        let declared = map(&[("k", flag(1, None))]);
+        // A flip with an expiry remembers the flag as it was.
+        let flipped = map(&[("k", flag(2, Some(10)))]);
+        let mem = remembered(&declared, &none, &flipped);
+        assert_eq!(mem, declared);
+        // A second flip while the first is pending keeps the original.
+        let again = map(&[("k", flag(3, Some(20)))]);
+        assert_eq!(remembered(&flipped, &mem, &again), declared);
+        // A write without expiry, or a delete, forgets it.
+        assert!(remembered(&again, &mem, &map(&[("k", flag(3, None))])).is_empty());
+        assert!(remembered(&again, &mem, &none).is_empty());
+        // A flag created with an expiry has nothing to go back to.
+        assert!(remembered(&none, &none, &flipped).is_empty());
+        // Other flags of the write are untouched.
+        let two = map(&[("k", flag(2, Some(10))), ("other", flag(5, None))]);
+        assert_eq!(remembered(&two, &mem, &two), declared);
+    }
 }

@@ -50,7 +50,7 @@ pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text}
 pub use overrides::NewOverride;
 pub use profiles::{
     MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec, ProfileUndo,
-    activation_services, profile_undo,
+    Reverted, activation_services, profile_undo,
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};
@@ -148,6 +148,14 @@ impl Actions {
             target,
             subject,
             expected: at.base,
+        };
+        // Whatever the edit did to the flags, what their temporary values go back to
+        // follows from it by one rule.
+        let edit = |p: &mut Parts| {
+            let (flags, restores) = (p.flags.clone(), p.restores.clone());
+            let diff = edit(p)?;
+            p.restores = flags::remembered(&flags, &restores, &p.flags);
+            Ok(diff)
         };
         let committed = self.store.mutate(change, &by.audit_ctx(reason), edit).await?;
         Ok(self.publish(committed).await)

@@ -163,6 +163,15 @@ impl Saved {
     }
 }
 
+/// A profile reverted: the activation, and per service what the revert left as it is (an
+/// entry changed since the profile set it, a service whose write failed), in the words of
+/// its audit row's detail.
+#[derive(Clone, Debug)]
+pub struct Reverted {
+    pub activation: ActivationRow,
+    pub left: BTreeMap<String, Vec<String>>,
+}
+
 /// An application of a profile as the environment's audit rows record it (`after` of
 /// `profile.apply`, `before` of `profile.revert`): profile, version, expiry and the
 /// services it changed.
@@ -389,14 +398,31 @@ fn apply_to(
     Ok(saved)
 }
 
+/// What a revert did in one service: a note per entry, and the notes of the entries it
+/// left as they are (changed since the profile set them).
+#[derive(Debug, Default)]
+struct Notes {
+    all: Vec<String>,
+    left: Vec<String>,
+}
+
+impl Notes {
+    fn push(&mut self, note: String, left: bool) {
+        if left {
+            self.left.push(note.clone());
+        }
+        self.all.push(note);
+    }
+}
+
 /// Restores what `saved` replaced, entry by entry, unless the entry was changed since the
 /// profile set it (then it is left as it is and named in the notes).
-fn restore(p: &mut Parts, saved: &Saved) -> Vec<String> {
+fn restore(p: &mut Parts, saved: &Saved) -> Notes {
     fn back<K: Ord + Clone, T: PartialEq + Clone>(
         map: &mut BTreeMap<K, T>,
         swap: &Swap<K, T>,
         what: String,
-        notes: &mut Vec<String>,
+        notes: &mut Notes,
     ) {
         // An entry that expired on the server (gone) is restored too.
         if map.get(&swap.key).is_none_or(|now| *now == swap.set) {
@@ -404,12 +430,12 @@ fn restore(p: &mut Parts, saved: &Saved) -> Vec<String> {
                 Some(b) => map.insert(swap.key.clone(), b.clone()),
                 None => map.remove(&swap.key),
             };
-            notes.push(format!("{what} restored"));
+            notes.push(format!("{what} restored"), false);
         } else {
-            notes.push(format!("{what} changed since the profile set it; left as it is"));
+            notes.push(format!("{what} changed since the profile set it; left as it is"), true);
         }
     }
-    let mut notes = Vec::new();
+    let mut notes = Notes::default();
     for s in &saved.flags {
         back(&mut p.flags, s, format!("flag {}", s.key), &mut notes);
     }
@@ -423,9 +449,9 @@ fn restore(p: &mut Parts, saved: &Saved) -> Vec<String> {
         // As `back`, for the one lever override of the service.
         if p.levers.as_ref().is_none_or(|now| *now == s.set) {
             p.levers = s.before.clone();
-            notes.push("levers restored".to_string());
+            notes.push("levers restored".to_string(), false);
         } else {
-            notes.push("levers changed since the profile set them; left as they are".to_string());
+            notes.push("levers changed since the profile set them; left as they are".to_string(), true);
         }
     }
     notes
@@ -628,7 +654,7 @@ impl Actions {
     }
 
     /// Reverts the profile active in `env` (audited as `profile.revert`): every entry it set
-    /// is restored to what it replaced, unless changed since.
+    /// is restored to what it replaced, unless changed since (named in the answer's `left`).
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::ActiveProfile`].
@@ -637,7 +663,7 @@ impl Actions {
         by: &Actor,
         reason: &Reason,
         env: &str,
-    ) -> Result<ActivationRow, ChangeError> {
+    ) -> Result<Reverted, ChangeError> {
         by.may(Action::ProfileRevert)?;
         let missing = || ChangeError::NotFound(Missing::ActiveProfile { env: env.to_string() });
         let active = self.store.active_profile(env).await?.ok_or_else(missing)?;
@@ -685,10 +711,11 @@ impl Actions {
         reason: &Reason,
         a: &ActivationRow,
         audit: Option<&AuditRow>,
-    ) -> Result<Option<ActivationRow>, ChangeError> {
+    ) -> Result<Option<Reverted>, ChangeError> {
         let Some(claimed) = self.store.claim_revert(a.id, &by.name, reason.as_str(), audit).await? else {
             return Ok(None);
         };
+        let mut left = BTreeMap::new();
         // What this caller knows was saved (a failed application passes it in `a`).
         let json = if a.saved.is_empty() { &claimed.saved } else { &a.saved };
         let saved: BTreeMap<String, Saved> = serde_json::from_str(json).unwrap_or_default();
@@ -700,15 +727,23 @@ impl Actions {
                 .write(by, reason, Action::ProfileRevert, &at, &target, subject.clone(), |p| {
                     let old = p.clone();
                     let notes = restore(p, s);
-                    Ok(AuditDiff::between(&subject, &old, p).with_detail(notes.join("; ")))
+                    let diff = AuditDiff::between(&subject, &old, p).with_detail(notes.all.join("; "));
+                    if !notes.left.is_empty() {
+                        left.insert(svc.clone(), notes.left);
+                    }
+                    Ok(diff)
                 })
                 .await;
             if let Err(e) = res {
                 tracing::warn!(error = %e, environment = %a.environment, service = %svc, profile = %a.profile,
                     "reverting a profile in a service failed; its entries expire by themselves");
+                left.insert(
+                    svc.clone(),
+                    vec![format!("not reverted ({e}); its entries end at their expiry")],
+                );
             }
         }
-        Ok(Some(claimed))
+        Ok(Some(Reverted { activation: claimed, left }))
     }
 }
 
@@ -754,7 +789,8 @@ mod tests {
         );
         assert_eq!(levers.reason, "profile storm: why");
         let notes = restore(&mut p, &saved);
-        assert_eq!(p, orig, "{notes:?}");
+        assert!(notes.left.is_empty());
+        assert_eq!(p, orig, "{:?}", notes.all);
     }
 
     #[test]
@@ -766,7 +802,14 @@ mod tests {
         p.flags.get_mut("pay.enabled").unwrap().expires_at = None;
         p.overrides.clear(); // expired on the server
         p.levers.as_mut().unwrap().inbound_limit = Some(7); // changed by someone else
-        let notes = restore(&mut p, &saved);
+        let Notes { all: notes, left } = restore(&mut p, &saved);
+        assert_eq!(
+            left,
+            [
+                "flag pay.enabled changed since the profile set it; left as it is",
+                "levers changed since the profile set them; left as they are"
+            ]
+        );
         assert!(notes.iter().any(|n| n == "levers changed since the profile set them; left as they are"));
         assert_eq!(p.levers.as_ref().unwrap().inbound_limit, Some(7));
         assert!(

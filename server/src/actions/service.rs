@@ -106,6 +106,7 @@ impl Actions {
             overrides: BTreeMap::new(),
             faults_allowed: environment.allow_faults,
             levers: None,
+            restores: BTreeMap::new(),
         };
         let config = parts.config();
         config.validate().map_err(CreateError::Invalid)?;

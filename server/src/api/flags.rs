@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use levee_agent::policy::{Flag, FlagType, Rollout, ServiceConfig, StalePolicy, Timestamp};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::services::{if_match, write_response};
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
@@ -30,8 +30,10 @@ pub struct PutFlag {
     /// Who to ask about it; default empty.
     #[serde(default)]
     pub owner: String,
-    /// The flag is removed (agents fall back to their default) after this instant; default
-    /// never.
+    /// The value is temporary until this instant; default never. At its expiry the server
+    /// puts back the flag as it was before it was given an expiry (see `GET
+    /// .../temporary-flags`), or removes it when it was created with one; agents fall back
+    /// to their compiled-in default at that instant until they receive the flag put back.
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
     /// Behaviour while an agent is offline: `"hold"` (default) or `{"revert_after": "1h"}`.
@@ -52,8 +54,10 @@ pub struct PatchFlag {
     /// New value, of the flag's type.
     #[schema(value_type = Value)]
     pub value: serde_json::Value,
-    /// New expiry, in the future; omitted or `null`, the new value is permanent (an expiry
-    /// left by an earlier temporary flip is removed).
+    /// New expiry, in the future: the value is temporary, and at this instant the server
+    /// puts back the flag as it was before the first temporary flip (a second flip keeps
+    /// that original). Omitted or `null`, the new value is permanent (an expiry left by an
+    /// earlier temporary flip is removed, and with it what the flag would have gone back to).
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
     /// Why, recorded in the audit log; required.
@@ -88,6 +92,39 @@ pub async fn list(
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Json<BTreeMap<String, Flag>>> {
     Ok(Json(current_flags(&s, &env, &svc).await?))
+}
+
+/// A flag whose value is temporary and that goes back to an earlier flag at its expiry.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TemporaryFlag {
+    /// The flag's key.
+    pub key: String,
+    /// The flag in force now, as agents receive it; its `expires_at` is when the temporary
+    /// value ends.
+    pub flag: Flag,
+    /// The flag as it was before it was given an expiry, which the server puts back then:
+    /// what the service declares (`levee export` writes this one).
+    pub restores: Flag,
+}
+
+/// The flags of a service whose value is temporary (`levee flip … --for`, a `PUT`/`PATCH`
+/// with `expires_at`, an emergency profile) and that go back to an earlier flag at their
+/// expiry. A flag created with an expiry is not listed: it is removed then.
+#[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/temporary-flags", tag = "flags",
+    params(("env" = String, Path), ("svc" = String, Path)),
+    responses((status = 200, body = [TemporaryFlag]), (status = 404, body = super::Problem)))]
+pub async fn temporary(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path((env, svc)): Path<(String, String)>,
+) -> ApiResult<Json<Vec<TemporaryFlag>>> {
+    current_flags(&s, &env, &svc).await?;
+    let decode = |body: &str| serde_json::from_str::<Flag>(body).map_err(|e| ApiError::Internal(e.into()));
+    let mut out = Vec::new();
+    for (key, flag, restores) in s.store.temporary_flags(&env, &svc).await? {
+        out.push(TemporaryFlag { key, flag: decode(&flag)?, restores: decode(&restores)? });
+    }
+    Ok(Json(out))
 }
 
 /// One flag: its type, value, expiry, offline behaviour and rollout.

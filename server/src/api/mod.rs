@@ -63,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .route("/environments/{env}/services/{svc}/revisions/{rev}/diff", get(services::diff_revision))
         .route("/environments/{env}/services/{svc}/rollback", post(services::rollback))
         .route("/environments/{env}/services/{svc}/flags", get(flags::list))
+        .route("/environments/{env}/services/{svc}/temporary-flags", get(flags::temporary))
         .route(
             "/environments/{env}/services/{svc}/flags/{key}",
             get(flags::get_one).put(flags::put).patch(flags::patch).delete(flags::delete),

@@ -124,7 +124,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         services::list, services::create, services::get_one, services::get_policy, services::put_policy,
         services::get_snapshot, services::get_lint, services::list_revisions, services::get_revision,
         services::diff_revision, services::rollback,
-        flags::list, flags::get_one, flags::put, flags::patch, flags::delete,
+        flags::list, flags::get_one, flags::put, flags::patch, flags::delete, flags::temporary,
         overrides::list_overrides, overrides::put_override, overrides::delete_override,
         overrides::list_faults, overrides::put_fault, overrides::delete_fault,
         fleet::agents, fleet::nacks, agent_sync::poll,

@@ -269,19 +269,32 @@ pub async fn activations(
     Ok(Json(s.store.activations(&env, 100).await?.into_iter().map(Into::into).collect()))
 }
 
+/// The answer of a revert: the application reverted, and what the revert left as it is.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RevertedView {
+    #[serde(flatten)]
+    pub activation: ActivationView,
+    /// Per service, what the revert did not restore, in the words of the service's
+    /// `profile.revert` audit row: an entry changed since the profile set it ("flag
+    /// recommendations.enabled changed since the profile set it; left as it is"), or a
+    /// service whose write failed. Empty when everything was restored.
+    pub left: BTreeMap<String, Vec<String>>,
+}
+
 /// Reverts the active profile (operator): every entry it set is restored to what it
-/// replaced, unless changed since.
+/// replaced, unless changed since (listed in `left`).
 #[utoipa::path(post, path = "/api/v1/environments/{env}/active-profile/revert", tag = "profiles",
     request_body = RevertProfile, params(("env" = String, Path)),
-    responses((status = 200, body = ActivationView), (status = 404, body = super::Problem)))]
+    responses((status = 200, body = RevertedView), (status = 404, body = super::Problem)))]
 pub async fn revert(
     State(s): State<AppState>,
     auth: Auth,
     rid: RequestId,
     Path(env): Path<String>,
     ApiJson(req): ApiJson<RevertProfile>,
-) -> ApiResult<Json<ActivationView>> {
+) -> ApiResult<Json<RevertedView>> {
     let by = auth.actor(Action::ProfileRevert, &rid)?;
     let reason = Reason::parse(&req.reason)?;
-    Ok(Json(s.actions.revert_profile(&by, &reason, &env).await?.into()))
+    let r = s.actions.revert_profile(&by, &reason, &env).await?;
+    Ok(Json(RevertedView { activation: r.activation.into(), left: r.left }))
 }

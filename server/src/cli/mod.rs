@@ -146,8 +146,10 @@ pub struct FlipArgs {
     /// Why, recorded in the audit log; required.
     #[arg(long)]
     pub reason: String,
-    /// The value reverts to the service's default after this long (e.g. 30m, 1.5h);
-    /// without it the value is permanent (an earlier flip's expiry is removed).
+    /// The value is temporary: after this long (e.g. 30m, 1.5h) the server puts back the
+    /// flag as it was before the flip (a second flip keeps that original); agents use their
+    /// compiled-in default from that instant until they receive it. Without it the value
+    /// is permanent (an earlier flip's expiry is removed).
     #[arg(long = "for", value_name = "DURATION", value_parser = levee_agent::policy::duration::parse)]
     pub for_: Option<std::time::Duration>,
     #[command(flatten)]
@@ -261,14 +263,36 @@ struct Snapshot {
     config: levee_agent::policy::ServiceConfig,
 }
 
-/// The manifest of one service as stored now.
+/// A flag under a temporary value, as `GET .../temporary-flags` answers it.
+#[derive(Deserialize)]
+struct TemporaryFlag {
+    key: String,
+    flag: Flag,
+    restores: Flag,
+}
+
+/// The manifest of one service as declared now: a flag under a temporary value (a flip
+/// with `--for`, a profile) is the flag it goes back to, so git never receives incident
+/// state; each such flip is named on stderr.
 async fn fetch_manifest(api: &Api, env: &str, svc: &str) -> Result<ServiceManifest, CliError> {
     let summary: Summary = api.get(&service_path(env, svc)).await?;
     let snap: Snapshot = api.get(&format!("{}/snapshot", service_path(env, svc))).await?;
+    let temporary: Vec<TemporaryFlag> =
+        api.get(&format!("{}/temporary-flags", service_path(env, svc))).await?;
+    let mut flags = snap.config.flags;
+    for t in temporary {
+        let until = t.flag.expires_at.map_or_else(|| "its expiry".to_string(), |e| e.to_string());
+        eprintln!(
+            "note: {env}/{svc}: flag {} is temporarily {} until {until}; not exported: the manifest has \
+             the flag it goes back to then ({})",
+            t.key, t.flag.value, t.restores.value
+        );
+        flags.insert(t.key, t.restores);
+    }
     Ok(ServiceManifest {
         description: summary.description,
         policy: snap.config.policy,
-        flags: snap.config.flags,
+        flags,
         ..ServiceManifest::new(env, svc)
     })
 }

@@ -82,9 +82,21 @@ pub async fn run(cmd: ProfileCommand) -> Result<ExitCode, CliError> {
         ProfileCommand::Revert(a) => {
             let api = a.connection.api()?;
             let path = format!("/environments/{}/active-profile/revert", seg(&a.env));
-            let act: Activation =
-                api.send(Method::POST, &path, Some(&json!({"reason": a.reason})), None).await?;
+            #[derive(Deserialize)]
+            struct Reverted {
+                #[serde(flatten)]
+                activation: Activation,
+                #[serde(default)]
+                left: std::collections::BTreeMap<String, Vec<String>>,
+            }
+            let r: Reverted = api.send(Method::POST, &path, Some(&json!({"reason": a.reason})), None).await?;
+            let act = r.activation;
             println!("{}: profile {} reverted in {}", a.env, act.profile, act.services.join(", "));
+            for (svc, notes) in &r.left {
+                for note in notes {
+                    println!("  {svc}: {note}");
+                }
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

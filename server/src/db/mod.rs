@@ -853,6 +853,26 @@ impl Store {
         rows.iter().map(|r| Ok(r.try_get::<i64, _>("revision")? as u64)).collect()
     }
 
+    /// The flags of `service` whose value is temporary and that go back to an earlier flag
+    /// at their expiry: (key, the flag in force as JSON, the flag it goes back to as JSON),
+    /// by key, read in one statement.
+    pub async fn temporary_flags(
+        &self,
+        env: &str,
+        service: &str,
+    ) -> anyhow::Result<Vec<(String, String, String)>> {
+        let rows = sqlx::query(
+            "SELECT r.key AS key, f.body AS flag, r.body AS restores FROM flag_restores r \
+             JOIN flags f ON f.environment = r.environment AND f.service = r.service AND f.key = r.key \
+             WHERE r.environment = $1 AND r.service = $2 ORDER BY r.key",
+        )
+        .bind(env)
+        .bind(service)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("key")?, r.try_get("flag")?, r.try_get("restores")?))).collect()
+    }
+
     /// Expired flags, fault rules, breaker overrides and levers as (environment, service) pairs.
     pub async fn services_with_expired(&self, now: i64) -> anyhow::Result<Vec<(String, String)>> {
         let rows = sqlx::query(

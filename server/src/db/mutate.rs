@@ -41,6 +41,10 @@ pub struct Parts {
     pub faults_allowed: bool,
     /// Operator levers until their expiry (set by a profile).
     pub levers: Option<LeverOverride>,
+    /// Server-side only, never in the snapshot: for a flag whose value is temporary (it has
+    /// an `expires_at`), the flag as it was before, which its expiry puts back. Kept up to
+    /// date by every write (`actions::flags::remembered`).
+    pub restores: BTreeMap<String, Flag>,
 }
 
 impl Parts {
@@ -69,6 +73,7 @@ impl Parts {
                 .collect(),
             faults_allowed,
             levers: cfg.levers,
+            restores: BTreeMap::new(),
         }
     }
 }
@@ -340,7 +345,18 @@ async fn load_parts(
         .await?
         .map(|r| serde_json::from_str(&r.try_get::<String, _>("body")?).map_err(anyhow::Error::from))
         .transpose()?;
-    Ok(Parts { policy, flags, faults, overrides, faults_allowed, levers })
+    let mut restores = BTreeMap::new();
+    for r in sqlx::query("SELECT key, body FROM flag_restores WHERE environment = $1 AND service = $2")
+        .bind(env)
+        .bind(service)
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let key: String = r.try_get("key")?;
+        let body: String = r.try_get("body")?;
+        restores.insert(key, serde_json::from_str(&body)?);
+    }
+    Ok(Parts { policy, flags, faults, overrides, faults_allowed, levers, restores })
 }
 
 /// Writes the differences between `old` and `new` parts.
@@ -458,6 +474,28 @@ async fn store_parts(
                 .execute(&mut *conn)
                 .await?;
             }
+        }
+    }
+    for key in old.restores.keys().filter(|k| !new.restores.contains_key(*k)) {
+        sqlx::query("DELETE FROM flag_restores WHERE environment = $1 AND service = $2 AND key = $3")
+            .bind(env)
+            .bind(service)
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+    }
+    for (key, flag) in &new.restores {
+        if old.restores.get(key) != Some(flag) {
+            sqlx::query(
+                "INSERT INTO flag_restores (environment, service, key, body) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (environment, service, key) DO UPDATE SET body = excluded.body",
+            )
+            .bind(env)
+            .bind(service)
+            .bind(key)
+            .bind(serde_json::to_string(flag)?)
+            .execute(&mut *conn)
+            .await?;
         }
     }
     Ok(())
@@ -752,7 +790,7 @@ impl Store {
         .bind(name)
         .execute(&mut *tx)
         .await?;
-        for table in ["flags", "faults", "breaker_overrides", "levers"] {
+        for table in ["flags", "faults", "breaker_overrides", "levers", "flag_restores"] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE environment = $1 AND service = $2"
             )))

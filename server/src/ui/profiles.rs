@@ -342,7 +342,10 @@ pub async fn revert(
         Ok(r) => r,
         Err(m) => return render(&s, &user, &env, Default::default(), Some(m), None).await,
     };
-    let a = s.actions.revert_profile(&by, &why, &env).await?;
-    let msg = format!("Reverted profile {}", a.profile);
+    let r = s.actions.revert_profile(&by, &why, &env).await?;
+    let mut msg = format!("Reverted profile {}", r.activation.profile);
+    for (svc, notes) in &r.left {
+        msg.push_str(&format!("; {svc}: {}", notes.join("; ")));
+    }
     Ok(Redirect::to(&format!("{}?done={}", profiles_url(&env), seg(&msg))).into_response())
 }

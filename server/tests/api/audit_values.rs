@@ -94,13 +94,11 @@ on_both_backends! {
 /// before and after when a kill switch reverts to its compiled-in default, and what it
 /// did in words.
 async fn expiry_records_the_removed_entries_and_the_policy(app) {
-    app.seed().await;
-    let policy_before = config(&app).await["policy"].clone();
+    // A kill switch created with an expiry: nothing to go back to, so it is removed (a
+    // flag given an expiry later goes back to what it was: `temporary_flips.rs`).
     let hour = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 3_600_000);
-    let (s, _, b) = app
-        .call(Method::PATCH, FLAG, Some(json!({"value": false, "expires_at": hour.to_string(), "reason": "1 h"})))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
+    app.seed_with_switch_until(Some(hour.to_string())).await;
+    let policy_before = config(&app).await["policy"].clone();
     let (s, _, b) = app
         .call(
             Method::PUT,
@@ -111,7 +109,7 @@ async fn expiry_records_the_removed_entries_and_the_policy(app) {
     assert_eq!(s, StatusCode::OK, "{b}");
     let set = config(&app).await;
     let (flag, forced) = (set["flags"]["recommendations.enabled"].clone(), breaker(&set, "recommendations"));
-    assert_eq!((&flag["value"], &forced["state"]), (&json!(false), &json!("forced_open")), "{set}");
+    assert_eq!((&flag["expires_at"], &forced["state"]), (&json!(hour.to_string()), &json!("forced_open")), "{set}");
 
     let later = Timestamp::from_unix_ms(hour.unix_ms() + 1000);
     assert_eq!(app.server.as_ref().unwrap().actions.expire(later).await.unwrap(), 1);

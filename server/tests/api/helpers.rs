@@ -115,6 +115,16 @@ impl TestApp {
 
     /// Creates environment `prod` (faults allowed) and service `checkout` with one flag.
     pub async fn seed(&self) {
+        self.seed_with_switch_until(None).await;
+    }
+
+    /// [`TestApp::seed`], the kill switch created with `expires_at` when given (a flag
+    /// created with an expiry has no earlier flag to go back to: it is removed then).
+    pub async fn seed_with_switch_until(&self, expires_at: Option<String>) {
+        let mut switch = json!({"type": "bool", "value": true, "description": "kill switch"});
+        if let Some(t) = expires_at {
+            switch["expires_at"] = json!(t);
+        }
         let (s, _, b) = self
             .call(
                 Method::POST,
@@ -132,7 +142,7 @@ impl TestApp {
                     "reason": "test",
                     "policy": {"dependencies": {"recommendations": {"criticality": "non_critical",
                         "enabled_flag": "recommendations.enabled", "attempt_timeout": "80ms", "fallback": "generic"}}},
-                    "flags": {"recommendations.enabled": {"type": "bool", "value": true, "description": "kill switch"}}
+                    "flags": {"recommendations.enabled": switch}
                 })),
             )
             .await;

@@ -131,21 +131,14 @@ async fn ops_1_flag_changes_that_break_a_kill_switch_are_refused(app) {
 }
 
 on_both_backends! {
-/// An expired kill switch reverts to the service's compiled-in default: the sweeper removes
-/// the flag and declares it in `compiled_in_flags`, so the reference stays valid.
+/// An expired kill switch that has no earlier flag to go back to (it was created with its
+/// expiry) reverts to the service's compiled-in default: the sweeper removes the flag and
+/// declares it in `compiled_in_flags`, so the reference stays valid.
 async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_removes_it(app) {
-    app.seed().await;
     let soon =
         levee_agent::policy::Timestamp::from_unix_ms(levee_agent::policy::Timestamp::now().unix_ms() + 1500);
+    app.seed_with_switch_until(Some(soon.to_string())).await;
     let flag = format!("{FLAGS}/recommendations.enabled");
-    let (s, _, b) = app
-        .call(
-            Method::PATCH,
-            &flag,
-            Some(json!({"value": false, "expires_at": soon.to_string(), "reason": "1 s"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
     // Bounded wait, polling the observable state.
     let mut gone = false;
     for _ in 0..100 {

@@ -19,4 +19,5 @@ mod profiles;
 mod requests;
 mod router;
 mod schedule;
+mod temporary_flips;
 mod times;

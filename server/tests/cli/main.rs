@@ -445,6 +445,96 @@ async fn profile_apply_and_revert_from_the_command_line() {
     assert_eq!((&audit[0]["action"], &audit[0]["via"]), (&json!("profile.revert"), &json!("cli")), "{audit}");
 }
 
+/// Found by a user trial: after `flip … --for`, the expiry deleted the kill switch, so the
+/// unchanged git directory planned a change in every later dry run, and an export during
+/// the flip wrote the temporary expiry into git. Now the expiry puts back the flag git
+/// declares, and get/export write the declared flag and name the flip on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flip_for_a_while_ends_as_git_declares_it_and_is_never_exported() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let home = tempfile::tempdir().unwrap();
+    let repo = tempfile::tempdir().unwrap();
+    let git = repo.path().join("git");
+    let r = levee(&app, home.path(), None, &["export", "prod", "--dir", git.to_str().unwrap()]).await;
+    assert_eq!((r.code, r.stderr.as_str()), (0, ""), "{r:?}");
+    let declared = std::fs::read_to_string(git.join("checkout.yaml")).unwrap();
+    let dry_run = ["apply", "-f", git.to_str().unwrap(), "--reason", "PR check", "--dry-run"];
+
+    let flip =
+        ["flip", "prod/checkout", "recommendations.enabled", "false", "--reason", "inc", "--for", "30m"];
+    let r = levee(&app, home.path(), None, &flip).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let (_, _, flag) = app
+        .call(Method::GET, "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled", None)
+        .await;
+    let until = flag["expires_at"].as_str().unwrap().to_string();
+
+    // During the flip: export writes what git declares, and says what it left out.
+    let during = repo.path().join("during");
+    let r = levee(&app, home.path(), None, &["export", "prod", "--dir", during.to_str().unwrap()]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(std::fs::read_to_string(during.join("checkout.yaml")).unwrap(), declared, "{r:?}");
+    let note = format!(
+        "note: prod/checkout: flag recommendations.enabled is temporarily false until {until}; not exported: \
+         the manifest has the flag it goes back to then (true)"
+    );
+    assert_eq!(r.stderr.trim(), note, "{r:?}");
+    let r = levee(&app, home.path(), None, &["get", "prod/checkout"]).await;
+    assert_eq!((r.code, r.stdout.as_str(), r.stderr.trim()), (0, declared.as_str(), note.as_str()), "{r:?}");
+
+    // The expiry (driven by calling the sweeper's action with a later instant) puts the
+    // flag back: the unchanged git directory plans nothing, and get shows git's flag.
+    let later = levee_agent::policy::Timestamp::parse(&until).unwrap().unix_ms() + 1000;
+    let actions = &app.server.as_ref().unwrap().actions;
+    let expired = actions.expire(levee_agent::policy::Timestamp::from_unix_ms(later)).await.unwrap();
+    assert_eq!(expired, 1);
+    let r = levee(&app, home.path(), None, &dry_run).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("Nothing to do."), "{r:?}");
+    let r = levee(&app, home.path(), None, &["get", "prod/checkout"]).await;
+    assert_eq!((r.code, r.stdout.as_str(), r.stderr.as_str()), (0, declared.as_str(), ""), "{r:?}");
+}
+
+/// `profile revert` says what it left as it was (changed since the profile set it), as the
+/// audit row does; it printed only the services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_revert_prints_what_it_left_as_it_is() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, _, b) = app
+        .call(
+            Method::PUT,
+            "/api/v1/environments/prod/profiles/recs-down",
+            Some(json!({"services": {"checkout": {"flags": {"recommendations.enabled": false},
+                "breakers": [{"dependency": "recommendations", "state": "forced_open"}]}}, "reason": "agreed"})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let home = tempfile::tempdir().unwrap();
+    let apply = ["profile", "apply", "prod", "recs-down", "--for", "2h", "--reason", "INC-8"];
+    assert_eq!(levee(&app, home.path(), None, &apply).await.code, 0);
+    let flip = ["flip", "prod/checkout", "recommendations.enabled", "true", "--reason", "back already"];
+    assert_eq!(levee(&app, home.path(), None, &flip).await.code, 0);
+    let r = levee(&app, home.path(), None, &["profile", "revert", "prod", "--reason", "recovered"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        r.stdout,
+        "prod: profile recs-down reverted in checkout\n  \
+         checkout: flag recommendations.enabled changed since the profile set it; left as it is\n",
+        "{r:?}"
+    );
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=1", None).await;
+    assert_eq!(
+        audit[0]["detail"],
+        json!(
+            "flag recommendations.enabled changed since the profile set it; left as it is; \
+               breaker override recommendations restored"
+        ),
+        "{audit}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn break_glass_applies_where_approval_is_required_and_is_audited_as_a_bypass() {
     let app = TestApp::spawn().await;
