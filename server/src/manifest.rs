@@ -239,8 +239,8 @@ fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! { strict_booleans: true }
 }
 
-/// For reading past the first problem: a duplicate key is that problem already, so the
-/// later value wins.
+/// For reading past the first problem: every duplicate key is reported on its own
+/// ([`duplicate_keys`]), so the data read goes on with the later value.
 fn lenient_options() -> serde_saphyr::Options {
     serde_saphyr::options! {
         strict_booleans: true,
@@ -248,12 +248,22 @@ fn lenient_options() -> serde_saphyr::Options {
     }
 }
 
+/// The file as a tree of positions, one item per service (a sequence document gives
+/// several); `None` when it is not YAML. Repeated keys are kept, so that each is seen.
+fn located(text: &str) -> Option<Vec<locate::Located>> {
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::PassThrough,
+    };
+    let docs = serde_saphyr::from_multiple_with_options::<locate::Located>(text, options).ok()?;
+    Some(docs.into_iter().flat_map(locate::Located::items).collect())
+}
+
 /// Gives every problem without a place the line and column of the value its path names
 /// in the file (or of the mapping that leaves the field out), then puts the problems in
 /// file order.
-fn locate(text: &str, problems: &mut [Problem]) {
-    if let Ok(docs) = serde_saphyr::from_multiple_with_options::<locate::Located>(text, lenient_options()) {
-        let items: Vec<locate::Located> = docs.into_iter().flat_map(locate::Located::items).collect();
+fn locate(items: Option<&[locate::Located]>, problems: &mut [Problem]) {
+    if let Some(items) = items {
         for p in problems.iter_mut().filter(|p| p.line.is_none()) {
             if let Some(doc) = p.document.checked_sub(1).and_then(|i| items.get(i)) {
                 let (line, column) = doc.find(&p.path);
@@ -262,6 +272,28 @@ fn locate(text: &str, problems: &mut [Problem]) {
         }
     }
     problems.sort_by_key(|p| (p.document, p.line.unwrap_or(u64::MAX), p.column.unwrap_or(u64::MAX)));
+}
+
+/// The message of a key written twice in one mapping.
+fn duplicate_message(key: &str) -> String {
+    format!("duplicate key `{key}`: a key may appear only once in a mapping")
+}
+
+/// One problem per key written again in a mapping, in every item of the file, located at
+/// the later occurrence; `services` names each item's service when it says it.
+fn duplicate_keys(items: &[locate::Located], services: &[Option<String>]) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        out.extend(item.duplicates().into_iter().map(|(path, key, line, column)| Problem {
+            document: i + 1,
+            service: services.get(i).cloned().flatten(),
+            path,
+            message: duplicate_message(&key),
+            line: Some(line),
+            column: Some(column),
+        }));
+    }
+    out
 }
 
 /// Decodes and validates every service of a manifest file (YAML or JSON).
@@ -322,7 +354,7 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<ServiceManifest>, ManifestErr
     if problems.is_empty() {
         return Ok(manifests);
     }
-    locate(text, &mut problems);
+    locate(located(text).as_deref(), &mut problems);
     Err(ManifestError { file: file.to_string(), problems })
 }
 
@@ -350,17 +382,27 @@ fn decode_error(file: &str, text: &str, e: &serde_saphyr::Error) -> ManifestErro
                     format!("{parent}.{key}")
                 };
             }
-            message = format!("duplicate key `{key}`: a key may appear only once in a mapping");
+            message = duplicate_message(key);
         } else {
             message = "duplicate key: a key may appear only once in a mapping".to_string();
         }
     }
+    // The decoder names a part of the path it could not read `?` (a syntax error inside a
+    // mapping): the path stops at the last part it names.
+    let path = without_unknown_parts(&path);
     let message = match parts {
         Some(p) => recover::explain(&p, &message),
         None => message,
     };
     let document = line.map_or(1, |l| document_at_line(text, l));
     ManifestError::one(file, Problem { document, service: None, path, message, line, column })
+}
+
+/// `path` without its `?` parts (`policy.dependencies.db.?` is `policy.dependencies.db`);
+/// `.` when nothing is left.
+fn without_unknown_parts(path: &str) -> String {
+    let kept: Vec<&str> = path.split('.').filter(|part| *part != "?").collect();
+    if kept.iter().all(|part| part.is_empty()) { ".".to_string() } else { kept.join(".") }
 }
 
 /// Adds to the one decoding problem `first` every other problem of the file: each
@@ -378,9 +420,11 @@ fn with_the_rest(text: &str, mut first: ManifestError) -> ManifestError {
         other => vec![other],
     });
     let mut rest = Vec::new();
+    let mut services = Vec::new();
     for (i, doc) in items.enumerate() {
         let name = |k: &str| doc.get(k).and_then(|v| v.as_str()).map(str::to_string);
         let service = name("environment").zip(name("service")).map(|(e, s)| format!("{e}/{s}"));
+        services.push(service.clone());
         let (decoded, mut errors) = recover::decode_all::<ServiceManifest>(doc);
         if let Some(m) = decoded
             && let Err(e) = m.validate()
@@ -408,8 +452,20 @@ fn with_the_rest(text: &str, mut first: ManifestError) -> ManifestError {
         head.service = head.service.take().or(found.service);
         head.message = found.message;
     }
+    let tree = located(text);
+    if let Some(items) = &tree {
+        // Every key written twice is a problem of its own: the data above kept the later
+        // value and said nothing. The decoder's own first problem may be one of them.
+        for dup in duplicate_keys(items, &services) {
+            if head.line == dup.line && head.message == dup.message {
+                head.service = head.service.take().or(dup.service);
+            } else {
+                rest.push(dup);
+            }
+        }
+    }
     first.problems.extend(rest);
-    locate(text, &mut first.problems);
+    locate(tree.as_deref(), &mut first.problems);
     first
 }
 

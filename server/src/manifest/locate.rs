@@ -19,7 +19,9 @@ pub(super) struct Located {
 #[derive(Debug)]
 enum Inner {
     Scalar,
-    Map(Vec<(String, Located)>),
+    /// Every entry as written, a repeated key included (the file is read with
+    /// `DuplicateKeyPolicy::PassThrough`), with the place of its key.
+    Map(Vec<(String, (u64, u64), Located)>),
     Seq(Vec<Located>),
 }
 
@@ -104,8 +106,9 @@ impl<'de> Deserialize<'de> for Inner {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Inner, A::Error> {
                 let mut out = Vec::new();
-                while let Some(Key(k)) = map.next_key()? {
-                    out.push((k, map.next_value::<Located>()?));
+                while let Some(k) = map.next_key::<Spanned<Key>>()? {
+                    let at = (k.referenced.line(), k.referenced.column());
+                    out.push((k.value.0, at, map.next_value::<Located>()?));
                 }
                 Ok(Inner::Map(out))
             }
@@ -143,14 +146,15 @@ impl Located {
             let next = match &node.inner {
                 Inner::Map(entries) => entries
                     .iter()
-                    .filter(|(k, _)| {
+                    .filter(|(k, _, _)| {
                         !k.is_empty()
                             && rest
                                 .strip_prefix(k.as_str())
                                 .is_some_and(|r| r.is_empty() || r.starts_with('.') || r.starts_with('['))
                     })
-                    .max_by_key(|(k, _)| k.len())
-                    .map(|(k, v)| (v, &rest[k.len()..])),
+                    // A repeated key: the later value, the one the decoded data keeps.
+                    .max_by_key(|(k, _, _)| k.len())
+                    .map(|(k, _, v)| (v, &rest[k.len()..])),
                 Inner::Seq(items) => rest.strip_prefix('[').and_then(|r| {
                     let (i, r) = r.split_once(']')?;
                     Some((items.get(i.parse::<usize>().ok()?)?, r))
@@ -164,6 +168,35 @@ impl Located {
                 }
                 None => return (node.line, node.column),
             }
+        }
+    }
+
+    /// Every key written again in the same mapping, in file order: its path (as
+    /// [`Self::find`] reads it), the key, and the line and column of the later occurrence.
+    pub(super) fn duplicates(&self) -> Vec<(String, String, u64, u64)> {
+        let mut out = Vec::new();
+        self.collect_duplicates("", &mut out);
+        out.sort_by_key(|d| (d.2, d.3));
+        out
+    }
+
+    fn collect_duplicates(&self, path: &str, out: &mut Vec<(String, String, u64, u64)>) {
+        match &self.inner {
+            Inner::Map(entries) => {
+                for (i, (k, (line, column), v)) in entries.iter().enumerate() {
+                    let here = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    if entries[..i].iter().any(|(earlier, _, _)| earlier == k) {
+                        out.push((here.clone(), k.clone(), *line, *column));
+                    }
+                    v.collect_duplicates(&here, out);
+                }
+            }
+            Inner::Seq(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    v.collect_duplicates(&format!("{path}[{i}]"), out);
+                }
+            }
+            Inner::Scalar => {}
         }
     }
 }

@@ -144,6 +144,70 @@ fn duplicate_keys_are_refused() {
     assert_eq!(paths, ["policy.default_deadline", "policy.dependencies.pricing.retry.max_attempts"], "{err}");
 }
 
+/// User trial: with a wrong type first and duplicate keys further down, only the wrong
+/// type was printed; with two duplicate keys, only the first. Every duplicate key of every
+/// document is a problem of its own, at its later occurrence, and none is listed twice.
+#[test]
+fn every_duplicate_key_of_every_document_is_reported_once() {
+    let text = TWO_SERVICES
+        .replace("  default_deadline: 800ms\n", "  default_deadline: 800ms\n  default_deadline: 900ms\n")
+        .replace(
+            "failure_rate_threshold: 0.5\n",
+            "failure_rate_threshold: 0.5\n        failure_rate_threshold: 0.6\n",
+        )
+        .replace("policy: {}\n", "policy: {}\nservice: search\n");
+    let err = parse("svc.yaml", &text).unwrap_err();
+    let found: Vec<(usize, &str, Option<u64>)> =
+        err.problems.iter().map(|p| (p.document, p.path.as_str(), p.line)).collect();
+    assert_eq!(
+        found,
+        [
+            (1, "policy.default_deadline", Some(7)),
+            (1, "policy.dependencies.pricing.circuit_breaker.failure_rate_threshold", Some(15)),
+            (2, "service", Some(24)),
+        ],
+        "{err}"
+    );
+    for p in &err.problems {
+        assert!(!p.path.contains('?'), "{err}");
+        assert!(p.message.starts_with("duplicate key `"), "{err}");
+        assert!(p.message.ends_with("`: a key may appear only once in a mapping"), "{err}");
+        assert!(p.column.is_some(), "{err}");
+    }
+    assert_eq!(
+        err.problems[1].message,
+        "duplicate key `failure_rate_threshold`: a key may appear only once in a mapping"
+    );
+    let services: Vec<Option<&str>> = err.problems.iter().map(|p| p.service.as_deref()).collect();
+    assert_eq!(services, [Some("prod/checkout"), Some("prod/checkout"), Some("prod/search")], "{err}");
+    let shown = err.to_string();
+    assert!(shown.contains("svc.yaml:15:9: document 1 (prod/checkout): policy.dependencies.pricing.circuit_breaker.failure_rate_threshold: duplicate key"), "{shown}");
+
+    // A wrong type comes first in the file: it is still the first problem, and the
+    // duplicate keys after it follow, each once.
+    let text = TWO_SERVICES
+        .replace("max_attempts: 2", "max_attempts: -1")
+        .replace(
+            "failure_rate_threshold: 0.5\n",
+            "failure_rate_threshold: 0.5\n        failure_rate_threshold: 0.6\n",
+        )
+        .replace("policy: {}\n", "policy: {}\nservice: search\n");
+    let err = parse("svc.yaml", &text).unwrap_err();
+    let found: Vec<(usize, &str, Option<u64>)> =
+        err.problems.iter().map(|p| (p.document, p.path.as_str(), p.line)).collect();
+    assert_eq!(
+        found,
+        [
+            (1, "policy.dependencies.pricing.retry.max_attempts", Some(10)),
+            (1, "policy.dependencies.pricing.circuit_breaker.failure_rate_threshold", Some(14)),
+            (2, "service", Some(23)),
+        ],
+        "{err}"
+    );
+    assert!(err.problems[0].message.contains("must be between 1 and 10"), "{err}");
+    assert_eq!(err.problems[2].service.as_deref(), Some("prod/search"), "{err}");
+}
+
 #[test]
 fn missing_and_wrong_api_version_are_refused() {
     let p = problem("environment: prod\nservice: x\npolicy: {}\n");
@@ -196,6 +260,12 @@ fn an_empty_file_holds_no_service() {
 fn syntax_errors_carry_the_location() {
     let p = problem("api_version: levee/v1\nenvironment: [prod\n");
     assert!(p.line.is_some(), "{p:?}");
+    // Trial: `policy.dependencies.db.?: unclosed bracket`; the path ends at what it names.
+    let p = problem(
+        "api_version: levee/v1\nenvironment: prod\nservice: x\npolicy:\n  dependencies:\n    db: [1\n",
+    );
+    assert!(p.line.is_some(), "{p:?}");
+    assert_eq!(p.path, "policy.dependencies.db", "{p:?}");
 }
 
 #[test]
