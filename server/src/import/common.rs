@@ -189,6 +189,45 @@ keeps one endpoint";
 pub const WHOLE_REQUEST: &str = "timeout of the whole request across its retries: Levee bounds a whole call by \
 the caller's deadline, and each attempt by attempt_timeout (from the per-try timeout)";
 
+/// What a source's consecutive-error counts (Istio's `consecutive5xxErrors`,
+/// `consecutiveGatewayErrors`, …) make of Levee's one count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCount<'k> {
+    /// Set from this count: the first of the preference order that is written and is not 0.
+    From(&'k str),
+    /// Every count written is 0, and 0 turns that kind of ejection off: nothing ejects,
+    /// so the manifest has no outlier detection (never Levee's default count in its place).
+    Off,
+    /// No count is written: the source's default count applies.
+    Unset,
+}
+
+/// The one rule for a source's consecutive-error counts, `counts` in order of preference
+/// with the value each has in the file: a count of 0 disables ejection on that kind of
+/// error, so it never becomes Levee's count; a count that is not a whole number is still
+/// the one chosen (it is then reported as not mapped).
+pub fn error_count<'k>(counts: &[(&'k str, Option<&Node>)]) -> ErrorCount<'k> {
+    let written: Vec<(&'k str, &Node)> = counts.iter().filter_map(|(k, n)| Some((*k, (*n)?))).collect();
+    match written.iter().find(|(_, n)| whole(n) != Some(0)) {
+        Some((k, _)) => ErrorCount::From(k),
+        None if written.is_empty() => ErrorCount::Unset,
+        None => ErrorCount::Off,
+    }
+}
+
+/// Why a count of 0 is not Levee's count (another one is, or none: outlier detection off).
+pub fn zero_count_reason(key: &str, chosen: Option<&str>) -> String {
+    match chosen {
+        Some(other) => format!(
+            "{key}: 0 turns off ejection on these errors; Levee's one consecutive-error count is set from {other}"
+        ),
+        None => format!(
+            "{key}: 0 turns off ejection on these errors and no other count ejects: the manifest has no outlier \
+             detection (outlier_detection: null), not Levee's default count"
+        ),
+    }
+}
+
 /// Envoy's outlier-detection defaults, which Istio keeps: 5 consecutive errors, 10 s
 /// interval, 30 s base ejection, at most 10 % ejected.
 pub fn mesh_outlier_defaults() -> OutlierDetection {

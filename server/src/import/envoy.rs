@@ -14,9 +14,10 @@ use std::time::Duration;
 use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::common::{
-    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, FirstRoute, ONE_COUNT, PANIC, QUEUE, Timeouts, UNSPLIT,
-    destination_reason, fault_reason, imply, mesh_outlier_defaults, not_mapped_below, retry_attempts,
-    retry_on_reason, route_summary, route_timeout, set, set_duration, set_retries, whole,
+    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ErrorCount, FirstRoute, ONE_COUNT, PANIC, QUEUE, Timeouts,
+    UNSPLIT, destination_reason, error_count, fault_reason, imply, mesh_outlier_defaults, not_mapped_below,
+    retry_attempts, retry_on_reason, route_summary, route_timeout, set, set_duration, set_retries, whole,
+    zero_count_reason,
 };
 use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
@@ -502,73 +503,94 @@ fn outlier(p: &mut Plan, dep: &str, at: &At, od: &Node, name_sid: &[Sid]) {
     let envoy = mesh_outlier_defaults();
     let mut trigger = name_sid.to_vec();
     trigger.extend(at.sid(p));
-    imply(
-        p,
-        dep,
-        "outlier_detection",
-        "{consecutive_errors: 5, interval: 10s, base_ejection_time: 30s, max_ejection_percent: 10}",
-        "outlier_detection is present: Envoy's defaults for the fields it does not set",
-        &trigger,
-        Some(envoy),
-        |x: &mut DependencyPolicy, o| x.outlier_detection = o,
-    );
-    let src = |s: Sid| {
-        let mut v = name_sid.to_vec();
-        v.push(s);
-        v
-    };
-    if let (Some(n), Some(s)) = (od.get("consecutive_5xx"), at.key("consecutive_5xx").sid(p)) {
-        match whole(n).and_then(|v| u32::try_from(v).ok()) {
-            Some(v) => set(
-                p,
-                dep,
-                "outlier_detection.consecutive_errors",
-                v.to_string(),
-                &src(s),
-                v,
-                |x: &mut DependencyPolicy, v| {
-                    x.outlier_detection.get_or_insert_with(OutlierDetection::default).consecutive_errors = v
-                },
-            ),
-            None => p.not_mapped(s, "not a whole number of errors"),
+    if error_count(&[("consecutive_5xx", od.get("consecutive_5xx"))]) == ErrorCount::Off {
+        // 0 consecutive 5xx never ejects, and no other count of Envoy's is imported.
+        if let Some(s) = at.key("consecutive_5xx").sid(p) {
+            p.note(s, zero_count_reason("consecutive_5xx", None));
+            set(p, dep, "outlier_detection", "null", &[s], (), |x: &mut DependencyPolicy, ()| {
+                x.outlier_detection = None
+            });
         }
-    }
-    for (key, field) in [
-        ("interval", "outlier_detection.interval"),
-        ("base_ejection_time", "outlier_detection.base_ejection_time"),
-    ] {
-        if let Some((d, s)) = od.get(key).and_then(|n| duration_at(p, &at.key(key), n)) {
-            let apply: fn(&mut DependencyPolicy, Duration) = if key == "interval" {
-                |x, d| x.outlier_detection.get_or_insert_with(OutlierDetection::default).interval = d
+        let off = "outlier detection is off (consecutive_5xx is 0): nothing to tune";
+        for k in ["interval", "base_ejection_time", "max_ejection_percent", "enforcing_consecutive_5xx"] {
+            not_mapped_below(p, &at.key(k), off);
+        }
+    } else {
+        imply(
+            p,
+            dep,
+            "outlier_detection",
+            "{consecutive_errors: 5, interval: 10s, base_ejection_time: 30s, max_ejection_percent: 10}",
+            "outlier_detection is present: Envoy's defaults for the fields it does not set",
+            &trigger,
+            Some(envoy),
+            |x: &mut DependencyPolicy, o| x.outlier_detection = o,
+        );
+        let src = |s: Sid| {
+            let mut v = name_sid.to_vec();
+            v.push(s);
+            v
+        };
+        if let (Some(n), Some(s)) = (od.get("consecutive_5xx"), at.key("consecutive_5xx").sid(p)) {
+            match whole(n).and_then(|v| u32::try_from(v).ok()) {
+                Some(v) => set(
+                    p,
+                    dep,
+                    "outlier_detection.consecutive_errors",
+                    v.to_string(),
+                    &src(s),
+                    v,
+                    |x: &mut DependencyPolicy, v| {
+                        x.outlier_detection.get_or_insert_with(OutlierDetection::default).consecutive_errors =
+                            v
+                    },
+                ),
+                None => p.not_mapped(s, "not a whole number of errors"),
+            }
+        }
+        for (key, field) in [
+            ("interval", "outlier_detection.interval"),
+            ("base_ejection_time", "outlier_detection.base_ejection_time"),
+        ] {
+            if let Some((d, s)) = od.get(key).and_then(|n| duration_at(p, &at.key(key), n)) {
+                let apply: fn(&mut DependencyPolicy, Duration) = if key == "interval" {
+                    |x, d| x.outlier_detection.get_or_insert_with(OutlierDetection::default).interval = d
+                } else {
+                    |x, d| {
+                        x.outlier_detection.get_or_insert_with(OutlierDetection::default).base_ejection_time =
+                            d
+                    }
+                };
+                set_duration(p, dep, field, &src(s), d, apply);
+            }
+        }
+        if let (Some(n), Some(s)) = (od.get("max_ejection_percent"), at.key("max_ejection_percent").sid(p)) {
+            match whole(n).and_then(|v| u32::try_from(v).ok()) {
+                Some(v) => set(
+                    p,
+                    dep,
+                    "outlier_detection.max_ejection_percent",
+                    v.to_string(),
+                    &src(s),
+                    v,
+                    |x: &mut DependencyPolicy, v| {
+                        x.outlier_detection
+                            .get_or_insert_with(OutlierDetection::default)
+                            .max_ejection_percent = v
+                    },
+                ),
+                None => p.not_mapped(s, "not a whole percentage"),
+            }
+        }
+        if let Some(s) = at.key("enforcing_consecutive_5xx").sid(p) {
+            if od.get("enforcing_consecutive_5xx").and_then(Node::as_f64) == Some(100.0) {
+                p.not_mapped(s, "Levee always enforces its ejections, as 100 does");
             } else {
-                |x, d| {
-                    x.outlier_detection.get_or_insert_with(OutlierDetection::default).base_ejection_time = d
-                }
-            };
-            set_duration(p, dep, field, &src(s), d, apply);
-        }
-    }
-    if let (Some(n), Some(s)) = (od.get("max_ejection_percent"), at.key("max_ejection_percent").sid(p)) {
-        match whole(n).and_then(|v| u32::try_from(v).ok()) {
-            Some(v) => set(
-                p,
-                dep,
-                "outlier_detection.max_ejection_percent",
-                v.to_string(),
-                &src(s),
-                v,
-                |x: &mut DependencyPolicy, v| {
-                    x.outlier_detection.get_or_insert_with(OutlierDetection::default).max_ejection_percent = v
-                },
-            ),
-            None => p.not_mapped(s, "not a whole percentage"),
-        }
-    }
-    if let Some(s) = at.key("enforcing_consecutive_5xx").sid(p) {
-        if od.get("enforcing_consecutive_5xx").and_then(Node::as_f64) == Some(100.0) {
-            p.not_mapped(s, "Levee always enforces its ejections, as 100 does");
-        } else {
-            p.not_mapped(s, "Levee always enforces an ejection; a percentage below 100 has no equivalent");
+                p.not_mapped(
+                    s,
+                    "Levee always enforces an ejection; a percentage below 100 has no equivalent",
+                );
+            }
         }
     }
     for k in [

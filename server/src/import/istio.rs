@@ -14,9 +14,10 @@ use std::time::Duration;
 use levee_agent::policy::{DependencyPolicy, OutlierDetection};
 
 use super::common::{
-    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, FirstRoute, ONE_COUNT, PANIC, QUEUE, Timeouts, UNSPLIT,
-    destination_reason, fault_reason, imply, mesh_outlier_defaults, not_mapped_below, retry_attempts,
-    retry_on_reason, route_summary, route_timeout, set, set_duration, set_retries, whole,
+    At, CONCURRENT_RETRIES, CONNECT, CONNECTIONS, ErrorCount, FirstRoute, ONE_COUNT, PANIC, QUEUE, Timeouts,
+    UNSPLIT, destination_reason, error_count, fault_reason, imply, mesh_outlier_defaults, not_mapped_below,
+    retry_attempts, retry_on_reason, route_summary, route_timeout, set, set_duration, set_retries, whole,
+    zero_count_reason,
 };
 use super::doc::{self, Node};
 use super::plan::{Plan, Sid};
@@ -379,6 +380,38 @@ type Sids<'a> = dyn Fn(&Plan, &str) -> Vec<Sid> + 'a;
 type Below<'a> = dyn Fn(&mut Plan, &str, &str) + 'a;
 
 fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_>, host_sid: &[Sid]) {
+    const COUNTS: [&str; 3] = ["consecutive5xxErrors", "consecutiveGatewayErrors", "consecutiveErrors"];
+    let counts: Vec<(&str, Option<&Node>)> = COUNTS.iter().map(|k| (*k, od.get(k))).collect();
+    let errors = match error_count(&counts) {
+        ErrorCount::From(k) => Some(k),
+        ErrorCount::Unset => None,
+        ErrorCount::Off => {
+            // Every count is 0: Istio ejects nothing, so the manifest has no outlier
+            // detection, and the rest of outlierDetection has nothing to tune.
+            let mut src: Vec<Sid> = Vec::new();
+            for k in COUNTS.into_iter().filter(|k| od.get(k).is_some()) {
+                for s in sids(p, k) {
+                    if !host_sid.contains(&s) {
+                        p.note(s, zero_count_reason(k, None));
+                    }
+                    if !src.contains(&s) {
+                        src.push(s);
+                    }
+                }
+            }
+            set(p, dep, "outlier_detection", "null", &src, (), |x: &mut DependencyPolicy, ()| {
+                x.outlier_detection = None
+            });
+            let off = "outlier detection is off (every consecutive-error count is 0): nothing to tune";
+            for k in ["interval", "baseEjectionTime", "maxEjectionPercent", "minHealthPercent"] {
+                below(p, k, off);
+            }
+            for k in ["splitExternalLocalOriginErrors", "consecutiveLocalOriginFailures"] {
+                below(p, k, UNSPLIT);
+            }
+            return;
+        }
+    };
     let istio = mesh_outlier_defaults();
     imply(
         p,
@@ -390,14 +423,15 @@ fn outlier(p: &mut Plan, dep: &str, od: &Node, sids: &Sids<'_>, below: &Below<'_
         Some(istio),
         |x: &mut DependencyPolicy, o| x.outlier_detection = o,
     );
-    let errors = ["consecutive5xxErrors", "consecutiveGatewayErrors", "consecutiveErrors"]
-        .into_iter()
-        .find(|k| od.get(k).is_some());
-    for k in ["consecutive5xxErrors", "consecutiveGatewayErrors", "consecutiveErrors"] {
+    for k in COUNTS {
         let Some(n) = od.get(k) else { continue };
         let src = sids(p, k);
         if Some(k) != errors {
-            below(p, k, ONE_COUNT);
+            if whole(n) == Some(0) {
+                below(p, k, &zero_count_reason(k, errors));
+            } else {
+                below(p, k, ONE_COUNT);
+            }
             continue;
         }
         let Some(v) = whole(n).and_then(|v| u32::try_from(v).ok()) else {

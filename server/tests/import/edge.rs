@@ -525,3 +525,77 @@ spec:
     }
     assert!(i.report.notes.iter().any(|n| n.starts_with("pricing: routes spec.http[0] and spec.http[1]")));
 }
+
+/// User trial: `consecutive5xxErrors: 0` turned outlier detection on with Levee's count of
+/// 5 ("Levee does not allow consecutive_errors = 0"). In Istio 0 turns ejection on 5xx
+/// errors off: with no other count that ejects, the manifest has no outlier detection.
+#[test]
+fn istio_consecutive_errors_of_zero_turn_ejection_off() {
+    let rule = |od: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: r}}\nspec:\n  host: reviews\n  \
+             trafficPolicy:\n    outlierDetection: {od}\n"
+        )
+    };
+    let i =
+        import_text(Source::Istio, &rule("{consecutive5xxErrors: 0, interval: 5s, baseEjectionTime: 1m}"));
+    let d = &i.manifest.policy.dependencies["reviews"];
+    assert_eq!(d.outlier_detection, None, "{}", i.report.render());
+    let json = serde_json::to_value(&i.manifest).unwrap();
+    assert!(json["policy"]["dependencies"]["reviews"]["outlier_detection"].is_null(), "{json}");
+    let to = mapped_to(&i, "spec.trafficPolicy.outlierDetection.consecutive5xxErrors");
+    assert_eq!(to, ["policy.dependencies.reviews.outlier_detection = null"]);
+    let shown = i.report.render();
+    assert!(!shown.contains("Levee does not allow"), "{shown}");
+    assert!(!shown.contains("consecutive_errors = 5"), "{shown}");
+    assert!(shown.contains("consecutive5xxErrors: 0 turns off ejection"), "{shown}");
+    assert!(reason(&i, "spec.trafficPolicy.outlierDetection.interval").contains("outlier detection is off"));
+    assert!(
+        reason(&i, "spec.trafficPolicy.outlierDetection.baseEjectionTime")
+            .contains("outlier detection is off")
+    );
+
+    // Both counts 0: still off.
+    let i = import_text(Source::Istio, &rule("{consecutive5xxErrors: 0, consecutiveGatewayErrors: 0}"));
+    assert_eq!(i.manifest.policy.dependencies["reviews"].outlier_detection, None);
+
+    // Another count ejects: Levee's one count is set from it, and the 0 says why it is not.
+    let i = import_text(Source::Istio, &rule("{consecutive5xxErrors: 0, consecutiveGatewayErrors: 3}"));
+    let od = i.manifest.policy.dependencies["reviews"].outlier_detection.clone().expect("on");
+    assert_eq!(od.consecutive_errors, 3);
+    let why = reason(&i, "spec.trafficPolicy.outlierDetection.consecutive5xxErrors");
+    assert!(why.contains("0 turns off") && why.contains("set from consecutiveGatewayErrors"), "{why}");
+
+    // A count that is not 0 is imported as before; no count at all keeps Istio's 5.
+    let i = import_text(Source::Istio, &rule("{consecutive5xxErrors: 7}"));
+    assert_eq!(
+        i.manifest.policy.dependencies["reviews"].outlier_detection.clone().unwrap().consecutive_errors,
+        7
+    );
+    let i = import_text(Source::Istio, &rule("{interval: 5s}"));
+    assert_eq!(
+        i.manifest.policy.dependencies["reviews"].outlier_detection.clone().unwrap().consecutive_errors,
+        5
+    );
+}
+
+/// The same rule for Envoy's `consecutive_5xx: 0`, the one count it imports.
+#[test]
+fn envoy_consecutive_5xx_of_zero_turns_ejection_off() {
+    let text = "\
+static_resources:
+  clusters:
+  - name: pricing
+    outlier_detection: {consecutive_5xx: 0, interval: 5s}
+";
+    let i = import_text(Source::Envoy, text);
+    assert_eq!(i.manifest.policy.dependencies["pricing"].outlier_detection, None);
+    let to = mapped_to(&i, "static_resources.clusters[0].outlier_detection.consecutive_5xx");
+    assert_eq!(to, ["policy.dependencies.pricing.outlier_detection = null"]);
+    let shown = i.report.render();
+    assert!(!shown.contains("Levee does not allow"), "{shown}");
+    assert!(
+        reason(&i, "static_resources.clusters[0].outlier_detection.interval")
+            .contains("outlier detection is off")
+    );
+}
