@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use levee_agent::policy::ValidationErrors;
 use serde::Serialize;
 
-pub use report::{Outcome, Report, Setting};
+pub use report::{Outcome, Report, Setting, Warning};
 pub use units::{go_duration, levee_name, spring_duration};
 
 use crate::manifest::{self, ServiceManifest};
@@ -135,7 +135,7 @@ pub fn import(
     let mut base =
         ServiceManifest::new(options.environment.clone(), options.service.clone().unwrap_or_default());
     base.description = format!("Imported by levee import --from {} {}", source.as_str(), file_name(file));
-    let (mut manifest, report) = match source {
+    let (mut manifest, mut report) = match source {
         Source::Resilience4j => resilience4j::import(file, text, base)?,
         Source::Envoy => envoy::import(file, text, base)?,
         Source::Istio => istio::import(file, text, base)?,
@@ -154,6 +154,7 @@ pub fn import(
         }
         return Err(ImportError::Invalid(errors));
     }
+    report.warnings = report::warnings(&manifest.policy);
     Ok(Imported { manifest, report })
 }
 

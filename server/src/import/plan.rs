@@ -532,8 +532,14 @@ impl Plan {
         }
         manifest.policy = cfg.policy;
         manifest.flags = cfg.flags;
-        let report =
-            Report { source: self.source, file: self.file, documents: self.documents, settings, notes };
+        let report = Report {
+            source: self.source,
+            file: self.file,
+            documents: self.documents,
+            settings,
+            notes,
+            warnings: Vec::new(),
+        };
         Ok((manifest, report))
     }
 }

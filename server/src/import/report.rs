@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use levee_agent::policy::{Policy, lint};
 use serde::Serialize;
 
 use super::Source;
@@ -41,6 +42,54 @@ pub struct Setting {
     pub notes: Vec<String>,
 }
 
+/// One of Levee's own lints on the imported policy — the same `levee apply` shows in its
+/// plan for the policy alone — so that a risky combination the import produced (an
+/// attempt timeout longer than the service's default deadline) is told at import time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Warning {
+    /// Manifest path of the field (`policy.dependencies.pricing.attempt_timeout`).
+    pub path: String,
+    /// The lint's code (`timeout_exceeds_budget`, `retry_exceeds_deadline`, …).
+    pub code: String,
+    /// What is risky, as the lint says it.
+    pub message: String,
+    /// What to change in the manifest, where it is plain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+/// The agent's lints on `policy` as report warnings, in the lints' order.
+pub fn warnings(policy: &Policy) -> Vec<Warning> {
+    lint(policy)
+        .into_iter()
+        .map(|l| {
+            let on_route = l.path.starts_with("inbound.routes.");
+            let hint = match l.code {
+                "retry_exceeds_deadline" if !on_route => Some(
+                    "no source setting maps to default_deadline (Levee's default is in force): raise \
+                     policy.default_deadline in the manifest above the worst case, or lower retry.max_attempts or \
+                     attempt_timeout",
+                ),
+                "timeout_exceeds_budget" if !on_route => Some(
+                    "no source setting maps to default_deadline (Levee's default is in force): raise \
+                     policy.default_deadline in the manifest above the attempt_timeout, or lower attempt_timeout",
+                ),
+                "non_critical_timeout_capped" => {
+                    Some("raise policy.non_critical_cap in the manifest, or lower attempt_timeout")
+                }
+                "breaker_minimum_calls_low" => Some("raise circuit_breaker.minimum_calls in the manifest"),
+                _ => None,
+            };
+            Warning {
+                path: format!("policy.{}", l.path),
+                code: l.code.to_string(),
+                message: l.message,
+                hint: hint.map(str::to_string),
+            }
+        })
+        .collect()
+}
+
 /// Everything an import did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -55,6 +104,9 @@ pub struct Report {
     /// Remarks on the whole import: renamed dependencies, the source's own defaults that
     /// were applied because the file relies on them.
     pub notes: Vec<String>,
+    /// Levee's lints on the imported policy (what `levee apply` would warn about); the
+    /// mapping is as the source says, these say where it is risky in Levee.
+    pub warnings: Vec<Warning>,
 }
 
 impl Report {
@@ -123,6 +175,15 @@ impl Report {
             out.push_str("\nnotes:\n");
             for n in &self.notes {
                 let _ = writeln!(out, "  - {n}");
+            }
+        }
+        if !self.warnings.is_empty() {
+            out.push_str("\nwarnings (Levee's lints on the imported policy, as levee apply shows them):\n");
+            for w in &self.warnings {
+                let _ = writeln!(out, "  {} ({}): {}", w.path, w.code, w.message);
+                if let Some(h) = &w.hint {
+                    let _ = writeln!(out, "      hint: {h}");
+                }
             }
         }
         out

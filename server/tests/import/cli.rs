@@ -52,6 +52,33 @@ fn levee_import_json_output_and_json_report() {
     assert_eq!(report["settings"].as_array().unwrap().len(), 4);
     assert_eq!(report["settings"][3]["outcome"], "mapped");
     assert_eq!(report["settings"][0]["outcome"], "not_mapped");
+    assert!(report["warnings"].is_array(), "{report}");
+}
+
+#[test]
+fn levee_import_reports_what_levee_apply_would_warn_about() {
+    let file = corpus_dir().join(
+        "resilience4j/resilience4j__resilience4j-spring-boot2-demo__src__main__resources__application.yml",
+    );
+    let out = levee().args(["import", "--from", "resilience4j"]).arg(&file).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("\nwarnings (Levee's lints on the imported policy"), "{stderr}");
+    assert!(stderr.contains("policy.dependencies.backend-a.retry (retry_exceeds_deadline): "), "{stderr}");
+    let out =
+        levee().args(["import", "--from", "resilience4j", "--report", "json"]).arg(&file).output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    let codes: Vec<&str> =
+        report["warnings"].as_array().unwrap().iter().map(|w| w["code"].as_str().unwrap()).collect();
+    assert_eq!(
+        codes,
+        [
+            "retry_exceeds_deadline",
+            "timeout_exceeds_budget",
+            "retry_exceeds_deadline",
+            "timeout_exceeds_budget"
+        ]
+    );
 }
 
 #[test]

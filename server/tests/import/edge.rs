@@ -599,3 +599,62 @@ static_resources:
             .contains("outlier detection is off")
     );
 }
+
+/// User trial: resilience4j's `timeoutDuration: 2s` became attempt_timeout 2s under Levee's
+/// default_deadline of 1s, and only `levee apply` then warned. The import runs the agent's
+/// lints on the policy it wrote and lists each warning, with a hint, without changing what
+/// is mapped.
+#[test]
+fn an_imported_policy_levee_warns_about_has_the_warnings_in_its_report() {
+    let i = super::import_file(
+        Source::Resilience4j,
+        "resilience4j/resilience4j__resilience4j-spring-boot2-demo__src__main__resources__application.yml",
+    );
+    let d = &i.manifest.policy.dependencies["backend-a"];
+    assert_eq!(d.attempt_timeout, Duration::from_secs(2), "the mapping stays as the source says");
+    assert_eq!(i.manifest.policy.default_deadline, Duration::from_secs(1));
+    let found: Vec<(&str, &str)> =
+        i.report.warnings.iter().map(|w| (w.path.as_str(), w.code.as_str())).collect();
+    assert_eq!(
+        found,
+        [
+            ("policy.dependencies.backend-a.retry", "retry_exceeds_deadline"),
+            ("policy.dependencies.backend-a.attempt_timeout", "timeout_exceeds_budget"),
+            ("policy.dependencies.backend-b.retry", "retry_exceeds_deadline"),
+            ("policy.dependencies.backend-b.attempt_timeout", "timeout_exceeds_budget"),
+        ]
+    );
+    // The same lints `levee apply` shows for the policy alone, with their messages.
+    let lints = levee_agent::policy::lint(&i.manifest.policy);
+    assert_eq!(lints.len(), i.report.warnings.len());
+    for (l, w) in lints.iter().zip(&i.report.warnings) {
+        assert_eq!(
+            (format!("policy.{}", l.path), l.code, &l.message),
+            (w.path.clone(), w.code.as_str(), &w.message)
+        );
+        assert!(
+            w.hint.as_deref().is_some_and(|h| h.contains("raise policy.default_deadline in the manifest")),
+            "{w:?}"
+        );
+    }
+    let shown = i.report.render();
+    let section = shown.split("\nwarnings (").nth(1).expect("a warnings section");
+    assert!(
+        section.contains(
+            "  policy.dependencies.backend-a.attempt_timeout (timeout_exceeds_budget): attempt_timeout (2s) is longer \
+             than the caller's default budget (1s)\n      hint: "
+        ),
+        "{shown}"
+    );
+    let json = serde_json::to_value(&i.report).unwrap();
+    assert_eq!(json["warnings"][1]["code"], "timeout_exceeds_budget");
+    assert_eq!(json["warnings"][1]["path"], "policy.dependencies.backend-a.attempt_timeout");
+    assert!(json["warnings"][1]["hint"].as_str().unwrap().contains("policy.default_deadline"));
+
+    // A policy the lints have nothing to say about: no section, an empty list in JSON.
+    let i =
+        import_text(Source::Resilience4j, "resilience4j.timelimiter.instances.a.timeoutDuration: 300ms\n");
+    assert_eq!(i.report.warnings, [], "{}", i.report.render());
+    assert!(!i.report.render().contains("warnings"));
+    assert_eq!(serde_json::to_value(&i.report).unwrap()["warnings"], serde_json::json!([]));
+}
