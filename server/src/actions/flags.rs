@@ -125,6 +125,36 @@ pub(super) fn remembered(
         .collect()
 }
 
+/// What a declared set of flags (an apply) does to the flags under a temporary value
+/// (`restores`: what they go back to; `profile`: the keys the active emergency profile set,
+/// which follow the profile's own rule instead): such a flag keeps its temporary value in
+/// force until its expiry, and what the apply declares for it (without an expiry) becomes
+/// what it goes back to — a merge during an incident never switches a flipped kill switch
+/// back (user trial). Returns the flags to write and the new values to go back to; a flag
+/// the apply leaves out or declares with an expiry of its own is written as declared.
+pub(crate) fn over_temporary(
+    current: &BTreeMap<String, Flag>,
+    restores: &BTreeMap<String, Flag>,
+    profile: &[String],
+    mut declared: BTreeMap<String, Flag>,
+) -> (BTreeMap<String, Flag>, BTreeMap<String, Flag>) {
+    let mut back_to = BTreeMap::new();
+    for (key, before) in restores {
+        if profile.contains(key) {
+            continue;
+        }
+        let (Some(now), Some(wanted)) = (current.get(key), declared.get(key)) else { continue };
+        if now.expires_at.is_none() || wanted.expires_at.is_some() {
+            continue;
+        }
+        if wanted != before {
+            back_to.insert(key.clone(), wanted.clone());
+        }
+        declared.insert(key.clone(), now.clone());
+    }
+    (declared, back_to)
+}
+
 /// A flag's expiry, when it has one, is in the future: one already past would have the
 /// flag removed at once by the expiry sweeper (and a manifest carrying it re-created and
 /// removed on every apply). `path` names the field in errors.

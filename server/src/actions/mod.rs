@@ -50,7 +50,7 @@ pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text}
 pub use overrides::NewOverride;
 pub use profiles::{
     MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec, ProfileUndo,
-    Reverted, activation_services, profile_undo,
+    Reverted, activation_services, profile_flag_keys, profile_undo,
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};
@@ -151,10 +151,19 @@ impl Actions {
         };
         // Whatever the edit did to the flags, what their temporary values go back to
         // follows from it by one rule.
+        // An edit may itself say what a temporary flag goes back to (an apply over a flip:
+        // `flags::over_temporary`) by changing its entry in `restores`; that wins over the
+        // memory from before.
         let edit = |p: &mut Parts| {
             let (flags, restores) = (p.flags.clone(), p.restores.clone());
             let diff = edit(p)?;
-            p.restores = flags::remembered(&flags, &restores, &p.flags);
+            let mut memory = restores.clone();
+            for (k, v) in std::mem::take(&mut p.restores) {
+                if restores.get(&k) != Some(&v) {
+                    memory.insert(k, v);
+                }
+            }
+            p.restores = flags::remembered(&flags, &memory, &p.flags);
             Ok(diff)
         };
         let committed = self.store.mutate(change, &by.audit_ctx(reason), edit).await?;

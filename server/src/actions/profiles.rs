@@ -212,6 +212,11 @@ pub fn activation_services(a: &ActivationRow) -> Vec<String> {
 
 /// The flags an application of a profile set, per service (what a whole-service write of
 /// flags would undo; breakers, faults and levers are not part of a manifest).
+/// The flag keys the active profile `a` set in `service` (none when it does not cover it).
+pub fn profile_flag_keys(a: Option<&ActivationRow>, service: &str) -> Vec<String> {
+    a.and_then(|a| activation_flags(a).remove(service)).unwrap_or_default()
+}
+
 fn activation_flags(a: &ActivationRow) -> BTreeMap<String, Vec<String>> {
     serde_json::from_str::<BTreeMap<String, Saved>>(&a.saved)
         .map(|m| m.into_iter().map(|(svc, s)| (svc, s.flags.into_iter().map(|f| f.key).collect())).collect())

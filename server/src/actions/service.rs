@@ -212,8 +212,11 @@ impl Actions {
                     overriding(undo(&p.flags, &flags), &at.env, &reason, None)?;
                 }
                 let old = p.clone();
+                let profile = super::profiles::profile_flag_keys(active.as_ref(), &at.service);
+                let (flags, back_to) = super::flags::over_temporary(&p.flags, &p.restores, &profile, flags);
                 p.policy = policy;
                 p.flags = flags;
+                p.restores.extend(back_to);
                 Ok(AuditDiff::between(&Subject::Declared, &old, p))
             })
             .await?;

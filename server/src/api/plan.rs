@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
-use crate::actions::{ProfileUndo, profile_undo};
+use crate::actions::flags::over_temporary;
+use crate::actions::{ProfileUndo, profile_flag_keys, profile_undo};
 use crate::advice;
 use crate::diff::{DiffEntry, json_diff};
 use crate::manifest::ServiceManifest;
@@ -73,6 +74,27 @@ pub struct PlanEntry {
     /// --override-profile`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileUndo>,
+    /// Flags under a temporary value (`levee flip --for`) that the manifest declares: the
+    /// write keeps the temporary value until its expiry, and what the manifest declares is
+    /// what the flag goes back to then. So an apply during an incident never switches a
+    /// flipped kill switch back.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub temporary: Vec<TemporaryFlag>,
+}
+
+/// A flag that keeps its temporary value through a write (see [`PlanEntry::temporary`]).
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct TemporaryFlag {
+    /// The flag's key.
+    pub key: String,
+    /// The value in force until `expires_at` (of the flag's type).
+    #[schema(value_type = Value)]
+    pub value: serde_json::Value,
+    /// When the temporary value ends.
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: Option<Timestamp>,
+    /// The flag it goes back to then: the manifest's.
+    pub goes_back_to: Flag,
 }
 
 /// Answer of `POST /plan`: manifests first, in their order, then the services no
@@ -181,7 +203,7 @@ pub async fn plan(
         for (i, m) in ms {
             let row = rows.iter().find(|r| r.name == m.service);
             let config = m.to_config();
-            let desired = declared(&m.description, &config);
+            let mut temporary = Vec::new();
             let (action, revision, changes, stored) = match row {
                 None => (PlanAction::Create, None, Vec::new(), config.flags.clone()),
                 Some(r) => {
@@ -194,8 +216,39 @@ pub async fn plan(
                     })?;
                     let cfg: ServiceConfig =
                         serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))?;
-                    let changes = json_diff(&declared(&r.description, &cfg), &desired);
-                    let action = if changes.is_empty() { PlanAction::Unchanged } else { PlanAction::Change };
+                    // What the write would store: a flag under a temporary value keeps it
+                    // (`over_temporary`, the rule the write applies).
+                    let mut restores = BTreeMap::new();
+                    for (key, _, back) in s.store.temporary_flags(env, &r.name).await? {
+                        let back: Flag =
+                            serde_json::from_str(&back).map_err(|e| ApiError::Internal(e.into()))?;
+                        restores.insert(key, back);
+                    }
+                    let keys = profile_flag_keys(active.as_ref(), &r.name);
+                    let (written, back_to) =
+                        over_temporary(&cfg.flags, &restores, &keys, config.flags.clone());
+                    for (key, back) in &restores {
+                        let Some(now) = written.get(key).filter(|f| cfg.flags.get(key) == Some(*f)) else {
+                            continue;
+                        };
+                        if keys.contains(key) || config.flags.get(key) == Some(now) {
+                            continue;
+                        }
+                        temporary.push(TemporaryFlag {
+                            key: key.clone(),
+                            value: now.value.clone(),
+                            expires_at: now.expires_at,
+                            goes_back_to: back_to.get(key).unwrap_or(back).clone(),
+                        });
+                    }
+                    let writes = ServiceConfig { flags: written, ..config.clone() };
+                    let changes =
+                        json_diff(&declared(&r.description, &cfg), &declared(&m.description, &writes));
+                    let action = if changes.is_empty() && back_to.is_empty() {
+                        PlanAction::Unchanged
+                    } else {
+                        PlanAction::Change
+                    };
                     (action, Some(r.revision), changes, cfg.flags)
                 }
             };
@@ -209,6 +262,7 @@ pub async fn plan(
                 profile: profile(&m.service, &stored, Some(&config.flags)),
                 changes,
                 lints,
+                temporary,
             });
         }
         for r in rows.iter().filter(|r| !named.contains(r.name.as_str())) {
@@ -220,6 +274,7 @@ pub async fn plan(
                 changes: Vec::new(),
                 lints: Vec::new(),
                 profile: profile(&r.name, &none, if req.prune { None } else { Some(&none) }),
+                temporary: Vec::new(),
             });
         }
     }

@@ -137,6 +137,22 @@ struct Entry {
     #[serde(default)]
     lints: Vec<Lint>,
     profile: Option<ActiveProfile>,
+    #[serde(default)]
+    temporary: Vec<Temporary>,
+}
+
+/// A flag that keeps its temporary value through the write (`levee flip --for`).
+#[derive(Debug, Deserialize)]
+struct Temporary {
+    key: String,
+    value: Value,
+    expires_at: Option<String>,
+    goes_back_to: GoesBackTo,
+}
+
+#[derive(Debug, Deserialize)]
+struct GoesBackTo {
+    value: Value,
 }
 
 /// The active emergency profile that covers a service of the plan.
@@ -246,6 +262,16 @@ fn render(plan: &Plan, prune: bool) -> String {
                 out,
                 "    ! emergency profile {} (applied by {}) is active until {}: {what}",
                 p.name, p.applied_by, p.expires_at
+            );
+        }
+        for t in &e.temporary {
+            let _ = writeln!(
+                out,
+                "    ! flag {} is temporarily {} until {}: it stays so (a flip with --for); then it goes back to {}, as the manifest says",
+                t.key,
+                t.value,
+                t.expires_at.as_deref().unwrap_or("its expiry"),
+                t.goes_back_to.value
             );
         }
         for l in &e.lints {

@@ -880,7 +880,14 @@ impl Store {
             if let Some(prev) = &prev
                 && prev.try_get::<String, _>("hash")? == hash
             {
-                tx.rollback().await?;
+                // Agents receive nothing new, but what a temporary flag goes back to is
+                // the server's own and may have changed (an apply over a flip).
+                if old.restores != new.restores {
+                    store_parts(&mut tx, env, service, &old, &new, now).await?;
+                    tx.commit().await?;
+                } else {
+                    tx.rollback().await?;
+                }
                 return Ok(None);
             }
         }

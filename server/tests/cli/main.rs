@@ -483,6 +483,53 @@ async fn a_flip_for_a_while_ends_as_git_declares_it_and_is_never_exported() {
     let r = levee(&app, home.path(), None, &["get", "prod/checkout"]).await;
     assert_eq!((r.code, r.stdout.as_str(), r.stderr.trim()), (0, declared.as_str(), note.as_str()), "{r:?}");
 
+    // During the flip, the unchanged directory plans nothing; a merge of an unrelated
+    // change keeps the flip (trial: it switched the kill switch back on, exit 0); a merge
+    // that changes the flag changes what it goes back to, and says so.
+    let r = levee(&app, home.path(), None, &dry_run).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("Nothing to do."), "{r:?}");
+    let flag_now = || async {
+        let (_, _, f) = app
+            .call(
+                Method::GET,
+                "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled",
+                None,
+            )
+            .await;
+        f
+    };
+    std::fs::write(
+        git.join("checkout.yaml"),
+        declared.replacen("description: \"\"", "description: merged", 1),
+    )
+    .unwrap();
+    let merged = std::fs::read_to_string(git.join("checkout.yaml")).unwrap();
+    assert_ne!(merged, declared, "the test changes the description");
+    let apply = ["apply", "-f", git.to_str().unwrap(), "--reason", "merge"];
+    let r = levee(&app, home.path(), None, &apply).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(flag_now().await["value"], json!(false), "the flip stays in force: {r:?}");
+    std::fs::write(
+        git.join("checkout.yaml"),
+        merged.replace("description: kill switch", "description: the kill switch"),
+    )
+    .unwrap();
+    let r = levee(&app, home.path(), None, &dry_run).await;
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stdout.contains(&format!(
+            "! flag recommendations.enabled is temporarily false until {until}: it stays so (a flip with --for); \
+             then it goes back to true, as the manifest says"
+        )),
+        "{r:?}"
+    );
+    let r = levee(&app, home.path(), None, &apply).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let f = flag_now().await;
+    assert_eq!((&f["value"], &f["description"]), (&json!(false), &json!("kill switch")), "{f}");
+    let declared = std::fs::read_to_string(git.join("checkout.yaml")).unwrap();
+
     // The expiry (driven by calling the sweeper's action with a later instant) puts the
     // flag back: the unchanged git directory plans nothing, and get shows git's flag.
     let later = levee_agent::policy::Timestamp::parse(&until).unwrap().unix_ms() + 1000;
