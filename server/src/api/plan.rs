@@ -136,7 +136,13 @@ fn check(manifests: &[ServiceManifest]) -> ApiResult<()> {
         if let Err(crate::actions::ChangeError::InvalidField(e)) =
             crate::actions::flags::all_expire_in_future(&m.flags)
         {
-            errors.push(FieldError { path: format!("manifests[{i}].{}", e.path), ..e });
+            // A manifest kept in git outlives an absolute expiry: say what to do with it.
+            let message = format!(
+                "{}: that time has passed (the server removed the flag then); take expires_at, or \
+                 the flag, out of the manifest",
+                e.message
+            );
+            errors.push(FieldError { path: format!("manifests[{i}].{}", e.path), message, ..e });
         }
         if !seen.insert(m.key()) {
             errors.push(FieldError {

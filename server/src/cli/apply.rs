@@ -406,7 +406,10 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
         }
     }
     if failed > 0 {
-        eprintln!("{failed} service{} not applied; the others were", if failed == 1 { "" } else { "s" });
+        eprintln!(
+            "{failed} service{} not applied; the others were applied or had nothing to change",
+            if failed == 1 { "" } else { "s" }
+        );
         return finish(results, ExitCode::FAILURE);
     }
     finish(results, ExitCode::SUCCESS)

@@ -209,6 +209,7 @@ async fn the_plan_says_what_apply_would_do_and_writes_nothing(app) {
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(b["errors"][0]["path"], "manifests[0].flags.k.expires_at", "{b}");
     assert!(b["errors"][0]["message"].as_str().unwrap().contains("must be in the future"), "{b}");
+    assert!(b["errors"][0]["message"].as_str().unwrap().contains("take expires_at, or the flag, out of the manifest"), "{b}");
 }
 }
 
