@@ -880,13 +880,15 @@ impl Store {
             if let Some(prev) = &prev
                 && prev.try_get::<String, _>("hash")? == hash
             {
-                // Agents receive nothing new, but what a temporary flag goes back to is
-                // the server's own and may have changed (an apply over a flip).
+                // No new revision: the counter bump is rolled back. What a temporary flag
+                // goes back to is the server's own and may still have changed (an apply
+                // over a flip): stored on its own, under the same write guard; everything
+                // else of `new` equals `old` (same hash).
+                tx.rollback().await?;
                 if old.restores != new.restores {
+                    let mut tx = self.pool.begin().await?;
                     store_parts(&mut tx, env, service, &old, &new, now).await?;
                     tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
                 }
                 return Ok(None);
             }

@@ -529,6 +529,15 @@ async fn a_flip_for_a_while_ends_as_git_declares_it_and_is_never_exported() {
     let f = flag_now().await;
     assert_eq!((&f["value"], &f["description"]), (&json!(false), &json!("kill switch")), "{f}");
     let declared = std::fs::read_to_string(git.join("checkout.yaml")).unwrap();
+    // That write made no revision (agents get nothing new): the service's revision and
+    // its snapshot still agree, and the plan of the directory has nothing left to do.
+    let (s, _, snap) =
+        app.call(Method::GET, "/api/v1/environments/prod/services/checkout/snapshot", None).await;
+    let (_, _, svc) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout", None).await;
+    assert_eq!((s.as_u16(), &snap["revision"]), (200, &svc["revision"]), "{snap} {svc}");
+    let r = levee(&app, home.path(), None, &dry_run).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("Nothing to do."), "{r:?}");
 
     // The expiry (driven by calling the sweeper's action with a later instant) puts the
     // flag back: the unchanged git directory plans nothing, and get shows git's flag.
