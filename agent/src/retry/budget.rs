@@ -11,9 +11,14 @@ use crate::policy;
 /// 0.6 are exact and deposits never drift by float rounding.
 const TOKEN: u64 = 1_000_000;
 
+/// `tokens` in micro-tokens, rounded down: a deposit or a capacity rounded up would let
+/// retries exceed the configured share by half a micro-token per success (a property test
+/// found 64 withdrawals where the bound was 63.99996).
 fn micro(tokens: f64) -> u64 {
     if tokens.is_finite() && tokens > 0.0 {
-        (tokens * TOKEN as f64).round().min(u64::MAX as f64) as u64
+        // The product of a decimal ratio and 1e6 can land a hair below the whole number
+        // it means (0.07 × 1e6 = 69999.99999999999): allow for that before rounding down.
+        (tokens * TOKEN as f64 + 1e-6).floor().min(u64::MAX as f64) as u64
     } else {
         0
     }

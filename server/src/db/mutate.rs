@@ -888,6 +888,37 @@ impl Store {
                 if old.restores != new.restores {
                     let mut tx = self.pool.begin().await?;
                     store_parts(&mut tx, env, service, &old, &new, now).await?;
+                    // Audited like any write, its values being what each changed flag
+                    // goes back to (null: nothing), at the revision still current.
+                    let side = |p: &Parts| {
+                        let keys = old.restores.keys().chain(new.restores.keys());
+                        let changed = keys.filter(|k| old.restores.get(*k) != new.restores.get(*k));
+                        let m: BTreeMap<&String, Option<&Flag>> =
+                            changed.map(|k| (k, p.restores.get(k))).collect();
+                        serde_json::json!({ "goes_back_to": m }).to_string()
+                    };
+                    let audit = AuditRow {
+                        at: now,
+                        actor: ctx.actor.clone(),
+                        via: ctx.via.clone(),
+                        request_id: ctx.request_id.clone(),
+                        action: change.action.to_string(),
+                        environment: Some(env.to_string()),
+                        service: Some(service.to_string()),
+                        target: change.target.to_string(),
+                        outcome: "ok".to_string(),
+                        reason: ctx.reason.clone(),
+                        before: Some(side(&old)),
+                        after: Some(side(&new)),
+                        detail: Some(
+                            "what flags under a temporary value go back to at their expiry; no new revision \
+                             (agents receive nothing new)"
+                                .to_string(),
+                        ),
+                        revision: Some(revision as i64 - 1),
+                        ..Default::default()
+                    };
+                    insert_audit(&mut tx, &audit).await?;
                     tx.commit().await?;
                 }
                 return Ok(None);

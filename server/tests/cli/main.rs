@@ -538,6 +538,21 @@ async fn a_flip_for_a_while_ends_as_git_declares_it_and_is_never_exported() {
     let r = levee(&app, home.path(), None, &dry_run).await;
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains("Nothing to do."), "{r:?}");
+    // It is audited all the same: what the flag goes back to, before and after.
+    let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?service=checkout&limit=1", None).await;
+    let row = &audit[0];
+    assert_eq!((&row["action"], &row["reason"]), (&json!("service.apply"), &json!("merge")), "{audit}");
+    assert_eq!(
+        row["before"]["goes_back_to"]["recommendations.enabled"]["description"],
+        json!("kill switch"),
+        "{audit}"
+    );
+    assert_eq!(
+        row["after"]["goes_back_to"]["recommendations.enabled"]["description"],
+        json!("the kill switch"),
+        "{audit}"
+    );
+    assert_eq!(row["revision"], svc["revision"], "{audit}");
 
     // The expiry (driven by calling the sweeper's action with a later instant) puts the
     // flag back: the unchanged git directory plans nothing, and get shows git's flag.
