@@ -553,6 +553,27 @@ pub struct Change<'a> {
     pub expected: Option<u64>,
 }
 
+/// The audit row of a write that went through (`ok`), at `revision`.
+fn written_row(ctx: &AuditCtx, change: &Change<'_>, now: i64, diff: AuditDiff, revision: i64) -> AuditRow {
+    AuditRow {
+        at: now,
+        actor: ctx.actor.clone(),
+        via: ctx.via.clone(),
+        request_id: ctx.request_id.clone(),
+        action: change.action.to_string(),
+        environment: Some(change.env.to_string()),
+        service: Some(change.service.to_string()),
+        target: change.target.to_string(),
+        outcome: "ok".to_string(),
+        reason: ctx.reason.clone(),
+        before: diff.before,
+        after: diff.after,
+        detail: diff.detail,
+        revision: Some(revision),
+        ..Default::default()
+    }
+}
+
 /// Where a revision write starts: the transaction holding the service's counter row, the
 /// revision being written and the parts it replaces.
 struct Start<'t> {
@@ -897,27 +918,14 @@ impl Store {
                             changed.map(|k| (k, p.restores.get(k))).collect();
                         serde_json::json!({ "goes_back_to": m }).to_string()
                     };
-                    let audit = AuditRow {
-                        at: now,
-                        actor: ctx.actor.clone(),
-                        via: ctx.via.clone(),
-                        request_id: ctx.request_id.clone(),
-                        action: change.action.to_string(),
-                        environment: Some(env.to_string()),
-                        service: Some(service.to_string()),
-                        target: change.target.to_string(),
-                        outcome: "ok".to_string(),
-                        reason: ctx.reason.clone(),
+                    let detail = "what flags under a temporary value go back to at their expiry; no new \
+                                  revision (agents receive nothing new)";
+                    let diff = AuditDiff {
                         before: Some(side(&old)),
                         after: Some(side(&new)),
-                        detail: Some(
-                            "what flags under a temporary value go back to at their expiry; no new revision \
-                             (agents receive nothing new)"
-                                .to_string(),
-                        ),
-                        revision: Some(revision as i64 - 1),
-                        ..Default::default()
+                        detail: Some(detail.to_string()),
                     };
+                    let audit = written_row(ctx, change, now, diff, revision as i64 - 1);
                     insert_audit(&mut tx, &audit).await?;
                     tx.commit().await?;
                 }
@@ -940,24 +948,7 @@ impl Store {
         .bind(&ctx.reason)
         .execute(&mut *tx)
         .await?;
-        let audit = AuditRow {
-            at: now,
-            actor: ctx.actor.clone(),
-            via: ctx.via.clone(),
-            request_id: ctx.request_id.clone(),
-            action: change.action.to_string(),
-            environment: Some(env.to_string()),
-            service: Some(service.to_string()),
-            target: change.target.to_string(),
-            outcome: "ok".to_string(),
-            reason: ctx.reason.clone(),
-            before: diff.before,
-            after: diff.after,
-            detail: diff.detail,
-            revision: Some(revision as i64),
-            ..Default::default()
-        };
-        insert_audit(&mut tx, &audit).await?;
+        insert_audit(&mut tx, &written_row(ctx, change, now, diff, revision as i64)).await?;
         if self.backend == Backend::Postgres {
             let payload =
                 serde_json::json!({"environment": env, "service": service, "revision": revision}).to_string();
