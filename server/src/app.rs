@@ -64,7 +64,7 @@ async fn record_http(req: axum::extract::Request, next: axum::middleware::Next) 
         "OPTIONS" => "OPTIONS",
         _ => "other",
     };
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     let res = next.run(req).await;
     metrics::histogram!(
         "levee_server_http_request_duration_seconds",

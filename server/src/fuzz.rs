@@ -8,8 +8,11 @@ use prost::Message;
 
 use crate::import::{ImportOptions, Source};
 
+/// A fuzz target's body: any bytes in, no panic and no hang out.
+pub type Target = fn(&[u8]);
+
 /// Fuzz targets by name, as the cargo-fuzz crate names its binaries.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("policy_decode_validate", policy_decode_validate),
     ("snapshot_decode", snapshot_decode),
     ("import_resilience4j", |d| import(Source::Resilience4j, d)),

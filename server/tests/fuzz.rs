@@ -6,7 +6,9 @@
 //! `tests/data/fuzz/<target>/` and so replayed here.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use levee_server::fuzz::TARGETS;
 use proptest::prelude::*;

@@ -75,7 +75,7 @@ impl Modify for ProblemResponses {
                         && let Some(example) = path_example(&p.name)
                         && matches!(p.parameter_in, ParameterIn::Path)
                     {
-                        *p = ParameterBuilder::from(p.clone()).example(Some(example.into())).build();
+                        *p = ParameterBuilder::from(p.clone()).example(Some(example)).build();
                     }
                 }
                 for (status, response) in op.responses.responses.iter_mut() {

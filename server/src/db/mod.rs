@@ -111,7 +111,7 @@ pub struct Store {
 /// Current time in milliseconds since the Unix epoch.
 /// Records how long a store operation took, when dropped, in
 /// `levee_server_db_query_duration_seconds{op}` (errors included).
-pub(crate) struct QueryTimer(&'static str, std::time::Instant);
+pub(crate) struct QueryTimer(&'static str, tokio::time::Instant);
 
 impl Drop for QueryTimer {
     fn drop(&mut self) {
@@ -122,7 +122,7 @@ impl Drop for QueryTimer {
 
 /// Starts timing operation `op` (a fixed name per store method).
 pub(crate) fn timed(op: &'static str) -> QueryTimer {
-    QueryTimer(op, std::time::Instant::now())
+    QueryTimer(op, tokio::time::Instant::now())
 }
 
 pub fn now_ms() -> i64 {
@@ -197,7 +197,7 @@ impl Store {
     pub(crate) async fn write_guard(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         match self.backend {
             Backend::Sqlite => {
-                let asked = std::time::Instant::now();
+                let asked = tokio::time::Instant::now();
                 let guard = self.write_lock.lock().await;
                 let waited = asked.elapsed();
                 metrics::histogram!("levee_server_db_write_lock_wait_seconds").record(waited.as_secs_f64());

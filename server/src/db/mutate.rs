@@ -191,14 +191,11 @@ impl Entries {
 
     fn value(&self, p: &Parts) -> serde_json::Value {
         use serde_json::{Map, Value};
-        fn entries<'k, K: 'k, T: Serialize>(
+        fn entries<'k, K: 'k, T: Serialize + 'k>(
             keys: impl IntoIterator<Item = &'k K>,
             name: impl Fn(&K) -> String,
             get: impl Fn(&K) -> Option<&'k T>,
-        ) -> Value
-        where
-            T: 'k,
-        {
+        ) -> Value {
             Value::Object(
                 keys.into_iter().map(|k| (name(k), get(k).map_or(Value::Null, |v| json(v)))).collect(),
             )

@@ -233,7 +233,7 @@ impl AdmissionView {
             })
             .collect();
         view.would_shed_total = rows.iter().map(|r| r.would_shed).fold(0, u64::saturating_add);
-        rows.sort_by(|a, b| (b.shed.max(b.would_shed)).cmp(&a.shed.max(a.would_shed)));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.shed.max(r.would_shed)));
         view.sheds_omitted = rows.len().saturating_sub(MAX_ROWS);
         rows.truncate(MAX_ROWS);
         view.sheds = rows;

@@ -84,8 +84,7 @@ pub struct AgentReport {
 impl AgentReport {
     /// Reads the status JSON stored for an agent (missing or odd fields are skipped).
     pub fn of(a: &AgentRow) -> AgentReport {
-        let mut r = AgentReport::default();
-        r.source = a.source.clone();
+        let mut r = AgentReport { source: a.source.clone(), ..AgentReport::default() };
         let Some(status) = &a.status else { return r };
         for b in status["breakers"].as_array().into_iter().flatten() {
             let state = b["state"].as_str().unwrap_or("");

@@ -160,7 +160,7 @@ async fn sec_1_wrong_passwords_from_anyone_never_lock_the_owner_out() {
     let sprayed_rows = audit("user0").await;
     assert!(has(&sprayed_rows, "auth.login_failed", "127.0.0.4"), "{sprayed_rows:#?}");
     // The refusal is written off the request path: wait for it (bounded).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let rows = audit("vic").await;
         if let Some(r) = rows.iter().find(|r| r["action"] == "access.refused") {
@@ -170,7 +170,7 @@ async fn sec_1_wrong_passwords_from_anyone_never_lock_the_owner_out() {
             assert_eq!((&r["before"], &r["after"]), (&json!(null), &json!(null)), "{r}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no access.refused row: {rows:#?}");
+        assert!(tokio::time::Instant::now() < deadline, "no access.refused row: {rows:#?}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }

@@ -1,5 +1,9 @@
 //! What agents send is untrusted (SEC-2), and a revoked token ends its streams (SEC-3).
 
+// The server log buffer below is a std Mutex: filled by one task, read by the test, never
+// held across an await.
+#![allow(clippy::disallowed_types)]
+
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -181,7 +181,7 @@ async fn tls_both_listeners_serve_tls_reload_renewed_certificates_and_agents_ver
         "{:?}",
         stranger.status()
     );
-    let err = Agent::builder(&grpc, &agent_token, "prod", "checkout").build().err().expect("refused");
+    let err = Agent::builder(&grpc, &agent_token, "prod", "checkout").build().expect_err("refused");
     assert!(matches!(err, BuildError::TlsMismatch { .. }), "{err}");
 
     // A renewed certificate is served without a restart.

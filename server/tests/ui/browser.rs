@@ -71,7 +71,7 @@ async fn browser() -> Option<(Driver, Client)> {
         }
     }))
     .unwrap();
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     loop {
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
         match ClientBuilder::new(connector).capabilities(caps.clone()).connect(&driver.url).await {
@@ -98,7 +98,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     loop {
         if let Some(v) = probe().await {
             return v;

@@ -46,7 +46,7 @@ fn agent(app: &TestApp, token: &str, name: &str, cache: &std::path::Path) -> Age
 
 /// Polls the fleet API until `pred` holds for the agent whose id starts with `name`.
 async fn wait_agent(app: &TestApp, name: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     loop {
         let (s, _, b) = app.api(Method::GET, AGENTS, None).await;
         assert_eq!(s, StatusCode::OK, "{b}");

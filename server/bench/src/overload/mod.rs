@@ -106,7 +106,7 @@ fn variants() -> Vec<Variant> {
         Variant { name: "tower_concurrency_limit", protection: Protection::TowerFixed { limit: WORKERS } },
         Variant { name: "tower_acc_gradient2", protection: Protection::AccGradient2 },
         Variant { name: "tower_acc_vegas", protection: Protection::AccVegas },
-        Variant { name: "levee", protection: Protection::Levee(Box::new(Inbound::default())) },
+        Variant { name: "levee", protection: Protection::Levee(Box::default()) },
         Variant {
             name: "levee_gradient2",
             protection: Protection::Levee(Box::new(algorithm(LimitAlgorithm::Gradient2))),
