@@ -1,0 +1,258 @@
+//! The agent sync service (`levee.sync.v1.LeveeSync/Sync`).
+//!
+//! One bidirectional stream per agent process. The agent says `Hello` with what it has
+//! applied; the server sends a full snapshot only for services where it has something
+//! newer, then pushes each new revision as it is committed. The agent ACKs or NACKs per
+//! revision; a NACKed revision is recorded (visible in the API) and never resent to that
+//! agent. Heartbeats every ~15 s (jittered) let the agent detect a silently dead stream;
+//! a jittered maximum stream age makes agents rebalance across replicas; new streams per
+//! second are bounded so a mass reconnect cannot overwhelm the server.
+
+//!
+//! By reason: this file holds the settings, the service and the checks a new stream
+//! passes (`accept`); `limits.rs` the new-stream rate limit, `tokens.rs` the verified-token
+//! cache, `refusals.rs` the rate-limited log of refused streams, `session.rs` the loop of
+//! one stream (offer, heartbeats, age, revocation, ACK/NACK), `status.rs` what is kept of
+//! an agent's status report.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::Stream;
+use levee_agent::proto::levee_sync_server::{LeveeSync, LeveeSyncServer};
+use levee_agent::proto::{AgentMessage, ServerMessage, agent_message};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::agent_text;
+use crate::auth::{AuthError, Keys, authenticate_agent};
+use crate::db::Store;
+use crate::fleet::FleetWriter;
+use crate::hub::Hub;
+
+mod limits;
+mod refusals;
+mod session;
+mod status;
+mod tokens;
+
+pub use limits::NEW_STREAMS_PER_SEC;
+use limits::StreamLimiter;
+pub use refusals::REFUSAL_LOG_INTERVAL;
+use refusals::{Refusal, RefusalLog};
+use session::run_session;
+use tokens::VerifiedTokens;
+pub use tokens::{VERIFIED_TOKEN_TTL, VERIFIED_TOKENS_MAX};
+
+/// Tunables of the sync service; defaults are the named constants below.
+#[derive(Clone, Debug)]
+pub struct SyncSettings {
+    /// Mean heartbeat interval (jittered ±20 %).
+    pub heartbeat_interval: Duration,
+    /// Mean maximum stream age before a `GoAway` (jittered ±10 %).
+    pub max_stream_age: Duration,
+    /// New streams accepted per second (token bucket, burst = rate).
+    pub new_streams_per_sec: u32,
+    /// How long the server waits for `Hello`.
+    pub hello_timeout: Duration,
+}
+
+/// Default heartbeat interval.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
+/// Default maximum stream age.
+pub const MAX_STREAM_AGE: Duration = Duration::from_secs(30 * 60);
+/// Default wait for `Hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+impl Default for SyncSettings {
+    fn default() -> Self {
+        SyncSettings {
+            heartbeat_interval: HEARTBEAT_INTERVAL,
+            max_stream_age: MAX_STREAM_AGE,
+            new_streams_per_sec: NEW_STREAMS_PER_SEC,
+            hello_timeout: HELLO_TIMEOUT,
+        }
+    }
+}
+
+/// The `LeveeSync` gRPC service: one bidirectional stream per agent. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SyncService {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    keys: Keys,
+    hub: Hub,
+    fleet: FleetWriter,
+    settings: SyncSettings,
+    limiter: StreamLimiter,
+    shutdown: watch::Receiver<bool>,
+    streams: AtomicU64,
+    verified: VerifiedTokens,
+    refusals: RefusalLog,
+}
+
+impl SyncService {
+    /// The service over `store`, authenticating agents with `keys`, pushing what `hub`
+    /// publishes, recording agent state through `fleet`; its streams end (with `GoAway`)
+    /// once `shutdown` is set.
+    pub fn new(
+        store: Store,
+        keys: Keys,
+        hub: Hub,
+        fleet: FleetWriter,
+        settings: SyncSettings,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let limiter = StreamLimiter::new(settings.new_streams_per_sec);
+        SyncService {
+            inner: Arc::new(Inner {
+                store,
+                keys,
+                hub,
+                fleet,
+                settings,
+                limiter,
+                shutdown,
+                streams: AtomicU64::new(0),
+                verified: VerifiedTokens::default(),
+                refusals: RefusalLog::default(),
+            }),
+        }
+    }
+
+    /// Wraps it in the tonic server type.
+    pub fn into_server(self) -> LeveeSyncServer<SyncService> {
+        LeveeSyncServer::new(self)
+    }
+
+    /// Agent streams open on this replica now.
+    pub fn open_streams(&self) -> u64 {
+        self.inner.streams.load(Ordering::Relaxed)
+    }
+}
+
+fn bearer(req: &Request<Streaming<AgentMessage>>) -> Option<String> {
+    let v = req.metadata().get("authorization")?.to_str().ok()?;
+    let t = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))?;
+    Some(t.trim().to_string())
+}
+
+type SyncStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl LeveeSync for SyncService {
+    type SyncStream = SyncStream;
+
+    async fn sync(&self, req: Request<Streaming<AgentMessage>>) -> Result<Response<SyncStream>, Status> {
+        let peer = req.remote_addr();
+        self.accept(req).await.map_err(|(why, status)| {
+            let _ = self.inner.refusals.refused(why, &status, peer);
+            status
+        })
+    }
+}
+
+impl SyncService {
+    /// Checks a new stream and starts its session, or says why it is refused. Order: a
+    /// stopping server refuses before anything else (no token check, no database read),
+    /// then the new-stream rate limit, then the token.
+    async fn accept(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<SyncStream>, (Refusal, Status)> {
+        let inner = self.inner.clone();
+        if crate::shutdown::is_stopped(&inner.shutdown) {
+            return Err((
+                Refusal::ShuttingDown,
+                Status::unavailable("server shutting down; reconnect with backoff"),
+            ));
+        }
+        if !inner.limiter.try_take().await {
+            return Err((Refusal::Rate, Status::unavailable("too many new streams; retry with backoff")));
+        }
+        let unauthenticated = |m: String| (Refusal::Unauthenticated, Status::unauthenticated(m));
+        let token = bearer(&req).ok_or_else(|| unauthenticated("missing bearer token".into()))?;
+        // The database answered for this stream's token: read it for the rest of the setup.
+        let mut db_ok = true;
+        let principal = match authenticate_agent(&inner.keys, &inner.store, &token).await {
+            Ok(p) => {
+                inner.verified.remember(&p).await;
+                p
+            }
+            Err(AuthError::Unavailable(cause)) => {
+                let jti =
+                    inner.keys.verify(&token, crate::auth::AUDIENCE_AGENT).map(|c| c.jti).unwrap_or_default();
+                match inner.verified.recent(&jti).await {
+                    Some(p) => {
+                        tracing::debug!(error = %cause, token = %p.name, "database unavailable: agent token accepted from memory");
+                        db_ok = false;
+                        p
+                    }
+                    None => {
+                        return Err((
+                            Refusal::Unavailable,
+                            Status::unavailable(
+                                "the token cannot be checked now: the database is unavailable; retry with backoff",
+                            ),
+                        ));
+                    }
+                }
+            }
+            Err(AuthError::Missing) => return Err(unauthenticated("missing bearer token".into())),
+            Err(e @ (AuthError::Revoked | AuthError::UserGone)) => {
+                if let Ok(c) = inner.keys.verify(&token, crate::auth::AUDIENCE_AGENT) {
+                    inner.verified.forget(&c.jti).await;
+                }
+                return Err(unauthenticated(format!("agent token refused: {e}")));
+            }
+            Err(other) => return Err(unauthenticated(format!("agent token refused: {other}"))),
+        };
+        let mut incoming = req.into_inner();
+        let bad_hello = |s: Status| (Refusal::Hello, s);
+        let hello = match tokio::time::timeout(inner.settings.hello_timeout, incoming.message()).await {
+            Ok(Ok(Some(AgentMessage { kind: Some(agent_message::Kind::Hello(h)) }))) => h,
+            Ok(Ok(_)) => return Err(bad_hello(Status::invalid_argument("the first message must be Hello"))),
+            Ok(Err(s)) => return Err(bad_hello(s)),
+            Err(_) => return Err(bad_hello(Status::deadline_exceeded("no Hello received in time"))),
+        };
+        if hello.environment != principal.environment {
+            return Err((
+                Refusal::Scope,
+                Status::permission_denied(format!(
+                    "this token is scoped to environment {:?}, not {:?}",
+                    principal.environment, hello.environment
+                )),
+            ));
+        }
+        if hello.services.is_empty() {
+            return Err(bad_hello(Status::invalid_argument("Hello names no service")));
+        }
+        for s in &hello.services {
+            if !principal.services.iter().any(|p| p == &s.name) {
+                return Err((
+                    Refusal::Scope,
+                    Status::permission_denied(format!(
+                        "this token is not scoped to service {:?} (allowed: {})",
+                        s.name,
+                        principal.services.join(", ")
+                    )),
+                ));
+            }
+        }
+        // What an agent sends is untrusted (SEC-2): identifiers it chooses are refused
+        // outside their alphabet rather than stored, logged and shown.
+        agent_text::check_instance_id(&hello.instance_id)
+            .map_err(|e| bad_hello(Status::invalid_argument(e)))?;
+        agent_text::check_version(&hello.agent_version)
+            .map_err(|e| bad_hello(Status::invalid_argument(e)))?;
+        let (tx, rx) = mpsc::channel::<Result<ServerMessage, Status>>(16);
+        tokio::spawn(run_session(inner, principal, hello, incoming, tx, db_ok));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

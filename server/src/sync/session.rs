@@ -1,0 +1,327 @@
+//! One agent stream: the snapshots it is behind on, then each new revision, heartbeats,
+//! its maximum age, its token's revocation, and what the agent says back (ACK, NACK,
+//! status report), handed to the fleet writer.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use levee_agent::policy::SCHEMA_VERSION;
+use levee_agent::proto::{
+    AgentMessage, GoAway, Heartbeat, ServerMessage, ServiceRevision, Snapshot, agent_message, server_message,
+};
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::WatchStream;
+use tonic::{Status, Streaming};
+
+use crate::agent_text;
+use crate::auth::AgentPrincipal;
+use crate::db::{AckRow, AgentUpsert, FleetEvent, NackRow, SnapshotRow, now_ms};
+
+use super::Inner;
+use super::status::status_json;
+
+fn jitter(d: Duration, ratio: f64) -> Duration {
+    let f = rand::rng().random_range((1.0 - ratio)..=(1.0 + ratio));
+    d.mul_f64(f)
+}
+
+pub(super) struct ServiceState {
+    pub(super) applied_revision: u64,
+    pub(super) applied_hash: String,
+    pub(super) last_sent: u64,
+    pub(super) nacked: HashSet<u64>,
+    /// Where the agent's configuration comes from (`live`, `cache`, `default`): from its
+    /// last status report, `live` once it ACKed a snapshot of this stream, empty until
+    /// either (a reconnect starts empty: the previous stream's report is not carried over).
+    pub(super) source: String,
+    /// The agent's last status report on this stream (JSON object), without the fields
+    /// the session owns (`applied_revision`, `source`).
+    pub(super) report: Option<serde_json::Value>,
+}
+
+struct Session {
+    inner: Arc<Inner>,
+    env: String,
+    instance: String,
+    version: String,
+    connected_at: i64,
+    nonce: u64,
+    services: HashMap<String, ServiceState>,
+    tx: mpsc::Sender<Result<ServerMessage, Status>>,
+}
+
+impl Session {
+    fn upsert(&self, service: &str, connected: bool) {
+        let st = &self.services[service];
+        let status = Some(st.status_json(connected));
+        self.inner.fleet.send(FleetEvent::Upsert(AgentUpsert {
+            environment: self.env.clone(),
+            service: service.to_string(),
+            instance_id: self.instance.clone(),
+            agent_version: self.version.clone(),
+            connected,
+            connected_at: self.connected_at,
+            last_seen: now_ms(),
+            applied_revision: st.applied_revision,
+            applied_hash: st.applied_hash.clone(),
+            status,
+        }));
+    }
+
+    /// Sends `snap` if it is newer than what the agent has and was not NACKed by it. No
+    /// database access: a push to thousands of streams must not cost thousands of queries.
+    async fn offer(&mut self, snap: &SnapshotRow) -> Result<(), ()> {
+        let Some(st) = self.services.get_mut(&snap.service) else { return Ok(()) };
+        if snap.revision <= st.applied_revision
+            || snap.revision <= st.last_sent
+            || st.nacked.contains(&snap.revision)
+        {
+            return Ok(());
+        }
+        self.nonce += 1;
+        st.last_sent = snap.revision;
+        let msg = ServerMessage {
+            kind: Some(server_message::Kind::Snapshot(Snapshot {
+                service: snap.service.clone(),
+                revision: snap.revision,
+                hash: snap.hash.clone(),
+                body: snap.body.clone().into_bytes(),
+                nonce: self.nonce,
+                schema_version: SCHEMA_VERSION,
+                environment: snap.environment.clone(),
+                created_at_ms: snap.created_at,
+            })),
+        };
+        metrics::counter!("levee_server_snapshots_sent_total").increment(1);
+        self.tx.send(Ok(msg)).await.map_err(|_| ())
+    }
+
+    fn handle(&mut self, msg: AgentMessage) {
+        match msg.kind {
+            Some(agent_message::Kind::Ack(ack)) => {
+                if let Some(st) = self.services.get_mut(&ack.service)
+                    && ack.revision >= st.applied_revision
+                {
+                    st.applied_revision = ack.revision;
+                    // It applied (or confirmed) what this stream sent: live configuration.
+                    st.source = "live".to_string();
+                    // The hash of what was acked is the hash we sent for that revision.
+                    if let Some(cur) = self.inner.hub.current(&self.env, &ack.service)
+                        && cur.revision == ack.revision
+                    {
+                        st.applied_hash = cur.hash.clone();
+                        // Commit to this agent's ACK, for the current revision only.
+                        let took = (now_ms() - cur.created_at).max(0) as f64 / 1000.0;
+                        metrics::histogram!("levee_server_propagation_seconds").record(took);
+                    }
+                    metrics::counter!("levee_server_acks_total").increment(1);
+                    // Propagation latency: only an ACK of a revision this stream pushed.
+                    if st.last_sent == ack.revision {
+                        self.inner.fleet.send(FleetEvent::Ack(AckRow {
+                            environment: self.env.clone(),
+                            service: ack.service.clone(),
+                            revision: ack.revision,
+                            instance_id: self.instance.clone(),
+                            acked_at: now_ms(),
+                        }));
+                    }
+                    self.upsert(&ack.service, true);
+                }
+            }
+            Some(agent_message::Kind::Nack(nack)) => {
+                if let Some(st) = self.services.get_mut(&nack.service) {
+                    st.nacked.insert(nack.revision);
+                    metrics::counter!("levee_server_nacks_total").increment(1);
+                    // One line whatever the agent wrote: escaped, bounded, and a quoted field.
+                    let detail = agent_text::text(&nack.error_detail, agent_text::MAX_DETAIL_CHARS);
+                    tracing::warn!(
+                        environment = %self.env, service = %nack.service, instance = %self.instance,
+                        revision = nack.revision, detail = ?detail, "agent rejected a snapshot"
+                    );
+                    self.inner.fleet.send(FleetEvent::Nack(NackRow {
+                        environment: self.env.clone(),
+                        service: nack.service.clone(),
+                        instance_id: self.instance.clone(),
+                        revision: nack.revision,
+                        error_detail: detail,
+                        at: now_ms(),
+                    }));
+                    self.upsert(&nack.service, true);
+                }
+            }
+            Some(agent_message::Kind::Status(report)) => {
+                if let Some(st) = self.services.get_mut(&report.service) {
+                    // A report about the revision the session knows tells where it came
+                    // from; one about another revision (built before its ACK went out) only
+                    // brings breakers and features, until the ACK says the rest.
+                    if report.applied_revision == st.applied_revision {
+                        st.source = agent_text::one_of(&report.source, agent_text::SOURCES).to_string();
+                    }
+                    st.report = serde_json::from_str(&status_json(&report)).ok();
+                    self.upsert(&report.service, true);
+                }
+            }
+            Some(agent_message::Kind::Hello(_)) | None => {}
+        }
+    }
+}
+
+pub(super) async fn run_session(
+    inner: Arc<Inner>,
+    principal: AgentPrincipal,
+    hello: levee_agent::proto::Hello,
+    mut incoming: Streaming<AgentMessage>,
+    tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    mut db_ok: bool,
+) {
+    inner.streams.fetch_add(1, Ordering::Relaxed);
+    metrics::gauge!("levee_server_streams").increment(1.0);
+    let mut session = Session {
+        inner: inner.clone(),
+        env: hello.environment.clone(),
+        instance: hello.instance_id.clone(),
+        version: hello.agent_version.clone(),
+        connected_at: now_ms(),
+        nonce: 0,
+        services: HashMap::new(),
+        tx: tx.clone(),
+    };
+    tracing::debug!(token = %principal.name, instance = %session.instance, "agent stream opened");
+    let mut watches = tokio_stream::StreamMap::new();
+    for s in &hello.services {
+        // NACKs this instance sent on an earlier stream (a NACKed revision is never resent).
+        let nacked = if !db_ok {
+            HashSet::new()
+        } else {
+            match inner
+                .store
+                .nacked_revisions(&hello.environment, &s.name, &hello.instance_id, s.applied_revision)
+                .await
+            {
+                Ok(revs) => revs.into_iter().collect(),
+                Err(e) => {
+                    db_ok = false;
+                    tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "loading the NACKs of a new agent stream");
+                    HashSet::new()
+                }
+            }
+        };
+        session.services.insert(
+            s.name.clone(),
+            ServiceState {
+                applied_revision: s.applied_revision,
+                applied_hash: s.hash.clone(),
+                last_sent: 0,
+                nacked,
+                source: String::new(),
+                report: None,
+            },
+        );
+        watches.insert(s.name.clone(), WatchStream::new(inner.hub.subscribe(&session.env, &s.name)));
+        session.upsert(&s.name, true);
+    }
+    // Initial state: read the database (never trust only this replica's memory: an agent
+    // ahead of the hub means the hub may be stale). While the database is away, what this
+    // replica holds in memory is served; the hub pushes anything newer once it is back.
+    let names: Vec<String> = session.services.keys().cloned().collect();
+    for name in &names {
+        let stored = if db_ok { inner.store.latest_snapshot(&session.env, name).await } else { Ok(None) };
+        let snap = match stored {
+            Ok(Some(snap)) => {
+                inner.hub.publish(snap.clone());
+                Some(Arc::new(snap))
+            }
+            Ok(None) if db_ok => None,
+            Ok(None) => inner.hub.current(&session.env, name),
+            Err(e) => {
+                db_ok = false;
+                tracing::warn!(
+                    error = %levee_agent::report::ErrorChain(e.as_ref()),
+                    "database unavailable loading a snapshot for a new agent stream; serving this replica's copy"
+                );
+                inner.hub.current(&session.env, name)
+            }
+        };
+        if let Some(snap) = snap
+            && session.offer(&snap).await.is_err()
+        {
+            return finish(&inner, &session);
+        }
+    }
+
+    // SEC-3: the stream ends as soon as its token is revoked (on any replica).
+    let mut revoked = inner.hub.revocations().watch();
+    if revoked.borrow_and_update().contains(&principal.jti) {
+        let _ = tx.send(Err(token_revoked())).await;
+        return finish(&inner, &session);
+    }
+    let mut shutdown = inner.shutdown.clone();
+    let age = tokio::time::sleep(jitter(inner.settings.max_stream_age, 0.1));
+    tokio::pin!(age);
+    // The first heartbeat goes out at once: it tells an agent whose revision is current
+    // that its configuration is confirmed live, without waiting a whole interval.
+    let mut next_heartbeat = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            msg = incoming.message() => match msg {
+                Ok(Some(m)) => session.handle(m),
+                Ok(None) | Err(_) => break,
+            },
+            Some((_, Some(snap))) = watches.next() => {
+                if session.offer(&snap).await.is_err() { break; }
+            }
+            _ = tokio::time::sleep_until(next_heartbeat) => {
+                let interval = jitter(inner.settings.heartbeat_interval, 0.2);
+                next_heartbeat = tokio::time::Instant::now() + interval;
+                let services = session.services.keys().map(|name| ServiceRevision {
+                    service: name.clone(),
+                    revision: inner.hub.current(&session.env, name).map(|s| s.revision).unwrap_or(0),
+                }).collect();
+                let hb = ServerMessage { kind: Some(server_message::Kind::Heartbeat(Heartbeat {
+                    services, interval_ms: interval.as_millis() as u64,
+                }))};
+                if tx.send(Ok(hb)).await.is_err() { break; }
+            }
+            _ = &mut age => {
+                let _ = tx.send(Ok(go_away("maximum stream age reached; reconnect to rebalance", false))).await;
+                break;
+            }
+            Ok(()) = revoked.changed() => {
+                if revoked.borrow_and_update().contains(&principal.jti) {
+                    tracing::info!(token = %principal.name, instance = %session.instance, "agent token revoked: stream ended");
+                    metrics::counter!("levee_server_streams_ended_total", "reason" => "revoked").increment(1);
+                    let _ = tx.send(Err(token_revoked())).await;
+                    break;
+                }
+            }
+            _ = shutdown.changed() => {
+                let _ = tx.send(Ok(go_away("server shutting down", true))).await;
+                break;
+            }
+        }
+    }
+    finish(&inner, &session)
+}
+
+fn token_revoked() -> Status {
+    Status::unauthenticated("agent token revoked")
+}
+
+fn go_away(reason: &str, shutting_down: bool) -> ServerMessage {
+    ServerMessage {
+        kind: Some(server_message::Kind::GoAway(GoAway { reason: reason.to_string(), shutting_down })),
+    }
+}
+
+fn finish(inner: &Inner, session: &Session) {
+    for name in session.services.keys() {
+        session.upsert(name, false);
+    }
+    inner.streams.fetch_sub(1, Ordering::Relaxed);
+    metrics::gauge!("levee_server_streams").decrement(1.0);
+    tracing::debug!(instance = %session.instance, "agent stream closed");
+}
