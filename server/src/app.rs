@@ -29,21 +29,37 @@ use crate::shutdown::stopped;
 use crate::sync::{SyncService, SyncSettings};
 use crate::web::AppState;
 
-/// The whole HTTP surface: the API under `/api/v1`, the UI, `/healthz`, `/readyz` and
-/// `/metrics`, every response carrying an `x-request-id` (the caller's, or a new UUID).
+/// The whole HTTP surface: the API under `/api/v1`, the UI, `/healthz`, `/readyz`,
+/// `/readyz/agents` and `/metrics`, every response carrying an `x-request-id` (the caller's, or a new UUID).
 /// Serving it needs nothing else running: tests call it with `tower::ServiceExt::oneshot`.
 pub fn app(state: AppState) -> Router {
-    let probes = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(state.clone());
+    surface(state, true)
+}
+
+/// [`app`], with `/metrics` or without it (when the operations address serves it).
+fn surface(state: AppState, with_metrics: bool) -> Router {
+    let probes = if with_metrics { ops(state.clone()) } else { probes(state.clone()) };
     crate::ui::router(state.clone())
         .merge(crate::api::router(state))
         .merge(probes)
         .layer(axum::middleware::from_fn(record_http))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+}
+
+/// `/healthz`, `/readyz` and `/readyz/agents`.
+fn probes(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/readyz/agents", get(readyz_agents))
+        .with_state(state)
+}
+
+/// What the operations address serves (plain HTTP, `LEVEE_OPS_ADDR`): the probes and
+/// `/metrics` (behind the metrics token when one is set).
+pub fn ops(state: AppState) -> Router {
+    probes(state.clone()).merge(Router::new().route("/metrics", get(metrics_text)).with_state(state))
 }
 
 /// Records each request's latency in `levee_server_http_request_duration_seconds` by route
@@ -93,17 +109,48 @@ async fn healthz() -> &'static str {
 /// Longest time `/readyz` waits for the database before answering 503.
 pub const READYZ_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// `GET /readyz`: the database answers within [`READYZ_TIMEOUT`] (else 503 at once).
+/// `GET /readyz`: this replica can take writes — it is not stopping and the database
+/// answers within [`READYZ_TIMEOUT`] (else 503 at once). For the API's load balancer.
 async fn readyz(State(s): State<AppState>) -> Response {
-    if s.store.ping(READYZ_TIMEOUT).await {
+    if crate::shutdown::is_stopped(&s.shutdown) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else if s.store.ping(READYZ_TIMEOUT).await {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "database unreachable").into_response()
     }
 }
 
-/// `GET /metrics`: Prometheus text format (404 when this process has no exporter).
-async fn metrics_text(State(s): State<AppState>) -> Response {
+/// `GET /readyz/agents`: this replica can serve agents — it is not stopping (every stored
+/// snapshot was loaded into memory before it listened, and the listener keeps them
+/// current). The database is not asked: while it is away a replica serves new agent
+/// streams from memory, so the pod's readiness and the agents' load balancer use this one.
+async fn readyz_agents(State(s): State<AppState>) -> Response {
+    if crate::shutdown::is_stopped(&s.shutdown) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    } else {
+        (StatusCode::OK, "ready to serve agents").into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text format (404 when this process has no exporter); with a
+/// metrics token, 401 unless the request carries `Authorization: Bearer <token>`.
+async fn metrics_text(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &s.metrics_token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !token.matches(given) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer realm=\"levee metrics\"")],
+                "a bearer token is needed for /metrics (LEVEE_METRICS_TOKEN)",
+            )
+                .into_response();
+        }
+    }
     match &s.metrics {
         Some(h) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response(),
         None => (StatusCode::NOT_FOUND, "metrics exporter not installed in this process").into_response(),
@@ -117,6 +164,8 @@ pub struct Server {
     pub http_addr: SocketAddr,
     /// Bound gRPC address (agent sync).
     pub grpc_addr: SocketAddr,
+    /// Bound operations address (`/metrics`, probes), when one is set.
+    pub ops_addr: Option<SocketAddr>,
     /// The admin password when it was generated by this start (print it once).
     pub generated_admin_password: Option<String>,
     /// The store the server runs on.
@@ -133,6 +182,24 @@ fn random_secret(len: usize) -> String {
     rand::rng().sample_iter(&Alphanumeric).take(len).map(char::from).collect()
 }
 
+/// The token keys of this server: the operator's secret (with the previous ones of a
+/// rotation) when given — never written to the database — else the secret generated once
+/// and stored there. Every replica and every local command (`levee users set`,
+/// `levee tokens rotate`) gets the same keys from the same settings.
+///
+/// # Errors
+/// The database failed, or a secret is shorter than 32 bytes.
+pub async fn keys(store: &Store, settings: &Settings) -> anyhow::Result<Keys> {
+    match &settings.jwt_secret {
+        Some(s) => {
+            let previous: Vec<&[u8]> =
+                settings.jwt_previous_secrets.iter().map(|p| p.expose().as_bytes()).collect();
+            Keys::rotated(s.expose().as_bytes(), &previous)
+        }
+        None => Keys::new(store.setting_or_init("jwt_secret", || random_secret(64)).await?.as_bytes()),
+    }
+}
+
 /// Creates the bootstrap admin on the first start: with `password`, or a generated one that
 /// is returned to be printed once. Once `admin` exists the password is left alone (so a
 /// restart with `LEVEE_ADMIN_PASSWORD` never undoes `levee users set admin`), unless `reset`
@@ -144,14 +211,23 @@ async fn bootstrap_admin(
     reset: bool,
 ) -> anyhow::Result<Option<String>> {
     match (store.user("admin").await?, password) {
+        // Two replicas starting together on an empty database both see no admin; the
+        // insert decides (the loser's row is not written), and only the winner's generated
+        // password is handed back: it is the one stored.
         (None, Some(p)) => {
-            store.create_user("admin", &hash_password(p.to_string()).await?, Role::Admin, None).await?;
+            if !store.create_user("admin", &hash_password(p.to_string()).await?, Role::Admin, None).await? {
+                tracing::info!("user admin was created by another replica starting at the same time");
+            }
             Ok(None)
         }
         (None, None) => {
             let p = random_secret(24);
-            store.create_user("admin", &hash_password(p.clone()).await?, Role::Admin, None).await?;
-            Ok(Some(p))
+            if store.create_user("admin", &hash_password(p.clone()).await?, Role::Admin, None).await? {
+                Ok(Some(p))
+            } else {
+                tracing::info!("user admin was created by another replica starting at the same time");
+                Ok(None)
+            }
         }
         (Some(_), Some(p)) if reset => {
             let change = UserChange::new("admin", Some(p.to_string()), None, None)
@@ -186,15 +262,10 @@ impl Server {
         metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     ) -> anyhow::Result<Server> {
         if settings.database_url.expose().starts_with("sqlite:") {
-            std::fs::create_dir_all(&settings.data_dir)
-                .with_context(|| format!("creating data directory {}", settings.data_dir.display()))?;
+            crate::db::private_dir(&settings.data_dir)?;
         }
         let store = Store::connect(settings.database_url.expose()).await?;
-        let secret = match &settings.jwt_secret {
-            Some(s) => s.expose().to_string(),
-            None => store.setting_or_init("jwt_secret", || random_secret(64)).await?,
-        };
-        let keys = Keys::new(secret.as_bytes())?;
+        let keys = keys(&store, &settings).await?;
         let hub = Hub::default();
         let generated_admin_password = bootstrap_admin(
             &store,
@@ -206,6 +277,9 @@ impl Server {
         if store.backend() == Backend::Sqlite {
             store.mark_all_disconnected().await?;
         }
+        // Every stored snapshot in memory before the first agent can connect: from here on
+        // a new agent stream is served even while the database is away (`/readyz/agents`).
+        crate::listener::catch_up(&store, &hub).await.context("loading the stored snapshots")?;
 
         let (shutdown, shutdown_rx) = crate::shutdown::channel();
         let replica = format!("replica-{}", uuid::Uuid::new_v4().simple());
@@ -271,8 +345,31 @@ impl Server {
 
         let mut state = AppState::new(store.clone(), keys, hub.clone(), settings.max_body_bytes, metrics);
         state.trusted_proxies = settings.trusted_proxies.clone().into();
+        state.shutdown = shutdown_rx.clone();
+        state.metrics_token =
+            settings.metrics_token.as_ref().map(|t| crate::web::MetricsToken::new(t.expose()));
         let actions = state.actions.clone();
-        let app = app(state);
+        let ops_addr = match settings.ops_addr {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the operations address {addr}"))?;
+                let bound = listener.local_addr()?;
+                let mut stop = shutdown_rx.clone();
+                let service = ops(state.clone()).into_make_service();
+                tasks.push(tokio::spawn(async move {
+                    let res = axum::serve(listener, service)
+                        .with_graceful_shutdown(async move { stopped(&mut stop).await })
+                        .await;
+                    if let Err(e) = res {
+                        tracing::error!(error = ?e, "operations server stopped");
+                    }
+                }));
+                Some(bound)
+            }
+            None => None,
+        };
+        let app = surface(state, ops_addr.is_none());
         let http_listener = TcpListener::bind(settings.http_addr)
             .await
             .with_context(|| format!("binding the HTTP address {}", settings.http_addr))?;
@@ -282,7 +379,7 @@ impl Server {
         match tls.as_ref().map(|c| c.server_config(&[b"h2", b"http/1.1"])) {
             Some(cfg) => {
                 let listener = crate::tls::TlsListener::new(http_listener, cfg)?;
-                let service = crate::tls::with_socket_addr(app)
+                let service = crate::tls::with_socket_addr(app.layer(axum::Extension(crate::web::OverTls)))
                     .into_make_service_with_connect_info::<crate::tls::PeerAddr>();
                 tasks.push(tokio::spawn(async move {
                     let res = axum::serve(listener, service).with_graceful_shutdown(stop).await;
@@ -320,7 +417,17 @@ impl Server {
             )));
         }
 
-        Ok(Server { http_addr, grpc_addr, generated_admin_password, store, hub, actions, shutdown, tasks })
+        Ok(Server {
+            http_addr,
+            grpc_addr,
+            ops_addr,
+            generated_admin_password,
+            store,
+            hub,
+            actions,
+            shutdown,
+            tasks,
+        })
     }
 
     /// Stops gracefully: agents are told to reconnect elsewhere, HTTP drains.

@@ -166,11 +166,15 @@ fn unavailable(e: anyhow::Error) -> AuthError {
     AuthError::Unavailable(levee_agent::report::ErrorChain(e.as_ref()).to_string())
 }
 
-/// Signs and checks tokens.
+/// Signs and checks tokens: signs with the current secret, accepts a signature by the
+/// current one or by any previous one still listed (a secret rotated by the operator:
+/// tokens signed before the rotation keep working until they expire or the old secret is
+/// taken off the list).
 #[derive(Clone)]
 pub struct Keys {
     enc: EncodingKey,
     dec: DecodingKey,
+    previous: Vec<DecodingKey>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -186,8 +190,27 @@ fn now_s() -> u64 {
 impl Keys {
     /// Keys from a shared secret (at least 32 bytes).
     pub fn new(secret: &[u8]) -> anyhow::Result<Keys> {
-        anyhow::ensure!(secret.len() >= 32, "the JWT secret must be at least 32 bytes");
-        Ok(Keys { enc: EncodingKey::from_secret(secret)?, dec: DecodingKey::from_secret(secret)? })
+        Keys::rotated(secret, &[])
+    }
+
+    /// Keys signing with `current` and also accepting what `previous` secrets signed (each
+    /// at least 32 bytes).
+    pub fn rotated(current: &[u8], previous: &[&[u8]]) -> anyhow::Result<Keys> {
+        anyhow::ensure!(current.len() >= 32, "the JWT secret must be at least 32 bytes");
+        anyhow::ensure!(
+            previous.iter().all(|p| p.len() >= 32),
+            "every previous JWT secret must be at least 32 bytes"
+        );
+        Ok(Keys {
+            enc: EncodingKey::from_secret(current)?,
+            dec: DecodingKey::from_secret(current)?,
+            previous: previous.iter().map(|p| DecodingKey::from_secret(p)).collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The current key, then the previous ones.
+    fn decoding_keys(&self) -> impl Iterator<Item = &DecodingKey> {
+        std::iter::once(&self.dec).chain(&self.previous)
     }
 
     /// Signs claims with HS256.
@@ -202,13 +225,18 @@ impl Keys {
         v.set_issuer(&[ISSUER]);
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         v.leeway = EXPIRY_LEEWAY;
-        match jsonwebtoken::decode::<Claims>(token, &self.dec, &v) {
-            Ok(data) => Ok(data.claims),
-            Err(e) => match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => Err(AuthError::Expired),
-                other => Err(AuthError::Invalid(format!("{other:?}").to_lowercase())),
-            },
+        let mut last = None;
+        for key in self.decoding_keys() {
+            match jsonwebtoken::decode::<Claims>(token, key, &v) {
+                Ok(data) => return Ok(data.claims),
+                // Another key may have signed it: only a bad signature moves on.
+                Err(e) if matches!(e.kind(), jsonwebtoken::errors::ErrorKind::InvalidSignature) => {
+                    last = Some(e)
+                }
+                Err(e) => return Err(token_error(&e)),
+            }
         }
+        Err(token_error(&last.expect("there is always a current key")))
     }
 
     /// A login session token for a user, for `door`, at the user's session `epoch`.
@@ -247,8 +275,10 @@ impl Keys {
     /// Whether `token` is the anti-CSRF token of the session `session_id` (constant-time).
     pub fn check_csrf_token(&self, session_id: &str, token: &str) -> bool {
         !token.is_empty()
-            && jsonwebtoken::crypto::verify(token, &csrf_message(session_id), &self.dec, Algorithm::HS256)
-                .unwrap_or(false)
+            && self.decoding_keys().any(|key| {
+                jsonwebtoken::crypto::verify(token, &csrf_message(session_id), key, Algorithm::HS256)
+                    .unwrap_or(false)
+            })
     }
 
     /// Mints the JWT of a token row.
@@ -270,6 +300,13 @@ impl Keys {
             epoch: None,
         };
         self.sign(&claims)
+    }
+}
+
+fn token_error(e: &jsonwebtoken::errors::Error) -> AuthError {
+    match e.kind() {
+        jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
+        other => AuthError::Invalid(format!("{other:?}").to_lowercase()),
     }
 }
 
@@ -647,6 +684,26 @@ mod tests {
         let payload = tok.split('.').nth(1).unwrap();
         let none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{payload}.");
         assert!(keys().verify(&none, AUDIENCE_API).is_err());
+    }
+
+    /// A rotated secret: what the old one signed is accepted until it expires, new tokens
+    /// are signed with the new one (which a replica still on the old key alone refuses),
+    /// and once the old secret is taken off the list its tokens are refused.
+    #[test]
+    fn rotated_secret_accepts_old_tokens_and_signs_with_the_new_one() {
+        let (old_tok, _) = keys().session("alice", Role::Admin, 0, Door::Api).unwrap();
+        let old_csrf = keys().csrf_token("s").unwrap();
+        let rotated = Keys::rotated(&[9u8; 32], &[&[7u8; 32]]).unwrap();
+        assert_eq!(rotated.verify(&old_tok, AUDIENCE_API).unwrap().sub, "alice");
+        assert!(rotated.check_csrf_token("s", &old_csrf));
+        let (new_tok, _) = rotated.session("bob", Role::Admin, 0, Door::Api).unwrap();
+        assert!(matches!(keys().verify(&new_tok, AUDIENCE_API), Err(AuthError::Invalid(_))));
+        let done = Keys::new(&[9u8; 32]).unwrap();
+        assert!(matches!(done.verify(&old_tok, AUDIENCE_API), Err(AuthError::Invalid(_))));
+        assert_eq!(done.verify(&new_tok, AUDIENCE_API).unwrap().sub, "bob");
+        // The audience is still checked with an old key.
+        assert!(matches!(rotated.verify(&old_tok, AUDIENCE_AGENT), Err(AuthError::Invalid(_))));
+        assert!(Keys::rotated(&[9u8; 32], &[b"short"]).is_err());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use ipnet::IpNet;
 use serde::Deserialize;
 
 /// Default HTTP listen address.
@@ -61,10 +62,22 @@ pub struct ServeArgs {
     /// Database URL (sqlite:… or postgres://…).
     #[arg(long, env = "LEVEE_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// File holding the database URL (instead of --database-url).
+    #[arg(long, env = "LEVEE_DATABASE_URL_FILE")]
+    pub database_url_file: Option<PathBuf>,
+    /// PostgreSQL password, set into the database URL (which then names none).
+    #[arg(long, env = "LEVEE_DATABASE_PASSWORD", hide_env_values = true)]
+    pub database_password: Option<String>,
+    /// File holding the PostgreSQL password (instead of --database-password).
+    #[arg(long, env = "LEVEE_DATABASE_PASSWORD_FILE")]
+    pub database_password_file: Option<PathBuf>,
     /// Password of the bootstrap admin user `admin`, used when the database has no admin
     /// yet (the first start), or with --reset-admin-password.
     #[arg(long, env = "LEVEE_ADMIN_PASSWORD", hide_env_values = true)]
     pub admin_password: Option<String>,
+    /// File holding the bootstrap admin password (instead of --admin-password).
+    #[arg(long, env = "LEVEE_ADMIN_PASSWORD_FILE")]
+    pub admin_password_file: Option<PathBuf>,
     /// Sets user `admin`'s password to --admin-password at this start even though it
     /// exists (ending its sessions; audited). Remove it again after the start.
     #[arg(long, env = "LEVEE_RESET_ADMIN_PASSWORD", num_args = 0..=1, default_missing_value = "true")]
@@ -72,6 +85,16 @@ pub struct ServeArgs {
     /// JWT signing secret (at least 32 bytes).
     #[arg(long, env = "LEVEE_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
+    /// File holding the JWT signing secret (instead of --jwt-secret).
+    #[arg(long, env = "LEVEE_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<PathBuf>,
+    /// Former JWT secrets, still accepted to verify tokens they signed (never used to
+    /// sign); comma-separated (in a file: one per line).
+    #[arg(long, env = "LEVEE_JWT_PREVIOUS_SECRETS", hide_env_values = true)]
+    pub jwt_previous_secrets: Option<String>,
+    /// File holding the former JWT secrets, one per line.
+    #[arg(long, env = "LEVEE_JWT_PREVIOUS_SECRETS_FILE")]
+    pub jwt_previous_secrets_file: Option<PathBuf>,
     /// Heartbeat interval on agent streams (e.g. `15s`).
     #[arg(long, env = "LEVEE_HEARTBEAT_INTERVAL", value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Option<Duration>,
@@ -97,10 +120,20 @@ pub struct ServeArgs {
     /// TLS private key (PEM) of --tls-cert.
     #[arg(long, env = "LEVEE_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
-    /// Addresses of reverse proxies whose `X-Forwarded-For` names the client (login
-    /// throttling, audit); comma-separated IPs.
-    #[arg(long, env = "LEVEE_TRUSTED_PROXIES", value_delimiter = ',')]
-    pub trusted_proxies: Option<Vec<std::net::IpAddr>>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client (login throttling, audit)
+    /// and whose `X-Forwarded-Proto` is believed; comma-separated addresses or CIDR ranges.
+    #[arg(long, env = "LEVEE_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_proxy)]
+    pub trusted_proxies: Option<Vec<IpNet>>,
+    /// Plain-HTTP address of `/metrics` and the probes; set, `/metrics` leaves the HTTP
+    /// address.
+    #[arg(long, env = "LEVEE_OPS_ADDR")]
+    pub ops_addr: Option<SocketAddr>,
+    /// Bearer token `/metrics` asks for (at least 16 bytes).
+    #[arg(long, env = "LEVEE_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+    /// File holding the metrics token (instead of --metrics-token).
+    #[arg(long, env = "LEVEE_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// URL that receives one JSON POST each time a feature's fallback passes its
     /// `alert_after`, or stops.
     #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL")]
@@ -115,9 +148,16 @@ struct FileLayer {
     http_addr: Option<SocketAddr>,
     grpc_addr: Option<SocketAddr>,
     database_url: Option<String>,
+    database_url_file: Option<PathBuf>,
+    database_password: Option<String>,
+    database_password_file: Option<PathBuf>,
     admin_password: Option<String>,
+    admin_password_file: Option<PathBuf>,
     reset_admin_password: Option<bool>,
     jwt_secret: Option<String>,
+    jwt_secret_file: Option<PathBuf>,
+    jwt_previous_secrets: Option<Vec<String>>,
+    jwt_previous_secrets_file: Option<PathBuf>,
     #[serde(default, with = "humantime_serde::option")]
     heartbeat_interval: Option<Duration>,
     #[serde(default, with = "humantime_serde::option")]
@@ -129,7 +169,10 @@ struct FileLayer {
     log: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
-    trusted_proxies: Option<Vec<std::net::IpAddr>>,
+    trusted_proxies: Option<Vec<String>>,
+    ops_addr: Option<SocketAddr>,
+    metrics_token: Option<String>,
+    metrics_token_file: Option<PathBuf>,
     alert_webhook_url: Option<String>,
 }
 
@@ -153,6 +196,8 @@ pub struct Settings {
     pub reset_admin_password: bool,
     /// Signs every token; `None`: generated once and stored in the database.
     pub jwt_secret: Option<Secret>,
+    /// Former secrets whose signatures are still accepted (a rotation's overlap).
+    pub jwt_previous_secrets: Vec<Secret>,
     /// How often an agent stream gets a heartbeat.
     pub heartbeat_interval: Duration,
     /// How long an agent stream lives before the agent is asked to reconnect (jittered).
@@ -169,8 +214,14 @@ pub struct Settings {
     /// Certificate and key both listeners serve TLS with (reloaded when they change);
     /// `None`: plain TCP (for a TLS-terminating proxy in front, see docs/operations.md).
     pub tls: Option<crate::tls::TlsFiles>,
-    /// Proxies whose `X-Forwarded-For` is believed; empty: only the socket peer counts.
-    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Proxies (addresses and ranges) whose `X-Forwarded-For` and `X-Forwarded-Proto` are
+    /// believed; empty: only the socket peer counts.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Where `/metrics` and the probes are also served, in plain HTTP; `/metrics` then
+    /// leaves the HTTP address. `None`: everything on the HTTP address.
+    pub ops_addr: Option<SocketAddr>,
+    /// The bearer token `/metrics` asks for; `None`: open.
+    pub metrics_token: Option<Secret>,
     /// Where features past their `alert_after` are POSTed (`http://` or `https://`).
     pub alert_webhook_url: Option<String>,
 }
@@ -186,6 +237,7 @@ impl Settings {
             admin_password: None,
             reset_admin_password: false,
             jwt_secret: None,
+            jwt_previous_secrets: Vec::new(),
             heartbeat_interval: crate::sync::HEARTBEAT_INTERVAL,
             max_stream_age: crate::sync::MAX_STREAM_AGE,
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
@@ -194,6 +246,8 @@ impl Settings {
             log: "info".into(),
             tls: None,
             trusted_proxies: Vec::new(),
+            ops_addr: None,
+            metrics_token: None,
             alert_webhook_url: None,
         }
     }
@@ -217,11 +271,80 @@ impl Settings {
             args.http_addr.or(file.http_addr).unwrap_or_else(|| DEFAULT_HTTP_ADDR.parse().expect("valid"));
         let grpc_addr =
             args.grpc_addr.or(file.grpc_addr).unwrap_or_else(|| DEFAULT_GRPC_ADDR.parse().expect("valid"));
-        let database_url = args.database_url.or(file.database_url).unwrap_or_else(|| sqlite_url(&data_dir));
-        let jwt_secret = args.jwt_secret.or(file.jwt_secret);
+        let database_url = secret(
+            "database_url",
+            (args.database_url, args.database_url_file),
+            (file.database_url, file.database_url_file),
+        )?
+        .map(|s| s.0)
+        .unwrap_or_else(|| sqlite_url(&data_dir));
+        let database_password = secret(
+            "database_password",
+            (args.database_password, args.database_password_file),
+            (file.database_password, file.database_password_file),
+        )?;
+        let database_url = match database_password {
+            Some(p) => with_password(&database_url, p.expose())?,
+            None => database_url,
+        };
+        let jwt_secret = secret(
+            "jwt_secret",
+            (args.jwt_secret, args.jwt_secret_file),
+            (file.jwt_secret, file.jwt_secret_file),
+        )?;
         if let Some(s) = &jwt_secret {
-            anyhow::ensure!(s.len() >= 32, "jwt_secret (LEVEE_JWT_SECRET) must be at least 32 bytes long");
+            anyhow::ensure!(
+                s.expose().len() >= 32,
+                "jwt_secret (LEVEE_JWT_SECRET) must be at least 32 bytes long"
+            );
         }
+        let jwt_previous_secrets: Vec<Secret> = match secret(
+            "jwt_previous_secrets",
+            (args.jwt_previous_secrets, args.jwt_previous_secrets_file),
+            (file.jwt_previous_secrets.map(|v| v.join(",")), file.jwt_previous_secrets_file),
+        )? {
+            Some(list) => list
+                .expose()
+                .split([',', '\n'])
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(Secret::new)
+                .collect(),
+            None => Vec::new(),
+        };
+        anyhow::ensure!(
+            jwt_previous_secrets.iter().all(|s| s.expose().len() >= 32),
+            "every secret of jwt_previous_secrets (LEVEE_JWT_PREVIOUS_SECRETS) must be at least 32 bytes long"
+        );
+        anyhow::ensure!(
+            jwt_previous_secrets.is_empty() || jwt_secret.is_some(),
+            "jwt_previous_secrets (LEVEE_JWT_PREVIOUS_SECRETS) needs jwt_secret (LEVEE_JWT_SECRET): \
+             the previous secrets are the overlap of a rotation to a secret you give"
+        );
+        let admin_password = secret(
+            "admin_password",
+            (args.admin_password, args.admin_password_file),
+            (file.admin_password, file.admin_password_file),
+        )?;
+        let metrics_token = secret(
+            "metrics_token",
+            (args.metrics_token, args.metrics_token_file),
+            (file.metrics_token, file.metrics_token_file),
+        )?;
+        if let Some(t) = &metrics_token {
+            anyhow::ensure!(
+                t.expose().len() >= 16,
+                "metrics_token (LEVEE_METRICS_TOKEN) must be at least 16 bytes long"
+            );
+        }
+        let trusted_proxies = match (args.trusted_proxies, file.trusted_proxies) {
+            (Some(v), _) => v,
+            (None, Some(v)) => v
+                .iter()
+                .map(|p| parse_proxy(p).map_err(|e| anyhow::anyhow!("trusted_proxies: {e}")))
+                .collect::<anyhow::Result<_>>()?,
+            (None, None) => Vec::new(),
+        };
         let max_body_bytes = args.max_body_bytes.or(file.max_body_bytes).unwrap_or(DEFAULT_MAX_BODY_BYTES);
         anyhow::ensure!(
             (1024..=64 * 1024 * 1024).contains(&max_body_bytes),
@@ -270,18 +393,83 @@ impl Settings {
             http_addr,
             grpc_addr,
             database_url: Secret::new(database_url),
-            admin_password: args.admin_password.or(file.admin_password).map(Secret::new),
+            admin_password,
             reset_admin_password: args.reset_admin_password.or(file.reset_admin_password).unwrap_or(false),
-            jwt_secret: jwt_secret.map(Secret::new),
+            jwt_secret,
+            jwt_previous_secrets,
             heartbeat_interval,
             max_stream_age,
             new_streams_per_sec,
             agent_lease,
             max_body_bytes,
             log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
-            trusted_proxies: args.trusted_proxies.or(file.trusted_proxies).unwrap_or_default(),
+            trusted_proxies,
+            ops_addr: args.ops_addr.or(file.ops_addr),
+            metrics_token,
             alert_webhook_url,
         })
+    }
+}
+
+/// One secret setting from its layers — (value, file) of the flag/environment layer, then
+/// of the TOML file — the first layer that names it winning. A file's content is the value
+/// without its line ending (what `echo … > file` and Kubernetes/compose secrets leave).
+///
+/// # Errors
+/// Value and file both given in one layer, a file that cannot be read, or an empty one;
+/// the message names the setting and the file, never the value.
+fn secret(
+    name: &str,
+    flags: (Option<String>, Option<PathBuf>),
+    toml: (Option<String>, Option<PathBuf>),
+) -> anyhow::Result<Option<Secret>> {
+    let env = format!("LEVEE_{}", name.to_uppercase());
+    for (value, file) in [flags, toml] {
+        match (value, file) {
+            (Some(_), Some(_)) => {
+                anyhow::bail!("{name} ({env}) and {name}_file ({env}_FILE) are both set: give one")
+            }
+            (Some(v), None) => return Ok(Some(Secret::new(v))),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {name}_file ({env}_FILE) {}", path.display()))?;
+                let v = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+                anyhow::ensure!(!v.is_empty(), "{name}_file ({env}_FILE) {} is empty", path.display());
+                return Ok(Some(Secret::new(v)));
+            }
+            (None, None) => {}
+        }
+    }
+    Ok(None)
+}
+
+/// `url` with `password` set as its password (percent-encoded).
+///
+/// # Errors
+/// A URL that is not a PostgreSQL one, or that already names a password.
+fn with_password(url: &str, password: &str) -> anyhow::Result<String> {
+    let mut u = url::Url::parse(url).map_err(|e| anyhow::anyhow!("database_url is not a URL: {e}"))?;
+    anyhow::ensure!(
+        matches!(u.scheme(), "postgres" | "postgresql"),
+        "database_password (LEVEE_DATABASE_PASSWORD) needs a postgres:// database_url"
+    );
+    anyhow::ensure!(
+        u.password().is_none(),
+        "database_url names a password and database_password (LEVEE_DATABASE_PASSWORD) is set: give one"
+    );
+    u.set_password(Some(password)).map_err(|()| anyhow::anyhow!("database_url cannot take a password"))?;
+    Ok(u.to_string())
+}
+
+/// A trusted proxy: an address (`10.0.0.1`, one host) or a CIDR range (`10.0.0.0/8`).
+fn parse_proxy(s: &str) -> Result<IpNet, String> {
+    let s = s.trim();
+    if s.contains('/') {
+        s.parse::<IpNet>().map(|n| n.trunc()).map_err(|e| format!("{s:?} is not a CIDR range: {e}"))
+    } else {
+        s.parse::<std::net::IpAddr>()
+            .map(IpNet::from)
+            .map_err(|_| format!("{s:?} is neither an IP address nor a CIDR range (e.g. 10.0.0.0/8)"))
     }
 }
 
@@ -360,6 +548,84 @@ mod tests {
         assert_eq!(dur("agent_lease"), s.agent_lease);
         assert_eq!(default_of("new_streams_per_sec").parse::<u32>().unwrap(), s.new_streams_per_sec);
         assert_eq!(default_of("max_body_bytes").parse::<usize>().unwrap(), s.max_body_bytes);
+    }
+
+    #[test]
+    fn secrets_come_from_files_without_their_line_ending() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwt = dir.path().join("jwt");
+        std::fs::write(&jwt, "0123456789abcdef0123456789abcdef-from-file\n").unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "p@ss/word:with#signs\r\n").unwrap();
+        let prev = dir.path().join("prev");
+        std::fs::write(&prev, "old-secret-old-secret-old-secret-1\nold-secret-old-secret-old-secret-2\n")
+            .unwrap();
+        let s = Settings::load(ServeArgs {
+            jwt_secret_file: Some(jwt.clone()),
+            jwt_previous_secrets_file: Some(prev),
+            database_url: Some("postgres://levee@db.internal:5432/levee?sslmode=verify-full".into()),
+            database_password_file: Some(pw),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.jwt_secret.unwrap().expose(), "0123456789abcdef0123456789abcdef-from-file");
+        assert_eq!(s.jwt_previous_secrets.len(), 2);
+        // The password is percent-encoded into the URL, the rest of it kept.
+        assert_eq!(
+            s.database_url.expose(),
+            "postgres://levee:p%40ss%2Fword%3Awith%23signs@db.internal:5432/levee?sslmode=verify-full"
+        );
+        // In the TOML file too.
+        let toml = dir.path().join("levee.toml");
+        std::fs::write(&toml, format!("jwt_secret_file = {:?}\n", jwt.display().to_string())).unwrap();
+        let s = Settings::load(ServeArgs { config: Some(toml), ..Default::default() }).unwrap();
+        assert!(s.jwt_secret.unwrap().expose().ends_with("-from-file"));
+    }
+
+    #[test]
+    fn secret_files_are_refused_with_the_setting_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let err = |args: ServeArgs| format!("{:#}", Settings::load(args).unwrap_err());
+        let e = err(ServeArgs { admin_password_file: Some(empty.clone()), ..Default::default() });
+        assert!(e.contains("admin_password_file (LEVEE_ADMIN_PASSWORD_FILE)") && e.contains("empty"), "{e}");
+        let e = err(ServeArgs {
+            jwt_secret: Some("x".repeat(40)),
+            jwt_secret_file: Some(empty),
+            ..Default::default()
+        });
+        assert!(e.contains("both set"), "{e}");
+        let e = err(ServeArgs { metrics_token_file: Some(dir.path().join("missing")), ..Default::default() });
+        assert!(e.contains("metrics_token_file (LEVEE_METRICS_TOKEN_FILE)"), "{e}");
+        let e = err(ServeArgs { database_password: Some("pw".into()), ..Default::default() });
+        assert!(e.contains("needs a postgres:// database_url"), "{e}");
+        let e = err(ServeArgs {
+            database_url: Some("postgres://u:inline@h/db".into()),
+            database_password: Some("pw".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("names a password"), "{e}");
+        let e = err(ServeArgs { jwt_previous_secrets: Some("y".repeat(40)), ..Default::default() });
+        assert!(e.contains("needs jwt_secret"), "{e}");
+    }
+
+    #[test]
+    fn trusted_proxies_take_addresses_and_ranges() {
+        assert_eq!(parse_proxy("10.0.0.7").unwrap(), "10.0.0.7/32".parse::<IpNet>().unwrap());
+        assert_eq!(parse_proxy(" 10.244.0.0/16").unwrap(), "10.244.0.0/16".parse::<IpNet>().unwrap());
+        assert_eq!(parse_proxy("10.244.3.9/16").unwrap(), "10.244.0.0/16".parse::<IpNet>().unwrap());
+        assert_eq!(parse_proxy("fd00::/8").unwrap(), "fd00::/8".parse::<IpNet>().unwrap());
+        assert!(parse_proxy("10.0.0.0/33").unwrap_err().contains("not a CIDR range"));
+        assert!(parse_proxy("proxy.internal").unwrap_err().contains("neither an IP address"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("levee.toml");
+        std::fs::write(&path, "trusted_proxies = [\"172.18.0.0/16\", \"nope\"]\n").unwrap();
+        let e = format!(
+            "{:#}",
+            Settings::load(ServeArgs { config: Some(path), ..Default::default() }).unwrap_err()
+        );
+        assert!(e.contains("trusted_proxies") && e.contains("\"nope\""), "{e}");
     }
 
     #[test]

@@ -100,7 +100,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
             let s = Settings::load(args)?;
             init_tracing(&s.log);
             if s.database_url.expose().starts_with("sqlite:") {
-                std::fs::create_dir_all(&s.data_dir)?;
+                levee_server::db::private_dir(&s.data_dir)?;
             }
             Store::connect(s.database_url.expose()).await?;
             println!("migrations applied");
@@ -116,7 +116,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
                 .map_err(|_| anyhow::anyhow!("set LEVEE_USER_PASSWORD to the new password"))?;
             levee_server::auth::check_password(&password).map_err(|m| anyhow::anyhow!("the password {m}"))?;
             if s.database_url.expose().starts_with("sqlite:") {
-                std::fs::create_dir_all(&s.data_dir)?;
+                levee_server::db::private_dir(&s.data_dir)?;
             }
             let store = Store::connect(s.database_url.expose()).await?;
             let actions = local_actions(&store, &s).await?;
@@ -144,20 +144,9 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
 }
 
 /// The actions over `store` for a command run without a server (the token keys are the
-/// server's: from the settings, else the secret stored in the database).
+/// server's, from the same settings).
 async fn local_actions(store: &Store, s: &Settings) -> anyhow::Result<Actions> {
-    let secret = match &s.jwt_secret {
-        Some(v) => v.expose().to_string(),
-        None => {
-            store
-                .setting_or_init("jwt_secret", || {
-                    use rand::Rng;
-                    rand::rng().sample_iter(&rand::distr::Alphanumeric).take(64).map(char::from).collect()
-                })
-                .await?
-        }
-    };
-    let keys = levee_server::auth::Keys::new(secret.as_bytes())?;
+    let keys = levee_server::app::keys(store, s).await?;
     Ok(Actions::new(store.clone(), levee_server::hub::Hub::default(), keys))
 }
 

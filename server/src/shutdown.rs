@@ -13,6 +13,13 @@ pub async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
+/// A stop flag that is never set, for state built outside a running server (router tests):
+/// its sender lives as long as the process, so waiting on it never ends.
+pub fn never() -> watch::Receiver<bool> {
+    static NEVER: std::sync::OnceLock<watch::Sender<bool>> = std::sync::OnceLock::new();
+    NEVER.get_or_init(|| watch::channel(false).0).subscribe()
+}
+
 /// Whether the stop flag is set.
 pub fn is_stopped(rx: &watch::Receiver<bool>) -> bool {
     *rx.borrow()

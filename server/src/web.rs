@@ -9,7 +9,9 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
+use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusHandle;
+use sha2::Digest;
 
 use crate::actions::Actions;
 use crate::auth::{Keys, LoginLimiter};
@@ -37,9 +39,15 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// This replica's newest snapshots (the agents' HTTP fallback long-polls it).
     pub hub: Hub,
-    /// Proxies whose `X-Forwarded-For` names the client (`LEVEE_TRUSTED_PROXIES`); empty:
-    /// the client is the socket peer, whatever the headers say.
-    pub trusted_proxies: Arc<[IpAddr]>,
+    /// Proxies (addresses or CIDR ranges) whose `X-Forwarded-For` names the client and
+    /// whose `X-Forwarded-Proto` is believed (`LEVEE_TRUSTED_PROXIES`); empty: the client
+    /// is the socket peer, whatever the headers say.
+    pub trusted_proxies: Arc<[IpNet]>,
+    /// The bearer token `/metrics` asks for (`LEVEE_METRICS_TOKEN`); `None`: open.
+    pub metrics_token: Option<MetricsToken>,
+    /// The server's stop flag: set, the readiness probes answer 503 and long-lived
+    /// responses (the live page's events, the agents' long polls) end at once.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl AppState {
@@ -60,7 +68,33 @@ impl AppState {
             logins: Arc::default(),
             metrics,
             trusted_proxies: Arc::from([]),
+            shutdown: crate::shutdown::never(),
+            metrics_token: None,
         }
+    }
+}
+
+/// The token `/metrics` asks for, kept as its SHA-256 digest: a comparison of digests
+/// tells an attacker nothing about the token through its timing, and the value never
+/// prints.
+#[derive(Clone)]
+pub struct MetricsToken([u8; 32]);
+
+impl MetricsToken {
+    /// The token `token`.
+    pub fn new(token: &str) -> MetricsToken {
+        MetricsToken(sha2::Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Whether `given` is the token.
+    pub fn matches(&self, given: &str) -> bool {
+        <[u8; 32]>::from(sha2::Sha256::digest(given.as_bytes())) == self.0
+    }
+}
+
+impl std::fmt::Debug for MetricsToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsToken(***)")
     }
 }
 
@@ -85,17 +119,18 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
     }
 }
 
-/// The client's address: the socket peer, or, when the peer is one of the trusted proxies
-/// ([`AppState::trusted_proxies`]), the right-most `X-Forwarded-For` entry that is not a
-/// trusted proxy itself. `0.0.0.0` when the request came without a socket (router tests).
+/// The client's address: the socket peer, or, when the peer is in the trusted proxies'
+/// ranges ([`AppState::trusted_proxies`]), the right-most `X-Forwarded-For` entry that is
+/// not a trusted proxy itself. `0.0.0.0` when the request came without a socket (router tests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientAddr(pub IpAddr);
 
 impl ClientAddr {
     /// The client of a request with `peer` as its socket peer.
-    pub fn of(peer: Option<IpAddr>, headers: &HeaderMap, trusted: &[IpAddr]) -> ClientAddr {
+    pub fn of(peer: Option<IpAddr>, headers: &HeaderMap, trusted: &[IpNet]) -> ClientAddr {
         let Some(peer) = peer else { return ClientAddr(IpAddr::V4(Ipv4Addr::UNSPECIFIED)) };
-        if !trusted.contains(&peer) {
+        let peer = peer.to_canonical();
+        if !is_trusted(trusted, peer) {
             return ClientAddr(peer);
         }
         let forwarded = headers
@@ -107,14 +142,57 @@ impl ClientAddr {
             .collect::<Vec<_>>();
         for hop in forwarded.iter().rev() {
             match hop.parse::<IpAddr>() {
-                Ok(ip) if trusted.contains(&ip) => continue,
-                Ok(ip) => return ClientAddr(ip),
+                Ok(ip) if is_trusted(trusted, ip) => continue,
+                Ok(ip) => return ClientAddr(ip.to_canonical()),
                 // Garbage from further out than our proxies: the last proxy's word is all we have.
                 Err(_) => break,
             }
         }
         ClientAddr(peer)
     }
+}
+
+/// Marks every request of the listener this server terminates TLS on (the app's TLS
+/// branch adds it as an extension), whatever the HTTP version: an HTTP/1.1 request URI
+/// carries no scheme, so the connection is what says it.
+#[derive(Clone, Copy, Debug)]
+pub struct OverTls;
+
+/// Whether the client reached us over HTTPS: a connection this server terminated TLS on,
+/// or a trusted proxy ([`AppState::trusted_proxies`]) saying `https` first in
+/// `X-Forwarded-Proto` (anyone else's header is ignored). Decides the cookies' `Secure`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Https(pub bool);
+
+impl Https {
+    /// The rule, for a request with `peer` as its socket peer.
+    pub fn of(over_tls: bool, peer: Option<IpAddr>, headers: &HeaderMap, trusted: &[IpNet]) -> Https {
+        let proxy_says = || {
+            headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+        };
+        Https(over_tls || (peer.is_some_and(|p| is_trusted(trusted, p)) && proxy_says()))
+    }
+}
+
+impl FromRequestParts<AppState> for Https {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+        let tls = parts.extensions.get::<OverTls>().is_some();
+        Ok(Https::of(tls, peer, &parts.headers, &state.trusted_proxies))
+    }
+}
+
+/// Whether `ip` is in one of the trusted ranges (an IPv4 peer seen as `::ffff:a.b.c.d` on a
+/// dual-stack socket counts as its IPv4 address).
+pub fn is_trusted(trusted: &[IpNet], ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    trusted.iter().any(|n| n.contains(&ip))
 }
 
 impl FromRequestParts<AppState> for ClientAddr {
@@ -147,7 +225,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "203.0.113.9, 198.51.100.7, 10.0.0.2".parse().unwrap());
         let peer: IpAddr = "10.0.0.1".parse().unwrap();
-        let proxies: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()];
+        let proxies: Vec<IpNet> = vec!["10.0.0.1/32".parse().unwrap(), "10.0.0.2/32".parse().unwrap()];
         // Nobody trusted: the socket peer, whatever the header says.
         assert_eq!(ClientAddr::of(Some(peer), &h, &[]).0, peer);
         // Trusted chain: the right-most hop that is not one of ours (the left-most is the
@@ -157,5 +235,40 @@ mod tests {
         let other: IpAddr = "192.0.2.1".parse().unwrap();
         assert_eq!(ClientAddr::of(Some(other), &h, &proxies).0, other);
         assert_eq!(ClientAddr::of(None, &h, &proxies).0, IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    }
+
+    #[test]
+    fn trusted_proxies_are_ranges() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "203.0.113.9, 10.1.2.3".parse().unwrap());
+        let pods: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        // The peer and the inner hop are both in the pod range: the client is the next hop out.
+        let peer: IpAddr = "10.244.1.7".parse().unwrap();
+        assert_eq!(ClientAddr::of(Some(peer), &h, &pods).0, "203.0.113.9".parse::<IpAddr>().unwrap());
+        // A dual-stack socket shows an IPv4 proxy as ::ffff:a.b.c.d: still the same proxy.
+        let mapped: IpAddr = "::ffff:10.244.1.7".parse().unwrap();
+        assert_eq!(ClientAddr::of(Some(mapped), &h, &pods).0, "203.0.113.9".parse::<IpAddr>().unwrap());
+        // Outside the range: the peer itself.
+        let outside: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(ClientAddr::of(Some(outside), &h, &pods).0, outside);
+    }
+
+    #[test]
+    fn https_is_the_connection_or_a_trusted_proxys_word() {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-proto", "https".parse().unwrap());
+        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        let client: IpAddr = "192.0.2.1".parse().unwrap();
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/24".parse().unwrap()];
+        // Our own TLS, any HTTP version, no header needed.
+        assert_eq!(Https::of(true, Some(client), &HeaderMap::new(), &[]), Https(true));
+        // A trusted proxy's header counts; anyone else's does not.
+        assert_eq!(Https::of(false, Some(proxy), &h, &trusted), Https(true));
+        assert_eq!(Https::of(false, Some(client), &h, &trusted), Https(false));
+        assert_eq!(Https::of(false, Some(proxy), &h, &[]), Https(false));
+        // Plain HTTP from a trusted proxy that says http.
+        let mut plain = HeaderMap::new();
+        plain.insert("x-forwarded-proto", "http".parse().unwrap());
+        assert_eq!(Https::of(false, Some(proxy), &plain, &trusted), Https(false));
     }
 }

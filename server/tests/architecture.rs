@@ -35,11 +35,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sync", &["agent_text", "auth", "db", "fleet", "hub", "shutdown"]),
     // config: the defaults of the settings it loads (stream limits, the agent lease, TLS files).
     ("config", &["fleet", "sync", "tls"]),
-    ("web", &["actions", "auth", "db", "hub"]),
-    ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "web"]),
+    // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
+    ("web", &["actions", "auth", "db", "hub", "shutdown"]),
+    ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "shutdown", "web"]),
     // ui reads `diff` for the policy editor's preview, the revision history and the diff a
     // change request's reviewer approves.
-    ("ui", &["actions", "advice", "auth", "db", "diff", "web"]),
+    ("ui", &["actions", "advice", "auth", "db", "diff", "shutdown", "web"]),
     (
         "app",
         &[

@@ -93,7 +93,13 @@ pub async fn poll(
         Err(e) => return Err(ApiError::storage(e)),
     }
     let newer = |cur: &Option<std::sync::Arc<SnapshotRow>>| cur.as_ref().is_some_and(|c| c.revision > have);
-    let found = tokio::time::timeout(wait, rx.wait_for(newer)).await;
+    // A stopping server answers at once (nothing newer): the poll ends instead of holding
+    // the shutdown for up to `wait`, and the agent's next poll goes to another replica.
+    let mut stop = s.shutdown.clone();
+    let found = tokio::select! {
+        found = tokio::time::timeout(wait, rx.wait_for(newer)) => found,
+        () = crate::shutdown::stopped(&mut stop) => return Ok(not_modified(have)),
+    };
     match found {
         Ok(Ok(snap)) => Ok(answer(snap.as_ref().expect("newer is Some"))),
         _ if s.hub.current(&env, &svc).is_none() => {

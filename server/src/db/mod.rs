@@ -82,6 +82,55 @@ pub fn is_unstorable_text(err: &anyhow::Error) -> bool {
     })
 }
 
+/// Creates the data directory `dir` (and its parents) for its owner only (0700) when it is
+/// missing; an existing directory is left as it is.
+///
+/// # Errors
+/// The directory cannot be created; the message names it.
+pub fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating data directory {}", dir.display()))
+}
+
+/// Makes the SQLite file of `url` readable by its owner only (0600), creating it (and its
+/// directory, 0700) when missing: it holds password hashes, the audit log and, unless the
+/// operator gives one, the JWT secret. SQLite gives its `-wal` and `-shm` files the mode of
+/// the database file; files of an older start that are more open are narrowed too.
+fn private_sqlite_file(url: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+    let path = std::path::Path::new(rest.split('?').next().unwrap_or(rest));
+    if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" || rest.contains("mode=memory") {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        private_dir(dir)?;
+    }
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("creating the database file {}", path.display())),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let file = std::path::PathBuf::from(format!("{}{suffix}", path.display()));
+        if let Ok(meta) = std::fs::metadata(&file)
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("making {} readable by its owner only", file.display()))?;
+            tracing::info!(file = %file.display(), "database file made readable by its owner only (0600)");
+        }
+    }
+    Ok(())
+}
+
 /// Most counters of one agent status report stored in [`AgentRow::status`] (the sync
 /// writer keeps no more; the service page reads no more, whatever an older row holds).
 pub const MAX_STATUS_COUNTERS: usize = 4096;
@@ -143,6 +192,9 @@ impl Store {
         } else {
             anyhow::bail!("unsupported database URL {url:?}: expected sqlite:… or postgres://…");
         };
+        if backend == Backend::Sqlite {
+            private_sqlite_file(url)?;
+        }
         let opts = AnyConnectOptions::from_str(url).context("parsing the database URL")?;
         let mut pool_opts = AnyPoolOptions::new().acquire_timeout(ACQUIRE_TIMEOUT);
         pool_opts = match backend {

@@ -133,8 +133,14 @@ pub async fn events(
         }
         let mut tick = tokio::time::interval(LIVE_INTERVAL);
         tick.tick().await;
+        // The stream ends as soon as the server stops: graceful shutdown waits for every
+        // open response, and this one would never end by itself (the browser reconnects).
+        let mut stop = s.shutdown.clone();
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = crate::shutdown::stopped(&mut stop) => break,
+            }
             match state(&s, &env, &svc).await {
                 Ok(now) if now != last => {
                     if let Ok(e) = Event::default().event("state").json_data(&now) {

@@ -6,7 +6,7 @@
 
 use askama::Template;
 use axum::extract::{Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::http::{StatusCode, header};
 use axum::response::{AppendHeaders, IntoResponse, Redirect, Response};
 use rand::Rng;
 use serde::Deserialize;
@@ -14,12 +14,12 @@ use serde::Deserialize;
 use super::error::UiError;
 use super::page::{Layout, Page};
 use super::session::{
-    LOGIN_NONCE_COOKIE, LOGIN_NONCE_TTL, NoFields, Posted, came_over_tls, clear_cookie, local_path,
-    read_form, session_cookie, session_user, set_cookie,
+    LOGIN_NONCE_COOKIE, LOGIN_NONCE_TTL, NoFields, Posted, clear_cookie, local_path, read_form,
+    session_cookie, session_user, set_cookie,
 };
 use crate::actions::{LoginAttempt, Via};
 use crate::auth::{LoginError, end_session};
-use crate::web::{AppState, ClientAddr, RequestId, SESSION_COOKIE, cookie};
+use crate::web::{AppState, ClientAddr, Https, RequestId, SESSION_COOKIE, cookie};
 
 #[derive(Template)]
 #[template(path = "login.html")]
@@ -75,13 +75,13 @@ fn form_response(
 pub async fn form(
     State(state): State<AppState>,
     Query(q): Query<LoginQuery>,
+    Https(secure): Https,
     req: Request,
 ) -> Result<Response, UiError> {
     let next = q.next.as_deref().map(local_path).unwrap_or("/");
     if session_user(req.headers(), &state).await.is_some() {
         return Ok(Redirect::to(next).into_response());
     }
-    let secure = came_over_tls(req.uri(), req.headers());
     form_response(&state, secure, StatusCode::OK, String::new(), next, None)
 }
 
@@ -91,9 +91,9 @@ pub async fn submit(
     State(state): State<AppState>,
     ClientAddr(client): ClientAddr,
     RequestId(request_id): RequestId,
+    Https(secure): Https,
     req: Request,
 ) -> Result<Response, UiError> {
-    let secure = came_over_tls(req.uri(), req.headers());
     let nonce = cookie(req.headers(), LOGIN_NONCE_COOKIE).unwrap_or("").to_string();
     let (parts, body) = req.into_parts();
     let bytes = read_form(&parts.headers, body, state.max_body_bytes).await?;
@@ -145,12 +145,10 @@ pub async fn submit(
 /// another site cannot log the user out.
 pub async fn logout(
     State(state): State<AppState>,
-    uri: Uri,
-    headers: HeaderMap,
+    Https(secure): Https,
     posted: Posted<NoFields>,
 ) -> Result<Response, UiError> {
     end_session(&state.store, &posted.user.principal.jti).await?;
-    let secure = came_over_tls(&uri, &headers);
     Ok((AppendHeaders([(header::SET_COOKIE, clear_cookie(SESSION_COOKIE, secure))]), Redirect::to("/login"))
         .into_response())
 }

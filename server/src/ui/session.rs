@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, Method, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -212,18 +212,8 @@ pub async fn read_form(
         .map_err(|_| UiError::BadRequest(format!("the form is larger than the limit of {limit} bytes")))
 }
 
-/// Whether the request reached us over TLS: an `https` request URI, or a TLS-terminating
-/// proxy saying so in `X-Forwarded-Proto`. Decides the cookies' `Secure` attribute.
-pub fn came_over_tls(uri: &Uri, headers: &HeaderMap) -> bool {
-    uri.scheme_str() == Some("https")
-        || headers
-            .get("x-forwarded-proto")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(',').next())
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
-}
-
-/// A `Set-Cookie` value: HttpOnly, SameSite=Strict, Path=/, Secure over TLS.
+/// A `Set-Cookie` value: HttpOnly, SameSite=Strict, Path=/, and `Secure` when the client
+/// came over HTTPS (`web::Https`, the one rule of it).
 pub fn set_cookie(name: &str, value: &str, max_age: Duration, secure: bool) -> HeaderValue {
     let mut c = format!("{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}", max_age.as_secs());
     if secure {

@@ -19,6 +19,7 @@ mod advice;
 mod control_plane;
 mod crash;
 mod db_outage;
+mod haproxy;
 mod http_fallback;
 mod kill_switch;
 mod leases;

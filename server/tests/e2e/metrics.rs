@@ -207,3 +207,42 @@ fn grafana_dashboard_uses_only_metrics_that_exist() {
     }
     assert!(used.iter().any(|n| !n.starts_with("levee_server_")), "the dashboard shows agent metrics too");
 }
+
+/// `/metrics` protected both ways: with `ops_addr` it is served there (with the probes) and
+/// no longer on the HTTP address; with `metrics_token` it answers 401 without the bearer
+/// token, 401 with a wrong one, and the exposition with the right one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_to_the_ops_address_and_ask_for_the_token() {
+    const TOKEN: &str = "scrape-token-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings::for_dir(dir.path());
+    settings.admin_password = Some(Secret::new(ADMIN_PASSWORD));
+    settings.jwt_secret = Some(Secret::new(JWT_SECRET));
+    settings.ops_addr = Some("127.0.0.1:0".parse().unwrap());
+    settings.metrics_token = Some(Secret::new(TOKEN));
+    let server = Server::start(settings, Some(recorder())).await.unwrap();
+    let http = format!("http://{}", server.http_addr);
+    let ops = format!("http://{}", server.ops_addr.expect("the operations address is bound"));
+    let client = reqwest::Client::new();
+    let get = |url: String, token: Option<&'static str>| {
+        let mut req = client.get(url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move {
+            let res = req.send().await.unwrap();
+            (res.status().as_u16(), res.text().await.unwrap())
+        }
+    };
+    assert_eq!(get(format!("{http}/metrics"), Some(TOKEN)).await.0, 404, "metrics left the HTTP address");
+    assert_eq!(get(format!("{ops}/metrics"), None).await.0, 401);
+    assert_eq!(get(format!("{ops}/metrics"), Some("scrape-token-wrong-value")).await.0, 401);
+    let (status, text) = get(format!("{ops}/metrics"), Some(TOKEN)).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("# TYPE "), "{text}");
+    for probe in ["/healthz", "/readyz", "/readyz/agents"] {
+        assert_eq!(get(format!("{ops}{probe}"), None).await.0, 200, "{probe} on the operations address");
+        assert_eq!(get(format!("{http}{probe}"), None).await.0, 200, "{probe} on the HTTP address");
+    }
+    server.shutdown().await;
+}

@@ -75,6 +75,21 @@ async fn https(
     token: Option<&str>,
     body: Option<&serde_json::Value>,
 ) -> (u16, String, CertificateDer<'static>) {
+    let (text, presented) = https_raw(cfg, addr, method, path, token, body).await;
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (code, body, presented)
+}
+
+/// [`https`]'s whole response as text (status line, headers, body).
+async fn https_raw(
+    cfg: &Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&serde_json::Value>,
+) -> (String, CertificateDer<'static>) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let connector = tokio_rustls::TlsConnector::from(cfg.clone());
     let mut tls =
@@ -89,10 +104,7 @@ async fn https(
     tls.write_all(req.as_bytes()).await.unwrap();
     let mut out = Vec::new();
     let _ = tls.read_to_end(&mut out).await;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (code, body, presented)
+    (String::from_utf8_lossy(&out).into_owned(), presented)
 }
 
 /// The body of a response that may be chunked: the JSON object inside it.
@@ -199,4 +211,32 @@ async fn tls_both_listeners_serve_tls_reload_renewed_certificates_and_agents_ver
     drop(agent);
     drop(stranger);
     server.shutdown().await;
+}
+
+/// Levee terminating TLS itself, an HTTP/1.1 request (whose URI carries no scheme): the
+/// cookies it sets are `Secure`; over plain HTTP they are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookies_are_secure_over_levees_own_tls_on_http_1_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = new_ca("levee test CA");
+    let files = TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+    write_leaf(&ca, "first", &files);
+    let server = tls_server(dir.path(), &files).await;
+    let (text, _) = https_raw(&client_config(&ca.pem), server.http_addr, "GET", "/login", None, None).await;
+    let head = text.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let cookie =
+        head.lines().find(|l| l.starts_with("set-cookie: levee_login=")).expect("the login nonce cookie");
+    assert!(cookie.contains("; secure"), "{cookie}");
+    server.shutdown().await;
+
+    let plain_dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings::for_dir(plain_dir.path());
+    settings.admin_password = Some(Secret::new(ADMIN_PASSWORD));
+    settings.jwt_secret = Some(Secret::new(JWT_SECRET));
+    let plain = Server::start(settings, None).await.unwrap();
+    let res = reqwest::get(format!("http://{}/login", plain.http_addr)).await.unwrap();
+    let cookie = res.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.starts_with("levee_login=") && !cookie.contains("Secure"), "{cookie}");
+    plain.shutdown().await;
 }
