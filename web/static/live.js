@@ -1,25 +1,49 @@
-// The service page's live part: follows GET <page>/live (server-sent events) and writes
-// what it says into #live with textContent only (never as HTML). Without this script the
-// page shows the same state as rendered and reloads itself while a change is spreading.
+// Live pages (overview, environment, service): follows the page's server-sent events
+// (#live[data-src]) and, when their fingerprint of the page's state differs from the one
+// the page was rendered with, fetches the page again and puts its [data-live] sections
+// in place of the old ones. Every status is rendered by the server from one read, so the
+// sections never disagree; this script writes no markup of its own (only attributes and
+// the `hidden` of the stale-page notice). Without it the page shows the state as rendered
+// and reloads itself while a change is spreading.
 (function () {
   "use strict";
+  // A page restored from the back/forward cache shows the state of when it was left:
+  // load it again instead.
+  window.addEventListener("pageshow", function (e) {
+    if (e.persisted) { window.location.reload(); }
+  });
   var root = document.getElementById("live");
-  if (!root || !window.EventSource) { return; }
-  function list(id, items) {
-    var ul = document.getElementById(id);
-    if (!ul) { return; }
-    while (ul.firstChild) { ul.removeChild(ul.firstChild); }
-    items.forEach(function (text) {
-      var li = document.createElement("li");
-      li.textContent = text;
-      ul.appendChild(li);
-    });
-    ul.hidden = items.length === 0;
+  if (!root || !window.EventSource || !window.fetch || !window.DOMParser) { return; }
+  var token = root.getAttribute("data-token");
+  var pageRevision = root.getAttribute("data-page-revision");
+  var busy = false;
+  var again = false;
+
+  function swap(html) {
+    var doc = new DOMParser().parseFromString(html, "text/html");
+    var fresh = doc.querySelectorAll("[data-live][id]");
+    for (var i = 0; i < fresh.length; i++) {
+      var old = document.getElementById(fresh[i].id);
+      if (old) { old.replaceWith(document.importNode(fresh[i], true)); }
+    }
+    var next = doc.getElementById("live");
+    if (next) { token = next.getAttribute("data-token"); }
   }
-  function text(id, value) {
-    var el = document.getElementById(id);
-    if (el) { el.textContent = value; }
+
+  function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    fetch(window.location.href, { credentials: "same-origin", cache: "no-store" })
+      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      .then(swap)
+      .catch(function () { root.setAttribute("data-state", "closed"); })
+      .then(function () {
+        busy = false;
+        root.setAttribute("data-token", token);
+        if (again) { again = false; refresh(); }
+      });
   }
+
   var source = new EventSource(root.getAttribute("data-src"));
   source.addEventListener("state", function (e) {
     var s = JSON.parse(e.data);
@@ -27,19 +51,9 @@
     root.setAttribute("data-revision", String(s.revision));
     root.setAttribute("data-applied", String(s.applied));
     root.setAttribute("data-connected", String(s.connected));
-    text("live-summary", s.summary);
-    text("current-status", s.summary);
-    var change = document.getElementById("change-status");
-    if (change && Number(change.getAttribute("data-revision")) <= s.revision) {
-      change.textContent = "Saved as revision " + change.getAttribute("data-revision") + ". " + s.summary;
-      change.className = s.connected === 0 ? "warn" : (s.applied === s.connected ? "ok" : "muted");
-    }
-    text("live-latency", s.latency);
-    list("live-nacks", s.nacks);
-    list("live-breakers", s.open_breakers);
-    list("live-fallbacks", s.fallbacks);
-    list("live-agents", s.agents);
-    list("live-alarms", s.alarms);
+    var stale = document.getElementById("stale");
+    if (stale && pageRevision !== null) { stale.hidden = String(s.revision) === pageRevision; }
+    if (s.token !== token) { token = s.token; refresh(); }
   });
   source.onerror = function () { root.setAttribute("data-state", "closed"); };
 }());

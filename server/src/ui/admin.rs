@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use super::error::UiError;
-use super::page::{Layout, Page, seg, time};
+use super::page::{Layout, Page, When, seg, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, CreateError, NewToken, NewUser, TokenError, UserChange};
 use crate::db::{Role, TokenKind};
@@ -21,7 +21,7 @@ struct UserView {
     name: String,
     role: &'static str,
     disabled: bool,
-    created: String,
+    created: When,
 }
 
 struct TokenView {
@@ -30,8 +30,8 @@ struct TokenView {
     name: String,
     scope: String,
     by: String,
-    expires: String,
-    revoked: String,
+    expires: When,
+    revoked: Option<When>,
 }
 
 #[derive(Template)]
@@ -60,7 +60,7 @@ async fn render(
     notice: Option<String>,
     error: Option<String>,
 ) -> Result<Response, UiError> {
-    user.require(Role::Admin)?;
+    user.require_role(Role::Admin, "the users and tokens page")?;
     let users = s
         .store
         .users()
@@ -90,7 +90,7 @@ async fn render(
             name: t.name,
             by: t.created_by,
             expires: time(t.expires_at),
-            revoked: t.revoked_at.map(time).unwrap_or_default(),
+            revoked: t.revoked_at.map(time),
         })
         .collect();
     let status = if error.is_some() { StatusCode::BAD_REQUEST } else { StatusCode::OK };

@@ -58,8 +58,8 @@ pub struct AdmissionView {
     pub limit: String,
     pub queue: String,
     pub levers: Vec<String>,
-    /// Levers set for a limited time (by a profile): until when (RFC 3339) and why.
-    pub lever_override: Option<(String, String)>,
+    /// Levers set for a limited time (by a profile): until when and why.
+    pub lever_override: Option<(super::page::When, String)>,
     pub instances: Vec<InstanceAdmission>,
     pub sheds: Vec<ShedRow>,
     /// Rows left out past [`MAX_ROWS`].
@@ -183,7 +183,7 @@ impl AdmissionView {
             limit,
             queue,
             levers,
-            lever_override: overridden.map(|l| (l.expires_at.to_rfc3339(), l.reason.clone())),
+            lever_override: overridden.map(|l| (super::page::time(l.expires_at.unix_ms()), l.reason.clone())),
             ..Default::default()
         };
         let mut sheds: BTreeMap<(String, &'static str, &'static str), (u64, u64)> = BTreeMap::new();

@@ -5,7 +5,7 @@ use axum::extract::{Query, State};
 use serde::Deserialize;
 
 use super::error::UiError;
-use super::page::{Layout, Page, time};
+use super::page::{Layout, Page, When, time};
 use super::session::UiUser;
 use crate::db::AuditFilter;
 use crate::web::AppState;
@@ -29,7 +29,7 @@ pub struct AuditQuery {
 
 struct EntryView {
     id: i64,
-    at: String,
+    at: When,
     actor: String,
     via: String,
     action: String,

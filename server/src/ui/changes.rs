@@ -1,7 +1,8 @@
 //! Changes made from the service page, each in two steps without JavaScript:
 //!
-//! 1. the switch (or override form) posts to a `…/confirm` route, which changes nothing
-//!    and shows what will change, what it does to the service, and asks for a reason;
+//! 1. the switch (or override form, or an alarm's lever) opens a `…/confirm` page, which
+//!    changes nothing and shows what will change, what it does to the service, and asks
+//!    for a reason;
 //! 2. that page's form posts to the change route, which refuses an empty reason, then
 //!    takes the [action](crate::actions) (a new revision, audited with `via = "ui"`, pushed
 //!    to agents at once) and redirects to the service page, which follows the new revision
@@ -10,11 +11,14 @@
 //! The confirmation page carries the revision it showed; the change is made only if the
 //! service is still at that revision (the action's `ServiceAt::base`, the API's
 //! `If-Match`), so nobody confirms a state that is no longer true.
+//!
+//! A confirmation page changes nothing, so it is an address (`GET …/confirm?…`): the
+//! levers of an alarm link straight to it, and reloading it shows it again.
 
 use std::time::Duration;
 
 use askama::Template;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use levee_agent::policy::{
@@ -23,7 +27,7 @@ use levee_agent::policy::{
 use serde::Deserialize;
 
 use super::error::UiError;
-use super::page::{Layout, Page, duration, seg, service_url};
+use super::page::{Layout, Page, duration, seg, service_url, time};
 use super::service::{load, state_label, switched_by, value_text};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, NewOverride, ServiceAt, Written};
@@ -216,13 +220,15 @@ async fn flag_confirm(
     Ok((confirm, current, new))
 }
 
-/// `POST …/flags/{key}/confirm`: what switching the flag will do; asks for a reason.
+/// `GET …/flags/{key}/confirm?value=…&revision=…`: what switching the flag will do;
+/// asks for a reason. Changes nothing.
 pub async fn confirm_flag(
     State(s): State<AppState>,
+    user: UiUser,
     Path((env, svc, key)): Path<(String, String, String)>,
-    Posted { user, form }: Posted<FlagChange>,
+    Query(form): Query<FlagChange>,
 ) -> Result<Response, UiError> {
-    user.require(Action::FlagSet.role())?;
+    user.require(Action::FlagSet)?;
     let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }
@@ -358,7 +364,7 @@ async fn override_confirm(
         Some(d) => format!(
             "{} (about {})",
             duration(d),
-            Timestamp::from_unix_ms(Timestamp::now().unix_ms() + d.as_millis() as i64)
+            time(Timestamp::now().unix_ms() + d.as_millis() as i64).short
         ),
         None => "never".into(),
     };
@@ -385,13 +391,16 @@ async fn override_confirm(
     Ok((confirm, req))
 }
 
-/// `POST …/breakers/confirm`: what the override will do; asks for a reason.
+/// `GET …/breakers/confirm?dependency=…&state=…&expires_in=…&revision=…`: what the
+/// override will do (an alarm's "force the breaker open" lever leads here); asks for a
+/// reason. Changes nothing.
 pub async fn confirm_override(
     State(s): State<AppState>,
+    user: UiUser,
     Path((env, svc)): Path<(String, String)>,
-    Posted { user, form }: Posted<OverrideChange>,
+    Query(form): Query<OverrideChange>,
 ) -> Result<Response, UiError> {
-    user.require(Action::BreakerOverride.role())?;
+    user.require(Action::BreakerOverride)?;
     let (confirm, _) = override_confirm(&s, &env, &svc, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }
@@ -458,7 +467,10 @@ async fn removal_confirm(
             ("Breaker".into(), name.clone()),
             ("Forced state".into(), state_label(o.state).into()),
             ("Set because".into(), o.reason.clone()),
-            ("Expires".into(), o.expires_at.map(|t| t.to_rfc3339()).unwrap_or_else(|| "never".into())),
+            (
+                "Expires".into(),
+                o.expires_at.map(|t| time(t.unix_ms()).to_string()).unwrap_or_else(|| "never".into()),
+            ),
         ],
         effects,
         action: format!("{}/breakers/remove", service_url(env, svc)),
@@ -471,13 +483,15 @@ async fn removal_confirm(
     })
 }
 
-/// `POST …/breakers/remove/confirm`: what removing the override does; asks for a reason.
+/// `GET …/breakers/remove/confirm?dependency=…&operation=…&revision=…`: what removing the
+/// override does; asks for a reason. Changes nothing.
 pub async fn confirm_remove_override(
     State(s): State<AppState>,
+    user: UiUser,
     Path((env, svc)): Path<(String, String)>,
-    Posted { user, form }: Posted<OverrideRemoval>,
+    Query(form): Query<OverrideRemoval>,
 ) -> Result<Response, UiError> {
-    user.require(Action::BreakerOverrideDelete.role())?;
+    user.require(Action::BreakerOverrideDelete)?;
     let confirm = removal_confirm(&s, &env, &svc, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }

@@ -359,7 +359,7 @@ pub async fn form(
     Path((env, svc)): Path<(String, String)>,
     Query(q): Query<EditQuery>,
 ) -> Result<Response, UiError> {
-    user.require(Action::PolicyUpdate.role())?;
+    user.require(Action::PolicyUpdate)?;
     let (revision, _, json) = current(&s, &env, &svc).await?;
     let part = Part::parse(&q.part).ok_or_else(|| UiError::NotFound(format!("no part {:?}", q.part)))?;
     if part != Part::Raw && json.pointer(&part.pointer()).is_none() {
@@ -375,7 +375,7 @@ pub async fn preview(
     Path((env, svc)): Path<(String, String)>,
     Posted { user, form }: Posted<Vec<(String, String)>>,
 ) -> Result<Response, UiError> {
-    user.require(Action::PolicyUpdate.role())?;
+    user.require(Action::PolicyUpdate)?;
     let get = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
     let (revision, _, current_json) = current(&s, &env, &svc).await?;
     let seen: u64 = get("revision").and_then(|r| r.parse().ok()).unwrap_or(revision);

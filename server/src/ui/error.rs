@@ -199,3 +199,38 @@ pub fn cross_site(err: ProtectionError) -> Response {
             .into(),
     )
 }
+
+/// Answer of a UI address asked with a method it does not take: most often a change
+/// route opened again (a reload, a bookmark, the browser's history), which only takes the
+/// form of its confirmation page. Says so, changes nothing, and points to the page the
+/// address belongs to.
+pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let segments: Vec<&str> = path.split('/').collect();
+    // ["", "ui", "environments", env, "services", svc, …]
+    let back = match segments.as_slice() {
+        ["", "ui", "environments", env, "services", svc, ..] => {
+            format!("/ui/environments/{env}/services/{svc}")
+        }
+        ["", "ui", "environments", env, page, ..]
+            if ["profiles", "requests", "scheduled", "faults"].contains(page) =>
+        {
+            format!("/ui/environments/{env}/{page}")
+        }
+        ["", "ui", "environments", env, ..] => format!("/ui/environments/{env}"),
+        ["", "ui", "admin", ..] => "/ui/admin".to_string(),
+        _ => "/".to_string(),
+    };
+    // The segments come from a path axum routed: percent-encoded, no quote or angle
+    // bracket; the template escapes them anyway.
+    // axum adds the `Allow` header of the route to this answer.
+    error_page(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Nothing to show here",
+        format!(
+            "this address makes a change and only takes the form of its confirmation page, so opening it again \
+             (a reload, a bookmark, Back) shows nothing and changes nothing. Open {back} to see the current state \
+             and act from there."
+        ),
+    )
+}

@@ -11,7 +11,7 @@ use levee_agent::policy::{FaultAction, ServiceConfig, Timestamp};
 use serde::Deserialize;
 
 use super::error::UiError;
-use super::page::{Layout, Page, seg};
+use super::page::{Layout, Page, When, seg, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, Name, NewFaultRule, ServiceAt};
 use crate::web::{AppState, RequestId};
@@ -23,7 +23,7 @@ struct RuleView {
     operation: String,
     action: String,
     percent: f64,
-    expires: String,
+    expires: When,
 }
 
 #[derive(Template)]
@@ -81,7 +81,7 @@ async fn render(
                 operation: f.operation.unwrap_or_default(),
                 action: action_text(&f.action),
                 percent: f.percent,
-                expires: f.expires_at.to_rfc3339(),
+                expires: time(f.expires_at.unix_ms()),
             });
         }
     }

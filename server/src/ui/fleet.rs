@@ -10,7 +10,7 @@ use crate::db::{AgentRow, NackRow};
 const OPEN_STATES: [&str; 2] = ["OPEN", "FORCED_OPEN"];
 
 /// Summary of a service's agents.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FleetSummary {
     /// Instances with a stream open now.
     pub connected: usize,
@@ -63,12 +63,28 @@ impl FleetSummary {
     }
 }
 
+/// One breaker as an agent reported it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BreakerReport {
+    /// The dependency.
+    pub dependency: String,
+    /// The operation with its own breaker; empty for the dependency's.
+    pub operation: String,
+    /// `CLOSED`, `OPEN`, `HALF_OPEN`, `FORCED_OPEN`, `FORCED_CLOSED` or `DISABLED` (as sent;
+    /// the page escapes it).
+    pub state: String,
+    /// Share of failed calls in its window, 0..=1 (0 when not reported).
+    pub failure_rate: f64,
+}
+
 /// What one agent's last status report says, in words.
 #[derive(Clone, Debug, Default)]
 pub struct AgentReport {
     /// Where its configuration comes from: `live`, `cache` or `default`; `disconnected`
     /// when its stream is closed (never `live` then).
     pub source: String,
+    /// Every breaker it reported, closed ones included.
+    pub breaker_states: Vec<BreakerReport>,
     /// Breakers not CLOSED, as `name: STATE`.
     pub breakers: Vec<String>,
     /// Breakers OPEN or FORCED_OPEN.
@@ -88,10 +104,25 @@ impl AgentReport {
         let Some(status) = &a.status else { return r };
         for b in status["breakers"].as_array().into_iter().flatten() {
             let state = b["state"].as_str().unwrap_or("");
-            if state.is_empty() || state == "CLOSED" {
+            if state.is_empty() {
+                continue;
+            }
+            if state == "CLOSED" {
+                r.breaker_states.push(BreakerReport {
+                    dependency: b["dependency"].as_str().unwrap_or("?").to_string(),
+                    operation: b["operation"].as_str().unwrap_or("").to_string(),
+                    state: state.to_string(),
+                    failure_rate: b["failure_rate"].as_f64().filter(|f| f.is_finite()).unwrap_or(0.0),
+                });
                 continue;
             }
             let dep = b["dependency"].as_str().unwrap_or("?");
+            r.breaker_states.push(BreakerReport {
+                dependency: dep.to_string(),
+                operation: b["operation"].as_str().unwrap_or("").to_string(),
+                state: state.to_string(),
+                failure_rate: b["failure_rate"].as_f64().filter(|f| f.is_finite()).unwrap_or(0.0),
+            });
             let name = match b["operation"].as_str() {
                 Some(op) if !op.is_empty() => format!("{dep} {op}"),
                 _ => dep.to_string(),
@@ -119,6 +150,47 @@ impl AgentReport {
             ));
         }
         r
+    }
+}
+
+/// Disconnected agents that a newer connected agent has taken the place of: gone
+/// instance → the instance that replaced it.
+///
+/// A restarted or rescheduled instance comes back under a new name (the agent adds random
+/// digits to it), so its old row stays, disconnected, until it ages out an hour later.
+/// Such a row is not a lost instance: each disconnected agent is paired with a connected
+/// agent that connected after it had connected (an instance started later), one each,
+/// preferring one of the same name but for the random suffix (the same pod or host come
+/// back), then the earliest such newcomer. A disconnected agent left without a partner is
+/// an instance the fleet lost.
+pub fn replacements(agents: &[AgentRow]) -> BTreeMap<String, String> {
+    let mut gone: Vec<&AgentRow> = agents.iter().filter(|a| !a.connected).collect();
+    gone.sort_by_key(|a| (a.last_seen, a.connected_at));
+    let mut fresh: Vec<&AgentRow> = agents.iter().filter(|a| a.connected).collect();
+    fresh.sort_by_key(|a| a.connected_at);
+    let mut taken = BTreeSet::new();
+    let mut out = BTreeMap::new();
+    for g in gone {
+        let newer = |a: &&&AgentRow| a.connected_at > g.connected_at && !taken.contains(&a.instance_id);
+        let pick = fresh
+            .iter()
+            .filter(newer)
+            .find(|a| stem(&a.instance_id) == stem(&g.instance_id))
+            .or_else(|| fresh.iter().find(newer));
+        if let Some(a) = pick {
+            taken.insert(a.instance_id.clone());
+            out.insert(g.instance_id.clone(), a.instance_id.clone());
+        }
+    }
+    out
+}
+
+/// An instance name without the random suffix the agent adds (`checkout-web-1-3f9a0c12` →
+/// `checkout-web-1`).
+fn stem(instance: &str) -> &str {
+    match instance.rsplit_once('-') {
+        Some((stem, suffix)) if suffix.len() == 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) => stem,
+        _ => instance,
     }
 }
 
@@ -170,5 +242,30 @@ mod tests {
         assert_eq!((s.connected, s.acked, s.nacked_current, s.nacks_total), (2, 1, 1, 1));
         assert_eq!(s.open_breakers, vec!["pay".to_string()]);
         assert_eq!(s.degraded, vec!["recommendations (GENERIC)".to_string()]);
+    }
+
+    fn at(id: &str, connected: bool, connected_at: i64, last_seen: i64) -> AgentRow {
+        AgentRow { connected_at, last_seen, ..agent(id, connected, 1, serde_json::json!({})) }
+    }
+
+    #[test]
+    fn a_restarted_instance_is_replaced_and_a_lost_one_is_not() {
+        // web-1 restarted (same stem, new suffix); web-2 was rescheduled under a new name;
+        // web-3 crashed and nothing took its place.
+        let agents = [
+            at("web-1-00000001", false, 100, 500),
+            at("web-1-00000002", true, 510, 900),
+            at("web-2-0000000a", false, 100, 600),
+            at("web-9-0000000b", true, 450, 900),
+            at("web-3-0000000c", false, 100, 700),
+            at("web-4-0000000d", true, 100, 900),
+        ];
+        let r = replacements(&agents);
+        assert_eq!(r.get("web-1-00000001").map(String::as_str), Some("web-1-00000002"));
+        assert_eq!(r.get("web-2-0000000a").map(String::as_str), Some("web-9-0000000b"));
+        assert_eq!(r.get("web-3-0000000c"), None, "web-4 is older than web-3: it replaced nothing");
+        assert_eq!(r.len(), 2);
+        assert_eq!(stem("checkout-web-1-3f9a0c12"), "checkout-web-1");
+        assert_eq!(stem("checkout"), "checkout");
     }
 }

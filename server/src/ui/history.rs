@@ -3,7 +3,7 @@
 //! based on the revision the confirmation showed.
 
 use askama::Template;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::edit::{DiffRow, diff_rows};
 use super::error::UiError;
-use super::page::{Layout, Page, service_url, time};
+use super::page::{Layout, Page, When, service_url, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ServiceAt};
 use crate::diff::json_diff;
@@ -22,7 +22,7 @@ pub const HISTORY_PAGE_REVISIONS: i64 = 50;
 
 struct RevisionView {
     revision: u64,
-    at: String,
+    at: When,
     actor: String,
     reason: String,
     hash: String,
@@ -38,7 +38,6 @@ struct HistoryPage {
     env: String,
     svc: String,
     base: String,
-    csrf: String,
     can_operate: bool,
     revision: u64,
     revisions: Vec<RevisionView>,
@@ -81,7 +80,6 @@ pub async fn page(
     let page = HistoryPage {
         layout: user.layout(),
         base: service_url(&env, &svc),
-        csrf: user.csrf.clone(),
         can_operate: user.principal.role >= Action::Rollback.role(),
         revision: row.revision,
         revisions,
@@ -157,13 +155,15 @@ async fn rollback_page(
     })
 }
 
-/// `POST …/rollback/confirm`: what rolling back to revision `to` changes; asks for a reason.
+/// `GET …/rollback/confirm?to=…&revision=…`: what rolling back to revision `to` changes;
+/// asks for a reason. Changes nothing.
 pub async fn confirm(
     State(s): State<AppState>,
+    user: UiUser,
     Path((env, svc)): Path<(String, String)>,
-    Posted { user, form }: Posted<RollbackForm>,
+    Query(form): Query<RollbackForm>,
 ) -> Result<Response, UiError> {
-    user.require(Action::Rollback.role())?;
+    user.require(Action::Rollback)?;
     Ok(Page::ok(rollback_page(&s, &user, &env, &svc, &form, None).await?).into_response())
 }
 

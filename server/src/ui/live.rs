@@ -1,131 +1,162 @@
-//! The service page's live part: `GET …/live` streams server-sent events (one `state` event
-//! whenever what it shows changes, checked every [`LIVE_INTERVAL`]) that `live.js` writes
-//! into the page with `textContent` only. Without JavaScript the page shows the same state
-//! as rendered and reloads itself while a change is spreading.
+//! Pages that follow the fleet without a reload: the overview (`GET /ui/live`), an
+//! environment (`GET /ui/environments/{env}/live`) and a service (`GET …/live`) each have
+//! a stream of server-sent events: one `state` event ([`LiveState`]) at once and one
+//! whenever what the page would show has changed, checked every [`LIVE_INTERVAL`].
+//!
+//! The event carries a fingerprint (`token`) of every status the page derives from its one
+//! read (alarms and their levers, propagation, breakers, agents); `live.js` compares it
+//! with the one the page was rendered with and, when it differs, fetches the page again
+//! and puts its `data-live` sections in place of the old ones. The server renders every
+//! status, once, from one read: nothing on the page can disagree with the rest, and no
+//! script writes markup (the sections come from the same escaped templates). Without
+//! JavaScript the page shows the state as rendered and reloads itself while a change is
+//! spreading.
 
 use std::convert::Infallible;
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use levee_agent::policy::{ServiceConfig, Timestamp};
 use serde::Serialize;
 
 use super::alarms;
 use super::error::UiError;
-use super::fleet::AgentReport;
+use super::fleet::FleetSummary;
 use super::session::UiUser;
+use super::status::{Propagation, ServiceFacts, breaker_column};
 use crate::web::AppState;
 
-/// How often the live stream looks for changes.
+/// How often a live stream looks for changes.
 pub const LIVE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// What the live part of a service page shows.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// What a live stream says: the service's propagation (zero for the overview and an
+/// environment) and the fingerprint of the page's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LiveState {
-    /// Current revision.
+    /// Current revision (a service page).
     pub revision: u64,
-    /// "N of M agents applied revision R", in words.
+    /// "N of M agents applied revision R.", in words (a service page).
     pub summary: String,
     /// Connected agents on the current revision or later.
     pub applied: usize,
     /// Connected agents.
     pub connected: usize,
-    /// Propagation of the current revision (commit to ACK), in words; empty when no agent ACKed it.
-    pub latency: String,
-    /// NACKs of the current revision: "instance: reason".
-    pub nacks: Vec<String>,
-    /// Breakers open on connected agents.
-    pub open_breakers: Vec<String>,
-    /// Dependencies and features on a fallback, with since when.
-    pub fallbacks: Vec<String>,
-    /// Every agent: "name: revision R (source)".
-    pub agents: Vec<String>,
-    /// What is abnormal now (the banner), in words.
-    pub alarms: Vec<String>,
+    /// Fingerprint of every status the page shows; a page rendered from the same state
+    /// carries the same one.
+    pub token: String,
 }
 
-/// Reads the live state of a service.
+/// The fingerprint of `view`.
+fn token(view: &impl Hash) -> String {
+    // SipHash with fixed keys: the same state gives the same token in every process.
+    let mut h = std::hash::DefaultHasher::new();
+    view.hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// The live state of a service page, from its one read.
+pub fn of_service(f: &ServiceFacts) -> LiveState {
+    let p = Propagation::of(f.row.revision, f);
+    let agents: Vec<_> = f
+        .agents
+        .iter()
+        .map(|a| {
+            (
+                &a.instance_id,
+                a.connected,
+                a.applied_revision,
+                &a.source,
+                a.status.as_ref().map(|s| s.to_string()),
+                a.last_seen / 60_000,
+            )
+        })
+        .collect();
+    let view = (
+        f.row.revision,
+        &p,
+        alarms::for_service(f),
+        breaker_column(f).into_iter().collect::<Vec<_>>(),
+        agents,
+        f.nacks.len(),
+        &f.latency,
+        f.active.as_ref().map(|a| a.id),
+    );
+    LiveState {
+        revision: f.row.revision,
+        summary: p.summary(),
+        applied: p.acked,
+        connected: p.connected,
+        token: token(&view),
+    }
+}
+
+/// The live state of an environment page (its alarms and each service's fleet).
 ///
 /// # Errors
-/// The database failed, or there is no such service.
-pub async fn state(s: &AppState, env: &str, svc: &str) -> Result<LiveState, UiError> {
-    let not_found = || UiError::NotFound(format!("no service {svc:?} in environment {env:?}"));
-    let row = s.store.service(env, svc).await?.ok_or_else(not_found)?;
-    let snap = s.store.latest_snapshot(env, svc).await?.ok_or_else(not_found)?;
-    let cfg: ServiceConfig = serde_json::from_str(&snap.body)
-        .map_err(|e| UiError::Internal(anyhow::anyhow!("stored snapshot does not decode: {e}")))?;
-    let agents = s.store.agents(env, svc).await?;
-    let nacks = s.store.nacks(env, svc).await?;
-    let live: Vec<_> = agents.iter().filter(|a| a.connected).collect();
-    let applied = live.iter().filter(|a| a.applied_revision >= row.revision).count();
-    let summary = if live.is_empty() {
-        format!("Revision {}: delivered to no agent (none is connected).", row.revision)
-    } else {
-        format!("{applied} of {} agents applied revision {}.", live.len(), row.revision)
-    };
-    let latency = match s.store.propagation(env, svc, row.revision).await? {
-        Some(p) if p.acked > 0 => format!(
-            "Commit to ACK: p50 {}, p99 {}, max {} over {} ACK{}.",
-            super::page::duration(p.p50.unwrap_or_default()),
-            super::page::duration(p.p99.unwrap_or_default()),
-            super::page::duration(p.max.unwrap_or_default()),
-            p.acked,
-            if p.acked == 1 { "" } else { "s" }
-        ),
-        _ => String::new(),
-    };
-    let mut open_breakers = Vec::new();
-    let mut fallbacks = Vec::new();
-    for a in &live {
-        let r = AgentReport::of(a);
-        for b in r.open_breakers {
-            open_breakers.push(format!("{b} on {}", a.instance_id));
-        }
-        for (dep, level, since) in r.fallbacks {
-            fallbacks.push(format!("dependency {dep} on {level} since {since} ({})", a.instance_id));
-        }
-        for (f, level, since) in r.degraded_since {
-            fallbacks.push(format!("feature {f} on {level} since {since} ({})", a.instance_id));
-        }
+/// The database failed; no such environment.
+pub async fn of_environment(s: &AppState, env: &str) -> Result<LiveState, UiError> {
+    s.store.environment(env).await?.ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
+    let alarms = alarms::for_environment(s, env).await?;
+    let mut fleet = Vec::new();
+    for r in s.store.services(env).await? {
+        let agents = s.store.agents(env, &r.name).await?;
+        let nacks = s.store.nacks(env, &r.name).await?;
+        fleet.push((r.name, r.revision, FleetSummary::new(r.revision, &agents, &nacks)));
     }
-    let now = Timestamp::now();
-    Ok(LiveState {
-        revision: row.revision,
-        summary,
-        applied,
-        connected: live.len(),
-        latency,
-        nacks: nacks
-            .iter()
-            .filter(|n| n.revision == row.revision)
-            .map(|n| format!("{} rejected revision {}: {}", n.instance_id, n.revision, n.error_detail))
-            .collect(),
-        open_breakers,
-        fallbacks,
-        agents: agents
-            .iter()
-            .map(|a| {
-                let source = if a.source.is_empty() { "source not reported yet" } else { a.source.as_str() };
-                format!("{}: revision {} ({source})", a.instance_id, a.applied_revision)
-            })
-            .collect(),
-        alarms: alarms::for_service(env, svc, &cfg, row.revision, &agents, &nacks, now)
-            .list
-            .into_iter()
-            .map(|a| a.text)
-            .collect(),
-    })
+    let pending =
+        s.store.requests(env).await?.iter().filter(|r| r.state == "open" || r.state == "approved").count();
+    Ok(LiveState { token: token(&(alarms, fleet, pending)), ..quiet() })
 }
 
-/// `GET …/live`: server-sent `state` events (JSON of [`LiveState`]) whenever it changes.
-pub async fn events(
-    State(s): State<AppState>,
-    _user: UiUser,
-    axum::extract::Path((env, svc)): Path<(String, String)>,
+/// The live state of the overview (every environment's alarms, active profile and
+/// change requests waiting).
+///
+/// # Errors
+/// The database failed.
+pub async fn of_overview(s: &AppState) -> Result<LiveState, UiError> {
+    let mut view = Vec::new();
+    for e in s.store.environments().await? {
+        let alarms = alarms::for_environment(s, &e.name).await?;
+        let pending = s
+            .store
+            .requests(&e.name)
+            .await?
+            .iter()
+            .filter(|r| r.state == "open" || r.state == "approved")
+            .count();
+        let services = s.store.services(&e.name).await?.len();
+        view.push((e.name, services, alarms, pending));
+    }
+    Ok(LiveState { token: token(&view), ..quiet() })
+}
+
+fn quiet() -> LiveState {
+    LiveState { revision: 0, summary: String::new(), applied: 0, connected: 0, token: String::new() }
+}
+
+/// What a stream follows.
+#[derive(Clone)]
+enum Scope {
+    Overview,
+    Environment(String),
+    Service(String, String),
+}
+
+async fn read(s: &AppState, scope: &Scope) -> Result<LiveState, UiError> {
+    match scope {
+        Scope::Overview => of_overview(s).await,
+        Scope::Environment(env) => of_environment(s, env).await,
+        Scope::Service(env, svc) => Ok(of_service(&ServiceFacts::load(s, env, svc).await?)),
+    }
+}
+
+async fn stream(
+    s: AppState,
+    scope: Scope,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, UiError> {
-    let first = state(&s, &env, &svc).await?;
+    let first = read(&s, &scope).await?;
     let stream = async_stream::stream! {
         let mut last = first;
         if let Ok(e) = Event::default().event("state").json_data(&last) {
@@ -141,7 +172,7 @@ pub async fn events(
                 _ = tick.tick() => {}
                 () = crate::shutdown::stopped(&mut stop) => break,
             }
-            match state(&s, &env, &svc).await {
+            match read(&s, &scope).await {
                 Ok(now) if now != last => {
                     if let Ok(e) = Event::default().event("state").json_data(&now) {
                         yield Ok(e);
@@ -155,4 +186,30 @@ pub async fn events(
         }
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// `GET /ui/live`: the overview's events.
+pub async fn overview(
+    State(s): State<AppState>,
+    _user: UiUser,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, UiError> {
+    stream(s, Scope::Overview).await
+}
+
+/// `GET /ui/environments/{env}/live`: an environment page's events.
+pub async fn environment(
+    State(s): State<AppState>,
+    _user: UiUser,
+    Path(env): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, UiError> {
+    stream(s, Scope::Environment(env)).await
+}
+
+/// `GET …/live`: a service page's events.
+pub async fn events(
+    State(s): State<AppState>,
+    _user: UiUser,
+    Path((env, svc)): Path<(String, String)>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, UiError> {
+    stream(s, Scope::Service(env, svc)).await
 }

@@ -32,6 +32,7 @@ mod profiles;
 mod review;
 mod service;
 mod session;
+mod status;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -46,8 +47,8 @@ pub use session::{Posted, UiUser};
 use crate::web::AppState;
 
 /// Content-Security-Policy of every UI response: scripts, styles and images only from this
-/// origin (the one script, `live.js`, follows the service page's server-sent events: no
-/// inline script, no `eval`), connections only back to this origin, forms only to it,
+/// origin (the one script, `live.js`, follows a live page's server-sent events and swaps in
+/// the page's sections as the server rendered them: no inline script, no `eval`), connections only back to this origin, forms only to it,
 /// never framed (so a switch cannot be click-jacked).
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
      style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -75,7 +76,9 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/admin/users/update", post(admin::update_user))
         .route("/ui/admin/tokens", post(admin::mint))
         .route("/ui/admin/tokens/revoke", post(admin::revoke))
+        .route("/ui/live", get(live::overview))
         .route("/ui/environments/{env}", get(overview::services))
+        .route("/ui/environments/{env}/live", get(live::environment))
         .route(svc, get(service::page))
         .route("/ui/environments/{env}/profiles", get(profiles::page).post(profiles::save))
         .route("/ui/environments/{env}/profiles/revert", post(profiles::revert))
@@ -85,23 +88,23 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/environments/{env}/scheduled/{id}/cancel", post(review::cancel))
         .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))
         .route("/ui/environments/{env}/requests/{id}", post(review::decide))
-        .route("/ui/environments/{env}/profiles/{name}/confirm", post(profiles::confirm))
+        .route("/ui/environments/{env}/profiles/{name}/confirm", get(profiles::confirm))
         .route("/ui/environments/{env}/profiles/{name}/apply", post(profiles::apply))
-        .route(&format!("{svc}/flags/{{key}}/confirm"), post(changes::confirm_flag))
+        .route(&format!("{svc}/flags/{{key}}/confirm"), get(changes::confirm_flag))
         .route(&format!("{svc}/flags/{{key}}"), post(changes::apply_flag))
-        .route(&format!("{svc}/breakers/confirm"), post(changes::confirm_override))
+        .route(&format!("{svc}/breakers/confirm"), get(changes::confirm_override))
         .route(&format!("{svc}/breakers"), post(changes::apply_override))
-        .route(&format!("{svc}/breakers/remove/confirm"), post(changes::confirm_remove_override))
+        .route(&format!("{svc}/breakers/remove/confirm"), get(changes::confirm_remove_override))
         .route(&format!("{svc}/breakers/remove"), post(changes::apply_remove_override))
-        // console-b: policy editing, history and rollback.
         .route(&format!("{svc}/policy/edit"), get(edit::form))
         .route(&format!("{svc}/policy/preview"), post(edit::preview))
         .route(&format!("{svc}/policy/commit"), post(edit::commit))
         .route(&format!("{svc}/history"), get(history::page))
         .route(&format!("{svc}/live"), get(live::events))
-        .route(&format!("{svc}/rollback/confirm"), post(history::confirm))
+        .route(&format!("{svc}/rollback/confirm"), get(history::confirm))
         .route(&format!("{svc}/rollback"), post(history::apply))
         .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(CsrfLayer::new().with_rejection_response(error::cross_site));
     for (name, value) in headers {

@@ -12,7 +12,7 @@ use levee_agent::policy::Timestamp;
 use serde::Deserialize;
 
 use super::error::UiError;
-use super::page::{Layout, Page, seg, time};
+use super::page::{Layout, Page, When, seg, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, Name, Profile, ProfileSpec, activation_services};
 use crate::db::ActivationRow;
@@ -22,10 +22,10 @@ use crate::web::{AppState, RequestId};
 pub struct ActiveView {
     pub profile: String,
     pub version: u64,
-    pub since: String,
+    pub since: When,
     pub by: String,
     pub reason: String,
-    pub until: String,
+    pub until: When,
     pub services: Vec<String>,
 }
 
@@ -46,7 +46,7 @@ impl ActiveView {
 struct ProfileView {
     name: String,
     version: u64,
-    updated: String,
+    updated: When,
     by: String,
     description: String,
     /// What it sets, one line per entry.
@@ -266,7 +266,7 @@ async fn confirm_page(
         .ok_or_else(|| UiError::NotFound(format!("no profile {name:?} in environment {env:?}")))?;
     let p = Profile::of(row)?;
     let until = match levee_agent::policy::duration::parse(form.lasts.trim()) {
-        Ok(d) => time(Timestamp::now().unix_ms() + d.as_millis() as i64),
+        Ok(d) => time(Timestamp::now().unix_ms() + d.as_millis() as i64).to_string(),
         Err(m) => return Err(UiError::BadRequest(format!("for: {m}"))),
     };
     let page = ConfirmPage {
@@ -285,13 +285,15 @@ async fn confirm_page(
     Ok(Page::with_status(status, page).into_response())
 }
 
-/// `POST …/profiles/{name}/confirm`: shows what applying changes; changes nothing.
+/// `GET …/profiles/{name}/confirm?for=…`: what applying the profile changes (an alarm's
+/// "apply emergency profile" lever leads here); changes nothing.
 pub async fn confirm(
     State(s): State<AppState>,
+    user: UiUser,
     Path((env, name)): Path<(String, String)>,
-    Posted { user, form }: Posted<ApplyForm>,
+    axum::extract::Query(form): axum::extract::Query<ApplyForm>,
 ) -> Result<Response, UiError> {
-    user.require(Action::ProfileApply.role())?;
+    user.require(Action::ProfileApply)?;
     confirm_page(&s, &user, &env, &name, &form, None).await
 }
 

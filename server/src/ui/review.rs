@@ -15,7 +15,7 @@ use levee_agent::policy::Timestamp;
 use serde::Deserialize;
 
 use super::error::UiError;
-use super::page::{Layout, Page, seg, time};
+use super::page::{Layout, Page, When, seg, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, NewSchedule, Planned, Proposal, request_sides};
 use crate::db::{RequestRow, ScheduledRow};
@@ -63,8 +63,8 @@ struct ScheduledView {
     id: i64,
     what: String,
     value: String,
-    run_at: String,
-    revert_at: String,
+    run_at: When,
+    revert_at: Option<When>,
     state: String,
     by: String,
     reason: String,
@@ -79,7 +79,7 @@ impl ScheduledView {
             what: format!("{svc}{}", describe_scheduled(c)),
             value: c.payload.chars().take(200).collect(),
             run_at: time(c.run_at),
-            revert_at: c.revert_at.map(time).unwrap_or_default(),
+            revert_at: c.revert_at.map(time),
             state: c.state.clone(),
             by: c.created_by.clone(),
             reason: c.reason.clone(),
@@ -225,7 +225,7 @@ struct RequestView {
     version: u64,
     state: String,
     by: String,
-    at: String,
+    at: When,
     reason: String,
     /// path, before, after
     diff: Vec<(String, String, String)>,

@@ -2,23 +2,23 @@
 //! policies, the degradation matrix, flags with their switches, breaker overrides, the
 //! agents with the revision each applied, NACKs, and how far the last change has spread.
 
-use std::collections::BTreeSet;
-
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use levee_agent::policy::{
     BreakerOverrideState, DependencyCriticality, DependencyPolicy, Flag, FlagType, ServiceConfig, Window,
-    lint,
 };
 use serde::Deserialize;
 
 use super::admission::AdmissionView;
 use super::alarms::{self, Alarms};
 use super::error::UiError;
-use super::fleet::{AgentReport, FleetSummary};
-use super::page::{Layout, Page, duration, percent, service_url, time};
+use super::fleet::AgentReport;
+use super::live::LiveState;
+use super::page::{Layout, Page, When, duration, percent, service_url, time};
 use super::session::UiUser;
-use crate::db::{AgentRow, NackRow, ServiceRow};
+use super::status::{BreakerCell, Propagation, ServiceFacts, breaker_column};
+use crate::advice::BulkheadSizing;
+use crate::db::{AgentRow, ServiceRow};
 use crate::web::AppState;
 
 /// How often the page reloads itself while a change is still spreading (no JavaScript).
@@ -90,14 +90,24 @@ struct DepView {
     attempt_timeout: String,
     retry: String,
     breaker: String,
+    /// The breaker as the connected agents report it (live).
+    breaker_now: BreakerCell,
     bulkhead: String,
+    /// What Little's law says of the bulkhead's size, from the agents' traffic.
+    bulkhead_advice: Option<String>,
     fallback: &'static str,
     kill_switch: Option<SwitchView>,
     overrides: Vec<String>,
     operations: usize,
 }
 
-fn dep_view(name: &str, d: &DependencyPolicy, cfg: &ServiceConfig) -> DepView {
+fn dep_view(
+    name: &str,
+    d: &DependencyPolicy,
+    cfg: &ServiceConfig,
+    breaker_now: BreakerCell,
+    sizing: Option<&BulkheadSizing>,
+) -> DepView {
     let retry = if d.retry.max_attempts <= 1 {
         "no retry".to_string()
     } else {
@@ -137,17 +147,28 @@ fn dep_view(name: &str, d: &DependencyPolicy, cfg: &ServiceConfig) -> DepView {
             None => state_label(o.state).to_string(),
         })
         .collect();
+    let bulkhead_advice = sizing.and_then(|z| {
+        let n = z.suggested_size?;
+        Some(format!(
+            "Little's law: {n} for the traffic its agents see ({} in flight now over {} agent{})",
+            z.in_use,
+            z.instances,
+            if z.instances == 1 { "" } else { "s" }
+        ))
+    });
     DepView {
         name: name.to_string(),
         critical: d.criticality == DependencyCriticality::Critical,
         attempt_timeout: duration(d.attempt_timeout),
         retry,
         breaker,
+        breaker_now,
         bulkhead: format!(
             "{} concurrent, wait ≤ {}",
             d.bulkhead.max_concurrent,
             duration(d.bulkhead.max_wait)
         ),
+        bulkhead_advice,
         fallback: d.fallback.as_str(),
         kill_switch: d.enabled_flag.as_deref().map(|k| switch_view(cfg, k)),
         overrides,
@@ -178,7 +199,7 @@ struct FlagView {
     value: String,
     description: String,
     owner: String,
-    expires: String,
+    expires: Option<When>,
     /// For bool flags: what the one-click switch does.
     flip: Option<Flip>,
     off: bool,
@@ -205,7 +226,7 @@ fn flag_view(key: &str, f: &Flag, cfg: &ServiceConfig) -> FlagView {
         value: value_text(f),
         description: f.description.clone(),
         owner: f.owner.clone(),
-        expires: f.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        expires: f.expires_at.map(|t| time(t.unix_ms())),
         flip,
         off: f.kind == FlagType::Bool && f.value.as_bool() == Some(false),
         used_by: switched_by(cfg, key),
@@ -226,14 +247,14 @@ struct MatrixView {
     alert_after: String,
     switch: Option<SwitchView>,
     /// On its fallback on a connected agent longer than `alert_after`: since when.
-    past_alert: Option<String>,
+    past_alert: Option<When>,
 }
 
 struct OverrideView {
     dependency: String,
     operation: String,
     state: &'static str,
-    expires: String,
+    expires: Option<When>,
     reason: String,
 }
 
@@ -241,7 +262,9 @@ struct AgentView {
     instance: String,
     version: String,
     connected: bool,
-    last_seen: String,
+    /// The newer instance that took its place, for a disconnected one.
+    replaced_by: Option<String>,
+    last_seen: When,
     applied_revision: u64,
     on_current: bool,
     source: String,
@@ -249,12 +272,13 @@ struct AgentView {
     degraded: String,
 }
 
-fn agent_view(a: &AgentRow, current: u64) -> AgentView {
+fn agent_view(a: &AgentRow, current: u64, replaced_by: Option<String>) -> AgentView {
     let r = AgentReport::of(a);
     AgentView {
         instance: a.instance_id.clone(),
         version: a.agent_version.clone(),
         connected: a.connected,
+        replaced_by,
         last_seen: time(a.last_seen),
         applied_revision: a.applied_revision,
         on_current: a.applied_revision == current,
@@ -268,30 +292,7 @@ struct NackView {
     instance: String,
     revision: u64,
     detail: String,
-    at: String,
-}
-
-/// How far a revision has spread through the connected agents.
-struct Propagation {
-    revision: u64,
-    connected: usize,
-    acked: usize,
-    nacked: usize,
-    /// Still waiting for some connected agent: the page refreshes itself.
-    pending: bool,
-}
-
-fn propagation(revision: u64, agents: &[AgentRow], nacks: &[NackRow]) -> Propagation {
-    let live: Vec<&AgentRow> = agents.iter().filter(|a| a.connected).collect();
-    let acked = live.iter().filter(|a| a.applied_revision >= revision).count();
-    let nacked = nacks
-        .iter()
-        .filter(|n| n.revision == revision)
-        .map(|n| &n.instance_id)
-        .collect::<BTreeSet<_>>()
-        .len();
-    let connected = live.len();
-    Propagation { revision, connected, acked, nacked, pending: acked + nacked < connected }
+    at: When,
 }
 
 #[derive(Template)]
@@ -305,15 +306,19 @@ struct ServicePage {
     description: String,
     revision: u64,
     hash: String,
-    updated_at: String,
+    updated_at: When,
     can_operate: bool,
-    csrf: String,
     /// Set right after a change made from this page.
     change: Option<Propagation>,
     unchanged: bool,
     refresh_secs: u32,
     current: Propagation,
-    fleet: FleetSummary,
+    /// Commit-to-ACK times of the current revision, in words.
+    latency: String,
+    /// NACKs of the current revision, "instance: reason".
+    current_nacks: Vec<String>,
+    /// The server's advice: the policy's own lints and those that need the environment
+    /// and the agents' reports.
     lints: Vec<(String, String)>,
     /// What makes the stored snapshot invalid under today's validation (e.g. a kill switch
     /// naming no flag, stored before OPS-1 was checked): shown as problems.
@@ -330,7 +335,9 @@ struct ServicePage {
     alarms: Alarms,
     alarms_scope: &'static str,
     faults: Vec<FaultView>,
-    live: super::live::LiveState,
+    /// The live stream's state (its fingerprint tells `live.js` when to fetch the page).
+    live: LiveState,
+    live_src: String,
     /// Inbound admission: the policy and what the agents report (shadow counts included).
     admission: AdmissionView,
 }
@@ -340,7 +347,7 @@ struct FaultView {
     target: String,
     action: String,
     percent: f64,
-    expires: String,
+    expires: When,
 }
 
 /// `GET /ui/environments/{env}/services/{svc}`.
@@ -350,45 +357,55 @@ pub async fn page(
     Path((env, svc)): Path<(String, String)>,
     Query(q): Query<ServiceQuery>,
 ) -> Result<Page<impl Template>, UiError> {
-    let Loaded { row, config: cfg } = load(&s, &env, &svc).await?;
+    let f = ServiceFacts::load(&s, &env, &svc).await?;
     let snap_hash = s.store.latest_snapshot(&env, &svc).await?.map(|r| r.hash).unwrap_or_default();
-    let agents = s.store.agents(&env, &svc).await?;
-    let nacks = s.store.nacks(&env, &svc).await?;
-    let change =
-        q.changed.as_deref().and_then(|c| c.parse::<u64>().ok()).map(|r| propagation(r, &agents, &nacks));
-    let profile = s.store.active_profile(&env).await?.as_ref().map(super::profiles::ActiveView::of);
-    let now = levee_agent::policy::Timestamp::now();
-    let past = crate::advice::features_past_alert(&cfg.policy, &agents, now);
-    let live = super::live::state(&s, &env, &svc).await?;
+    let (row, cfg, now) = (&f.row, &f.cfg, f.now);
+    let change = q.changed.as_deref().and_then(|c| c.parse::<u64>().ok()).map(|r| Propagation::of(r, &f));
+    let past = crate::advice::features_past_alert(&cfg.policy, &f.agents, now);
+    let environment = {
+        let mut e = crate::advice::environment(&s.store, &env).await?;
+        e.insert(svc.clone(), cfg.policy.clone());
+        e
+    };
+    let lints = crate::advice::advise(&svc, &cfg.policy, &environment, &f.agents, now);
+    let sizing = crate::advice::bulkheads(&cfg.policy, &f.agents);
+    let mut breakers = breaker_column(&f);
+    let replaced = f.replaced();
     let page = ServicePage {
-        profile,
-        live,
-        alarms: alarms::for_service(&env, &svc, &cfg, row.revision, &agents, &nacks, now),
+        profile: f.active.as_ref().map(super::profiles::ActiveView::of),
+        live: super::live::of_service(&f),
+        live_src: format!("{}/live", service_url(&env, &svc)),
+        alarms: alarms::for_service(&f),
         alarms_scope: "in this service",
         faults: cfg
             .faults
             .iter()
-            .filter(|f| f.expires_at > now)
-            .map(|f| FaultView {
-                id: f.id.clone(),
-                target: match &f.operation {
-                    Some(op) => format!("{} {op}", f.dependency),
-                    None => f.dependency.clone(),
+            .filter(|fr| fr.expires_at > now)
+            .map(|fr| FaultView {
+                id: fr.id.clone(),
+                target: match &fr.operation {
+                    Some(op) => format!("{} {op}", fr.dependency),
+                    None => fr.dependency.clone(),
                 },
-                action: serde_json::to_string(&f.action).unwrap_or_default(),
-                percent: f.percent,
-                expires: f.expires_at.to_rfc3339(),
+                action: serde_json::to_string(&fr.action).unwrap_or_default(),
+                percent: fr.percent,
+                expires: time(fr.expires_at.unix_ms()),
             })
             .collect(),
         layout: user.layout(),
         can_operate: user.can_operate(),
-        csrf: user.csrf.clone(),
         change,
         unchanged: q.unchanged.is_some(),
         refresh_secs: PROPAGATION_REFRESH_SECS,
-        current: propagation(row.revision, &agents, &nacks),
-        fleet: FleetSummary::new(row.revision, &agents, &nacks),
-        lints: lint(&cfg.policy).into_iter().map(|l| (l.path, l.message)).collect(),
+        current: Propagation::of(row.revision, &f),
+        latency: f.latency.clone(),
+        current_nacks: f
+            .nacks
+            .iter()
+            .filter(|n| n.revision == row.revision)
+            .map(|n| format!("{}: {}", n.instance_id, n.error_detail))
+            .collect(),
+        lints: lints.into_iter().map(|l| (l.path, l.message)).collect(),
         problems: cfg
             .validate()
             .err()
@@ -397,7 +414,16 @@ pub async fn page(
             .into_iter()
             .map(|e| (e.path, e.message))
             .collect(),
-        dependencies: cfg.policy.dependencies.iter().map(|(n, d)| dep_view(n, d, &cfg)).collect(),
+        dependencies: cfg
+            .policy
+            .dependencies
+            .iter()
+            .map(|(n, d)| {
+                let now = breakers.remove(n).unwrap_or(BreakerCell { text: String::new(), class: "muted" });
+                let z = sizing.iter().find(|z| z.dependency == *n && z.operation.is_none());
+                dep_view(n, d, cfg, now, z)
+            })
+            .collect(),
         dependency_names: cfg.policy.dependencies.keys().cloned().collect(),
         matrix: cfg
             .policy
@@ -405,17 +431,17 @@ pub async fn page(
             .iter()
             .enumerate()
             .map(|(i, r)| MatrixView {
-                past_alert: past.iter().find(|p| p.row == i).map(|p| p.since.to_rfc3339()),
+                past_alert: past.iter().find(|p| p.row == i).map(|p| time(p.since.unix_ms())),
                 feature: r.feature.clone(),
                 dependencies: r.dependencies.join(", "),
                 on_failure: r.on_failure.as_str(),
                 owner: r.owner.clone(),
                 decision: r.decision.clone(),
                 alert_after: duration(r.alert_after),
-                switch: r.enabled_flag.as_deref().map(|k| switch_view(&cfg, k)),
+                switch: r.enabled_flag.as_deref().map(|k| switch_view(cfg, k)),
             })
             .collect(),
-        flags: cfg.flags.iter().map(|(k, f)| flag_view(k, f, &cfg)).collect(),
+        flags: cfg.flags.iter().map(|(k, fl)| flag_view(k, fl, cfg)).collect(),
         overrides: cfg
             .breaker_overrides
             .iter()
@@ -423,17 +449,22 @@ pub async fn page(
                 dependency: o.dependency.clone(),
                 operation: o.operation.clone().unwrap_or_default(),
                 state: state_label(o.state),
-                expires: o.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                expires: o.expires_at.map(|t| time(t.unix_ms())),
                 reason: o.reason.clone(),
             })
             .collect(),
-        agents: agents.iter().map(|a| agent_view(a, row.revision)).collect(),
+        agents: f
+            .agents
+            .iter()
+            .map(|a| agent_view(a, row.revision, replaced.get(&a.instance_id).cloned()))
+            .collect(),
         admission: AdmissionView::new(
             &cfg.policy.inbound,
             cfg.levers.as_ref().filter(|l| l.expires_at > now),
-            &agents,
+            &f.agents,
         ),
-        nacks: nacks
+        nacks: f
+            .nacks
             .iter()
             .map(|n| NackView {
                 instance: n.instance_id.clone(),
@@ -443,12 +474,12 @@ pub async fn page(
             })
             .collect(),
         base: service_url(&env, &svc),
-        env,
-        svc,
-        description: row.description,
+        description: row.description.clone(),
         revision: row.revision,
         hash: snap_hash,
         updated_at: time(row.updated_at),
+        env,
+        svc,
     };
     Ok(Page::ok(page))
 }

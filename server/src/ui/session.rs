@@ -41,16 +41,28 @@ struct Refusals {
 }
 
 impl UiUser {
-    /// Refuses with 403 unless the user has at least `role` (audited and logged).
-    pub fn require(&self, role: Role) -> Result<(), UiError> {
-        Forbidden::check(self.principal.role, role).map_err(|f| {
+    /// Refuses with 403 unless the user's role allows `action` (audited and logged as an
+    /// attempt at that action: a page that only shows what the action will do is refused
+    /// as the action itself).
+    pub fn require(&self, action: Action) -> Result<(), UiError> {
+        Forbidden::check(self.principal.role, action.role()).map_err(|f| {
             let actor = Actor::new(&self.principal, Via::Ui, self.refusals.request_id.clone());
             self.refusals.actions.spawn_refused(
                 actor,
-                format!("role {}", role.as_str()),
+                action.name().to_string(),
                 self.refusals.target.clone(),
                 f,
             );
+            f.into()
+        })
+    }
+
+    /// Refuses with 403 unless the user has at least `role` (audited and logged as the
+    /// page `page`, e.g. `the users and tokens page`).
+    pub fn require_role(&self, role: Role, page: &str) -> Result<(), UiError> {
+        Forbidden::check(self.principal.role, role).map_err(|f| {
+            let actor = Actor::new(&self.principal, Via::Ui, self.refusals.request_id.clone());
+            self.refusals.actions.spawn_refused(actor, page.to_string(), self.refusals.target.clone(), f);
             f.into()
         })
     }

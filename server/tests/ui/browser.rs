@@ -159,7 +159,7 @@ async fn click(c: &Client, css: &str) {
 }
 
 /// A real agent of prod/checkout (instance `checkout-web-1`), with its token minted through
-/// the API and its cache in `cache`.
+/// the API and its cache in `cache`; it reports its status every 200 ms.
 async fn checkout_agent(app: &TestApp, cache: &tempfile::TempDir) -> Agent {
     let (s, _, t) = app
         .api(
@@ -176,10 +176,168 @@ async fn checkout_agent(app: &TestApp, cache: &tempfile::TempDir) -> Agent {
             backoff_base: Duration::from_millis(50),
             backoff_cap: Duration::from_millis(300),
             reconnect_jitter: Duration::from_millis(50),
+            status_interval: Duration::from_millis(200),
+            min_report_gap: Duration::from_millis(50),
             ..SyncClientSettings::default()
         })
         .build()
         .expect("agent builds")
+}
+
+/// Opens the agent's breaker of `recommendations` with calls that fail (more than its
+/// minimum calls, all failures).
+async fn open_recommendations_breaker(agent: &Agent) {
+    let recs = agent.dependency("recommendations");
+    for _ in 0..30 {
+        let _ =
+            recs.call("GET /recommendations", || async { Err::<(), _>(std::io::Error::other("down")) }).await;
+    }
+}
+
+/// The text of the element `css` of the page as it is now (the live parts are swapped in
+/// place, so it is read again each time).
+async fn text_of(c: &Client, css: &str) -> Option<String> {
+    c.find(Locator::Css(css)).await.ok()?.text().await.ok()
+}
+
+/// The `changed` revision of the service page the browser was redirected to after a change.
+async fn changed_revision(c: &Client) -> u64 {
+    until("the redirect to the service page", || async {
+        let url = c.current_url().await.ok()?;
+        url.query_pairs().find(|(k, _)| k == "changed").and_then(|(_, v)| v.parse().ok())
+    })
+    .await
+}
+
+/// The incident, played: recommendations fails and its breaker opens on the agent. The
+/// landing page shows it without a reload, with the levers that apply; the first click
+/// opens the lever's confirmation, a reason and the second click switch recommendations
+/// off; the agent stops calling it, and the service page says the breaker is frozen
+/// rather than showing a live red OPEN.
+#[tokio::test]
+async fn browser_alarm_to_lever_to_confirmation_to_applied_in_two_clicks() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = checkout_agent(&app, &cache).await;
+    let switch = agent.flag_bool("recommendations.enabled", true);
+    agent.wait_for_initial_sync(WAIT).await.expect("initial sync");
+    let base = app.base.clone();
+
+    login(&c, &base, "olivia", PASSWORD).await;
+    assert_eq!(c.current_url().await.unwrap().path(), "/", "the landing page");
+    c.execute("window.leveeMark = 'no reload';", vec![]).await.unwrap();
+    open_recommendations_breaker(&agent).await;
+    let alarm = until("the open breaker on the landing page", || async {
+        let t = text_of(&c, "#on-fire").await?;
+        t.contains("breaker recommendations is OPEN on 1 of 1 connected agents").then_some(t)
+    })
+    .await;
+    assert!(alarm.contains("switch recommendations off (recommendations.enabled)…"), "{alarm}");
+    assert!(alarm.contains("force the breaker of recommendations open for 1h…"), "{alarm}");
+    let mark = c.execute("return window.leveeMark || null;", vec![]).await.unwrap();
+    assert_eq!(mark, json!("no reload"), "the alarm appeared without reloading the page");
+    screenshot(&c, "incident").await;
+
+    // Click 1: the lever, straight to its confirmation.
+    let lever = "#on-fire a.lever[href*='/flags/recommendations.enabled/confirm']";
+    click(&c, lever).await;
+    let confirm = body(&c).await;
+    assert!(confirm.contains("Change flag recommendations.enabled"), "{confirm}");
+    assert!(confirm.contains("Dependency recommendations is switched off"), "{confirm}");
+    assert_eq!(app.kill_switch().await, true, "the confirmation changes nothing");
+    // A reload of the confirmation shows it again.
+    c.refresh().await.unwrap();
+    assert!(body(&c).await.contains("Change flag recommendations.enabled"));
+    screenshot(&c, "confirm").await;
+
+    // A reason and click 2.
+    fill(&c, "textarea[name=reason]", "INC-12 recommendations is failing").await;
+    click(&c, "button.danger").await;
+    let changed = changed_revision(&c).await;
+    assert_eq!(app.kill_switch().await, false);
+    until("the agent to switch recommendations off", || async { (!switch.get()).then_some(()) }).await;
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit[0]["action"].as_str(), audit[0]["via"].as_str(), audit[0]["reason"].as_str()),
+        (Some("flag.set"), Some("ui"), Some("INC-12 recommendations is failing"))
+    );
+
+    // The service page: applied, the breaker frozen, not a second red alarm.
+    let banner = until("the agent's ACK on the service page", || async {
+        let live = c.find(Locator::Id("live")).await.ok()?;
+        let applied = live.attr("data-applied").await.ok()??;
+        let summary = text_of(&c, "#live-summary").await?;
+        (applied == "1" && summary == format!("1 of 1 agents applied revision {changed}.")).then_some(())?;
+        text_of(&c, "#on-fire").await
+    })
+    .await;
+    assert!(banner.contains("kill switch recommendations.enabled is OFF"), "{banner}");
+    assert!(banner.contains("frozen"), "{banner}");
+    assert!(!banner.contains("breaker recommendations is OPEN"), "said once, with the switch: {banner}");
+    let cell = text_of(&c, "tr[id='dep-recommendations'] td.breaker-now").await.unwrap();
+    assert!(cell.contains("OPEN on 1 of 1 agent") && cell.contains("frozen"), "{cell}");
+    assert!(cell.contains("cannot see whether it healed"), "{cell}");
+    c.close().await.unwrap();
+    agent.shutdown().await;
+}
+
+/// Right after a change, every status on the service page agrees, without a reload: the
+/// banner never says "applied by 0 of 1" under a panel saying 1 of 1, each alarm is shown
+/// once; Back shows the current revision, not the one before the change.
+#[tokio::test]
+async fn browser_the_service_page_agrees_with_itself_right_after_a_change() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = checkout_agent(&app, &cache).await;
+    agent.wait_for_initial_sync(WAIT).await.expect("initial sync");
+    let base = app.base.clone();
+    login(&c, &base, "olivia", PASSWORD).await;
+    let service = format!("{base}{SERVICE}");
+    c.goto(&service).await.unwrap();
+    until("the agent on the service page", || async {
+        text_of(&c, "#live-summary").await?.starts_with("1 of 1 agents applied").then_some(())
+    })
+    .await;
+
+    click(&c, "tr[id='flag-recommendations.enabled'] button.switch").await;
+    fill(&c, "textarea[name=reason]", "game day").await;
+    click(&c, "button.danger").await;
+    let changed = changed_revision(&c).await;
+    c.execute("window.leveeMark = 'no reload';", vec![]).await.unwrap();
+    let page = until("the ACK on every part of the page", || async {
+        let summary = text_of(&c, "#live-summary").await?;
+        let status = text_of(&c, "#change-status").await?;
+        (summary == format!("1 of 1 agents applied revision {changed}.")
+            && status.contains("1 of 1 connected agents have applied it"))
+        .then_some(())?;
+        text_of(&c, "main").await
+    })
+    .await;
+    let mark = c.execute("return window.leveeMark || null;", vec![]).await.unwrap();
+    assert_eq!(mark, json!("no reload"));
+    assert!(!page.contains("applied by only"), "no banner contradicts the panel: {page}");
+    assert!(!page.contains("0 of 1"), "{page}");
+    assert_eq!(page.matches("kill switch recommendations.enabled is OFF").count(), 1, "alarms once: {page}");
+    screenshot(&c, "service").await;
+
+    // Back twice: the confirmation (an address: shown again), then the page before the
+    // change, which loads the current revision instead of the old one.
+    c.back().await.unwrap();
+    assert!(body(&c).await.contains("Change flag recommendations.enabled"));
+    c.back().await.unwrap();
+    until("the current revision after Back", || async {
+        let t = text_of(&c, "main").await?;
+        t.contains(&format!("Revision {changed}")).then_some(())
+    })
+    .await;
+    c.close().await.unwrap();
+    agent.shutdown().await;
 }
 
 /// Log in; flip a switch with a reason and see the agent's ACK appear without a reload;
@@ -231,15 +389,15 @@ async fn browser_operator_flips_edits_rolls_back_and_a_viewer_cannot() {
         (rev == changed.to_string() && applied == "1").then_some(())
     })
     .await;
+    until("the summary to follow", || async {
+        (text_of(&c, "#live-summary").await? == format!("1 of 1 agents applied revision {changed}."))
+            .then_some(())
+    })
+    .await;
     let mark = c.execute("return window.leveeMark || null;", vec![]).await.unwrap();
     assert_eq!(mark, json!("no reload"), "the ACK appeared without reloading the page");
-    assert_eq!(
-        c.find(Locator::Id("live-summary")).await.unwrap().text().await.unwrap(),
-        format!("1 of 1 agents applied revision {changed}.")
-    );
     assert!(!switch.get(), "the agent switched recommendations off");
     assert!(body(&c).await.contains("kill switch recommendations.enabled is OFF"), "the banner says so");
-    screenshot(&c, "service").await;
 
     // Edit a timeout: an invalid value first, shown at its field, then a valid one.
     c.goto(&format!("{service}/policy/edit?part=dependency:payments")).await.unwrap();
@@ -314,6 +472,28 @@ const PAGES: &[(&str, &str)] = &[
         "/ui/environments/prod/services/checkout/policy/edit",
     ),
     ("/ui/environments/{env}/services/{svc}/history", "/ui/environments/prod/services/checkout/history"),
+    // Confirmation pages are addresses too (an alarm's levers link to them; a reload shows
+    // them again). Each changes nothing.
+    (
+        "/ui/environments/{env}/services/{svc}/flags/{key}/confirm",
+        "/ui/environments/prod/services/checkout/flags/recommendations.enabled/confirm?value=false&revision=1",
+    ),
+    (
+        "/ui/environments/{env}/services/{svc}/breakers/confirm",
+        "/ui/environments/prod/services/checkout/breakers/confirm?dependency=recommendations&state=forced_open&expires_in=1h&revision=1",
+    ),
+    (
+        "/ui/environments/{env}/services/{svc}/breakers/remove/confirm",
+        "/ui/environments/prod/services/checkout/breakers/remove/confirm?dependency=payments&operation=&revision=2",
+    ),
+    (
+        "/ui/environments/{env}/services/{svc}/rollback/confirm",
+        "/ui/environments/prod/services/checkout/rollback/confirm?to=1&revision=2",
+    ),
+    (
+        "/ui/environments/{env}/profiles/{name}/confirm",
+        "/ui/environments/prod/profiles/recs-down/confirm?for=1h",
+    ),
 ];
 
 /// `GET` routes of the UI router that are not pages, and where a browser test uses them.
@@ -325,6 +505,15 @@ const NOT_PAGES: &[(&str, &str)] = &[
         "the service page's event stream: the agent's ACK appears without a reload in \
          browser_operator_flips_edits_rolls_back_and_a_viewer_cannot",
     ),
+    (
+        "/ui/live",
+        "the overview's event stream: the alarm and its levers appear without a reload in \
+         browser_alarm_to_lever_to_confirmation_to_applied_in_two_clicks",
+    ),
+    (
+        "/ui/environments/{env}/live",
+        "the environment page's event stream (the same script as the overview's)",
+    ),
 ];
 
 /// The `GET` routes of the UI router, read from its source (`server/src/ui/mod.rs`).
@@ -335,9 +524,11 @@ fn router_get_routes() -> Vec<String> {
         .lines()
         .find_map(|l| l.trim().strip_prefix("let svc = \"")?.strip_suffix("\";"))
         .expect("the router's service path");
+    // One call per `.route(`, whether rustfmt kept it on one line or not.
+    let flat = body.lines().map(str::trim).collect::<Vec<_>>().join(" ");
     let mut routes = Vec::new();
-    for line in body.lines().map(str::trim).filter(|l| l.starts_with(".route(")) {
-        let args = &line[".route(".len()..];
+    for call in flat.split(".route(").skip(1) {
+        let args = call.trim_start();
         let Some(comma) = args.find(", ") else { continue };
         if !args[comma + 2..].starts_with("get(") {
             continue;
@@ -376,6 +567,23 @@ async fn browser_an_admin_opens_every_page_and_disables_a_user() {
     let app = TestApp::spawn().await;
     app.seed().await;
     app.user("olivia", "operator").await;
+    // What the confirmation pages confirm: a profile, and an override (revision 2).
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/profiles/recs-down",
+            Some(json!({"reason": "test", "services": {"checkout": {"flags": {"recommendations.enabled": false}}}})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/services/checkout/breaker-overrides/payments",
+            Some(json!({"state": "forced_open", "reason": "test"})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
     let base = app.base.clone();
     login(&c, &base, "admin", crate::helpers::ADMIN_PASSWORD).await;
     for (route, path) in PAGES {

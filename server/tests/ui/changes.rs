@@ -25,14 +25,10 @@ async fn operator_flips_the_kill_switch_through_confirmation_and_reason(app) {
     assert!(page.body.contains(&format!("action=\"{KILL_SWITCH}/confirm\"")), "switch form on the page");
     assert!(page.body.contains("Turn off…"));
 
-    // Step 1: the switch leads to a confirmation that changes nothing yet.
-    let csrf = page.csrf();
-    let confirm = b
-        .post(
-            &format!("{KILL_SWITCH}/confirm"),
-            &[("csrf", &csrf), ("revision", &rev.to_string()), ("value", "false")],
-        )
-        .await;
+    // Step 1: the switch leads to a confirmation that changes nothing yet (an address:
+    // the form asks for it with GET, and a reload shows it again).
+    assert!(page.body.contains(&format!("<form method=\"get\" action=\"{KILL_SWITCH}/confirm\"")));
+    let confirm = b.get(&format!("{KILL_SWITCH}/confirm?revision={rev}&value=false")).await;
     assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
     for text in [
         "Dependency recommendations is switched off",
@@ -44,6 +40,13 @@ async fn operator_flips_the_kill_switch_through_confirmation_and_reason(app) {
     }
     assert_eq!(app.kill_switch().await, json!(true), "the confirmation page changes nothing");
     assert_eq!(revision(&app).await, rev);
+    // The change route opened as an address (a reload after confirming, a bookmark) says
+    // what it is and where to go, and changes nothing.
+    let again = b.get(KILL_SWITCH).await;
+    assert_eq!(again.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(again.headers.get("allow").and_then(|v| v.to_str().ok()), Some("POST"));
+    assert!(again.body.contains("changes nothing"), "{}", again.body);
+    assert!(again.body.contains("/ui/environments/prod/services/checkout"), "{}", again.body);
 
     // Step 2: confirmed with a reason.
     let done = b
@@ -85,7 +88,15 @@ async fn operator_flips_the_kill_switch_through_confirmation_and_reason(app) {
     assert!(!after.body.contains("<p class=\"ok\"><strong>Saved"), "not shown as a success");
     // And the page says at the top what is abnormal now, with where to act.
     assert!(after.body.contains("kill switch recommendations.enabled is OFF"), "{}", after.body);
-    assert!(after.body.contains("#flag-recommendations.enabled\">turn it on</a>"), "{}", after.body);
+    assert!(after.body.contains("#flag-recommendations.enabled\">see the flag</a>"), "{}", after.body);
+    // With the lever that undoes it, straight to its confirmation page.
+    assert!(
+        after.body.contains(
+            "href=\"/ui/environments/prod/services/checkout/flags/recommendations.enabled/confirm?value=true&#38;revision=2\">turn recommendations.enabled back on…</a>"
+        ),
+        "{}",
+        after.body
+    );
     assert!(after.body.contains("Turn on…"), "the switch now offers the way back");
 }
 }
@@ -131,7 +142,8 @@ async fn operator_overrides_a_breaker_then_removes_the_override(app) {
         ("state", "forced_open"),
         ("expires_in", "30m"),
     ];
-    let confirm = b.post(&format!("{SERVICE}/breakers/confirm"), &fields).await;
+    let query = serde_urlencoded::to_string(&fields[1..]).unwrap();
+    let confirm = b.get(&format!("{SERVICE}/breakers/confirm?{query}")).await;
     assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
     assert!(confirm.body.contains("Every call to payments is rejected as if its breaker were open"));
     assert!(confirm.body.contains("ends by itself 30m after you confirm"));
@@ -156,7 +168,8 @@ async fn operator_overrides_a_breaker_then_removes_the_override(app) {
     let rev = revision(&app).await.to_string();
     let fields =
         [("csrf", csrf.as_str()), ("revision", rev.as_str()), ("dependency", "payments"), ("operation", "")];
-    let confirm = b.post(&format!("{SERVICE}/breakers/remove/confirm"), &fields).await;
+    let query = serde_urlencoded::to_string(&fields[1..]).unwrap();
+    let confirm = b.get(&format!("{SERVICE}/breakers/remove/confirm?{query}")).await;
     assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
     assert!(confirm.body.contains("decides on its own again"));
     let mut confirmed: Vec<(&str, &str)> = fields.to_vec();
@@ -229,7 +242,7 @@ async fn service_page_shows_how_many_agents_applied_the_change(app) {
     let switch = agent.flag_bool("recommendations.enabled", true);
 
     let mut b = app.logged_in("admin").await;
-    let page = wait_for_page(&mut b, SERVICE, "applied by <strong>1 of 1</strong>").await;
+    let page = wait_for_page(&mut b, SERVICE, "<strong>1 of 1 agents applied revision").await;
     let rev = revision(&app).await;
     let done = b
         .post(

@@ -110,6 +110,9 @@ async fn fleet_row_and_status_agree_and_propagation_is_recorded() {
     assert_eq!(row["applied_revision"], rev);
     let page = app.logged_in("admin").await.get("/ui/environments/prod/services/checkout").await;
     assert!(page.body.contains("web-b-") && page.body.contains("disconnected"), "{}", page.body);
+    // The restarted instance took the old one's place: listed as replaced, not abnormal.
+    assert!(page.body.contains("no: replaced by <code>web-b-"), "{}", page.body);
+    assert!(!page.body.contains("disconnected and not replaced"), "{}", page.body);
     b.shutdown().await;
 }
 

@@ -29,11 +29,9 @@ async fn cross_site_form_posts_are_refused_and_change_nothing() {
         // A sibling site is still another origin.
         vec![("sec-fetch-site", "same-site"), ("origin", "http://other.localhost")],
     ] {
-        for path in [KILL_SWITCH.to_string(), format!("{KILL_SWITCH}/confirm")] {
-            let res = b.post_with(&path, &fields, &headers).await;
-            assert_eq!(res.status, StatusCode::FORBIDDEN, "{path} with {headers:?}");
-            assert!(res.body.contains("sent from another site"), "{}", res.body);
-        }
+        let res = b.post_with(KILL_SWITCH, &fields, &headers).await;
+        assert_eq!(res.status, StatusCode::FORBIDDEN, "with {headers:?}");
+        assert!(res.body.contains("sent from another site"), "{}", res.body);
     }
     // Logging someone out from another site does not work either.
     let res = b.post_with("/logout", &[("csrf", &csrf)], &[("sec-fetch-site", "cross-site")]).await;
@@ -62,11 +60,9 @@ async fn form_posts_without_the_session_token_are_refused() {
         if let Some(t) = token {
             fields.push(("csrf", t));
         }
-        for path in [KILL_SWITCH.to_string(), format!("{KILL_SWITCH}/confirm")] {
-            let res = b.post(&path, &fields).await;
-            assert_eq!(res.status, StatusCode::FORBIDDEN, "{path} with token {token:?}");
-            assert!(res.body.contains("anti-CSRF token"), "{}", res.body);
-        }
+        let res = b.post(KILL_SWITCH, &fields).await;
+        assert_eq!(res.status, StatusCode::FORBIDDEN, "with token {token:?}");
+        assert!(res.body.contains("anti-CSRF token"), "{}", res.body);
     }
     assert_untouched(&app).await;
     assert_ne!(own, admin_token, "tokens are per session");
@@ -96,13 +92,19 @@ async fn viewer_sees_no_switch_and_a_forged_post_is_forbidden() {
         ("state", "forced_open"),
         ("reason", "forged"),
     ];
-    for (path, fields) in [
-        (format!("{KILL_SWITCH}/confirm"), &flip[..]),
-        (KILL_SWITCH.to_string(), &flip[..]),
-        (format!("{SERVICE}/breakers/confirm"), &breaker[..]),
-        (format!("{SERVICE}/breakers"), &breaker[..]),
-    ] {
+    for (path, fields) in
+        [(KILL_SWITCH.to_string(), &flip[..]), (format!("{SERVICE}/breakers"), &breaker[..])]
+    {
         let res = b.post(&path, fields).await;
+        assert_eq!(res.status, StatusCode::FORBIDDEN, "{path}");
+        assert!(res.body.contains("needs the operator role; you are viewer"), "{}", res.body);
+    }
+    // Nor does the confirmation page open for a viewer.
+    for path in [
+        format!("{KILL_SWITCH}/confirm?value=false&revision={rev}"),
+        format!("{SERVICE}/breakers/confirm?dependency=payments&state=forced_open&revision={rev}"),
+    ] {
+        let res = b.get(&path).await;
         assert_eq!(res.status, StatusCode::FORBIDDEN, "{path}");
         assert!(res.body.contains("needs the operator role; you are viewer"), "{}", res.body);
     }
@@ -152,12 +154,7 @@ async fn user_text_is_escaped_everywhere() {
     let service = b.get(SERVICE).await;
     let csrf = service.csrf();
     let rev = app.snapshot().await["revision"].as_u64().unwrap().to_string();
-    let confirm = b
-        .post(
-            &format!("{SERVICE}/flags/banner.enabled/confirm"),
-            &[("csrf", &csrf), ("value", "false"), ("revision", &rev)],
-        )
-        .await;
+    let confirm = b.get(&format!("{SERVICE}/flags/banner.enabled/confirm?value=false&revision={rev}")).await;
     assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
     // A reason refused for its length is shown again for editing, escaped too.
     let refused = b
