@@ -130,7 +130,7 @@ pub(super) fn remembered(
 /// which follow the profile's own rule instead): such a flag keeps its temporary value in
 /// force until its expiry, and what the apply declares for it (without an expiry) becomes
 /// what it goes back to — a merge during an incident never switches a flipped kill switch
-/// back (user trial). Returns the flags to write and the new values to go back to; a flag
+/// back. Returns the flags to write and the new values to go back to; a flag
 /// the apply leaves out or declares with an expiry of its own is written as declared.
 pub(crate) fn over_temporary(
     current: &BTreeMap<String, Flag>,

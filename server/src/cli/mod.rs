@@ -336,8 +336,8 @@ async fn get(a: &GetArgs, dir: Option<&std::path::Path>) -> Result<ExitCode, Cli
 }
 
 /// After exporting environment `env` into `dir`: warns of every other manifest file there
-/// that holds a service of `env` the server no longer has (trial: a re-export left
-/// `temp.yaml` of a deleted service, and the next apply created it again).
+/// that holds a service of `env` the server no longer has: left there, the next apply would
+/// create that deleted service again.
 fn warn_of_stale_files(dir: &std::path::Path, env: &str, exported: &[String], ext: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let mut files: Vec<std::path::PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();

@@ -144,9 +144,9 @@ fn duplicate_keys_are_refused() {
     assert_eq!(paths, ["policy.default_deadline", "policy.dependencies.pricing.retry.max_attempts"], "{err}");
 }
 
-/// User trial: with a wrong type first and duplicate keys further down, only the wrong
-/// type was printed; with two duplicate keys, only the first. Every duplicate key of every
-/// document is a problem of its own, at its later occurrence, and none is listed twice.
+/// A wrong type first does not hide the duplicate keys further down, nor one duplicate key
+/// another: every duplicate key of every document is a problem of its own, at its later
+/// occurrence, and none is listed twice.
 #[test]
 fn every_duplicate_key_of_every_document_is_reported_once() {
     let text = TWO_SERVICES
@@ -234,7 +234,7 @@ fn out_of_range_values_are_reported_with_path_and_allowed_range() {
         ]
     );
     let text = err.to_string();
-    // Each is located at its value in the file (trial: only the first decoding error had a line).
+    // Each is located at its value in the file, not only the first decoding error.
     assert!(text.contains("svc.yaml:10:30: document 1 (prod/checkout): policy.dependencies.pricing.retry.max_attempts: must be between 1 and 10 (got 12)"), "{text}");
     assert!(text.contains("svc.yaml:20:10: document 2 (prod/Search): service: "), "{text}");
     assert!(text.contains("must be a ratio, 0 < x <= 1 (got 50)"), "{text}");
@@ -279,9 +279,9 @@ fn a_long_description_is_refused() {
     m.validate().unwrap();
 }
 
-/// GitOps trial: `max_attempts: -1` said "invalid u32" with no range, and hid the
-/// out-of-range fields of the same file. Now the first problem keeps its line and column
-/// and names the range; every other problem of every document follows.
+/// `max_attempts: -1` is a decoding error, not a range check, yet it names the range (not
+/// "invalid u32") and keeps its line and column; every other problem of every document
+/// follows it instead of being hidden.
 #[test]
 fn a_wrong_type_names_the_range_and_every_other_problem_follows() {
     let text = "\

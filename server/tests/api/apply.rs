@@ -201,8 +201,8 @@ async fn the_plan_says_what_apply_would_do_and_writes_nothing(app) {
     let (s, h, b) = app.call(Method::POST, "/api/v1/plan", Some(bad)).await;
     assert_problem(s, &h, &b, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(b["errors"][0]["path"], "manifests[0].environment", "{b}");
-    // An expiry in the past is refused by the plan as by the write (trial: the dry run
-    // passed in CI, the apply on merge failed with 422).
+    // An expiry in the past is refused by the plan as by the write, so a dry run in CI
+    // fails where the apply on merge would.
     let bad = json!({"manifests": [manifest("a", json!({}),
         json!({"k": {"type": "bool", "value": true, "expires_at": "2020-01-01T00:00:00Z"}}))]});
     let (s, h, b) = app.call(Method::POST, "/api/v1/plan", Some(bad)).await;

@@ -163,10 +163,10 @@ async fn ops_1_expired_kill_switch_is_declared_compiled_in_when_the_sweeper_remo
 }
 
 on_both_backends! {
-/// Found by a GitOps trial: `flip … false --for 2h` then `flip … true` left the first
-/// flip's expiry on the flag, so the sweeper removed the settled switch two hours later;
-/// and an expiry already past was accepted (PATCH, PUT, apply, create), the flag removed
-/// within a second, and a manifest carrying it re-created it on every apply.
+/// `flip … false --for 2h` then `flip … true` settles the flag: the first flip's expiry does
+/// not stay on it (the sweeper would remove the settled switch two hours later). An expiry
+/// already past is refused by PATCH, PUT, apply and create: accepted, the flag would vanish
+/// within a second and a manifest carrying it would re-create it on every apply.
 async fn a_flip_without_expiry_settles_the_flag_and_past_expiries_are_refused(app) {
     app.seed().await;
     use levee_agent::policy::Timestamp;

@@ -212,8 +212,8 @@ async fn an_approved_policy_whose_base_moved_is_a_conflict_not_applied() {
 
 on_both_backends! {
 async fn a_flag_approval_rule_covers_apply_and_rollback_not_only_flips(app) {
-    // Found by a GitOps trial: with approval required for flags, `levee apply` (the
-    // whole-service PUT) switched a kill switch off with no request and no bypass audited.
+    // With approval required for flags, `levee apply` (the whole-service PUT) and rollback
+    // change flags too: each needs the approval a flip needs, or a bypass audited.
     app.seed().await;
     let (s, _, b) = app
         .call(

@@ -1,7 +1,7 @@
 //! A temporary value of a flag that existed (`levee flip … --for`, a `PATCH`/`PUT` with
-//! `expires_at`) ends by putting back the flag as it was, not by deleting it: found by a
-//! user trial, where the expiry deleted a kill switch git declares, so every later dry run
-//! planned a change and agents used the compiled-in default. The expiry is driven by
+//! `expires_at`) ends by putting back the flag as it was, not by deleting it: deleting a
+//! kill switch git declares would make every later dry run plan a change and agents use the
+//! compiled-in default. The expiry is driven by
 //! calling the sweeper's action with a later instant (no waiting).
 
 use levee_agent::policy::Timestamp;

@@ -195,7 +195,7 @@ async fn gitops_flow_export_edit_dry_run_apply_apply_again_and_prune() {
     assert_eq!((r.code, r.stdout.contains("Nothing to do.")), (0, true), "{r:?}");
 
     // A re-export over a directory that still holds the file of a deleted service warns of
-    // it (trial: the next apply silently created the service again).
+    // it: the next apply would create the service again.
     std::fs::write(Path::new(dir).join("pricing.yaml"), TWO_SERVICES.split("---\n").nth(1).unwrap()).unwrap();
     let r = levee(&app, home.path(), None, &["export", "prod", "--dir", dir]).await;
     assert_eq!(r.code, 0, "{r:?}");
@@ -233,8 +233,8 @@ async fn errors_name_the_file_the_yaml_path_and_the_allowed_range() {
     let r = levee(&app, home.path(), None, &["apply", "-f", bad.to_str().unwrap(), "--reason", "x"]).await;
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.stderr.contains("bad.yaml:12:") && r.stderr.contains(r#""250ms", "1.5s""#), "{r:?}");
-    // A wrong type (GitOps trial: "invalid u32") names the range, and the other bad
-    // fields of the file are listed with it.
+    // A wrong type names the range (not "invalid u32"), and the other bad fields of the
+    // file are listed with it.
     std::fs::write(
         &bad,
         TWO_SERVICES.replace("max_attempts: 3", "max_attempts: -1").replace(
@@ -445,10 +445,9 @@ async fn profile_apply_and_revert_from_the_command_line() {
     assert_eq!((&audit[0]["action"], &audit[0]["via"]), (&json!("profile.revert"), &json!("cli")), "{audit}");
 }
 
-/// Found by a user trial: after `flip … --for`, the expiry deleted the kill switch, so the
-/// unchanged git directory planned a change in every later dry run, and an export during
-/// the flip wrote the temporary expiry into git. Now the expiry puts back the flag git
-/// declares, and get/export write the declared flag and name the flip on stderr.
+/// After `flip … --for`, the expiry puts back the flag git declares (deleting it would make
+/// the unchanged git directory plan a change in every later dry run), and get/export
+/// write the declared flag, never the temporary one, and name the flip on stderr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flip_for_a_while_ends_as_git_declares_it_and_is_never_exported() {
     let app = TestApp::spawn().await;
@@ -484,7 +483,7 @@ async fn a_flip_for_a_while_ends_as_git_declares_it_and_is_never_exported() {
     assert_eq!((r.code, r.stdout.as_str(), r.stderr.trim()), (0, declared.as_str(), note.as_str()), "{r:?}");
 
     // During the flip, the unchanged directory plans nothing; a merge of an unrelated
-    // change keeps the flip (trial: it switched the kill switch back on, exit 0); a merge
+    // change keeps the flip (it must not switch the kill switch back on); a merge
     // that changes the flag changes what it goes back to, and says so.
     let r = levee(&app, home.path(), None, &dry_run).await;
     assert_eq!(r.code, 0, "{r:?}");
@@ -667,7 +666,7 @@ async fn apply_warns_of_an_active_profile_and_undoes_it_only_when_told() {
     const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
 
     // The plan says the profile is active and what the apply would undo; the dry run
-    // fails as the apply would (trial: the PR check passed, the merge job failed), and
+    // fails as the apply would (a PR check must not pass where the merge job fails), and
     // with --override-profile it shows changes (2). A dry run needs no --reason.
     let r = levee(&app, home.path(), None, &["apply", "-f", file, "--dry-run"]).await;
     assert_eq!(r.code, 1, "{r:?}");
@@ -717,9 +716,8 @@ async fn apply_warns_of_an_active_profile_and_undoes_it_only_when_told() {
     );
 }
 
-/// GitOps trial: the plan cut values at 120 characters, and a CI job had no way to read it
-/// but scraping text. `-o json` prints one document: the server's plan, and what became of
-/// each write; the exit codes stay.
+/// `-o json` prints one document a CI job can read: the server's whole plan (no value cut
+/// short) and what became of each write; the exit codes stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_output_json_gives_the_whole_plan_and_the_results() {
     let app = TestApp::spawn().await;

@@ -98,8 +98,8 @@ fn levee_import_fails_with_the_file_name_on_bad_input() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.json"));
 }
 
-/// Found by a GitOps trial: an Istio file read with `--from envoy` exited 0 with an empty
-/// manifest and nothing that pointed at the mistake.
+/// An Istio file read with `--from envoy` maps nothing: the import warns that the format
+/// may be wrong instead of printing an empty manifest in silence.
 #[test]
 fn a_file_read_as_the_wrong_format_gets_a_warning() {
     let file = corpus_dir().join(

@@ -227,8 +227,8 @@ fn no_importer_panics_on_truncated_or_foreign_files() {
     }
 }
 
-/// Found by a GitOps trial: names with no retry in the source were imported with Levee's
-/// default of 3 attempts and no note, adding retries the source never made.
+/// A name with no retry in the source keeps one attempt: Levee's default of 3 would add
+/// retries the source never made.
 #[test]
 fn a_dependency_without_retry_in_the_source_keeps_the_sources_attempts() {
     let attempts = |i: &Imported, dep: &str| i.manifest.policy.dependencies[dep].retry.max_attempts;
@@ -255,8 +255,8 @@ fn a_dependency_without_retry_in_the_source_keeps_the_sources_attempts() {
     assert!(noted(&i, "pay"), "{}", i.report.render());
 }
 
-/// Found by a GitOps trial: a dependency imported from a file with no concurrency limit
-/// got Levee's bulkhead of 25 without a word. Every call-bounding group the source does
+/// A dependency imported from a file with no concurrency limit gets Levee's bulkhead of
+/// 25, and the report says so. Every call-bounding group the source does
 /// not set (attempt timeout, retry, breaker, bulkhead) is named with its whole default in
 /// force, read from the manifest; a group the source sets is not. The service-level
 /// defaults (deadline, non-critical cap, the enforcing inbound limit) are named in one note.
@@ -339,8 +339,8 @@ fn levee_defaults_the_source_does_not_set_are_named_in_the_notes() {
     assert!(service.contains("inbound.mode = enforce") && !service.contains("inbound.limit ="), "{service}");
 }
 
-/// User trial: a value Levee does not allow was reported with the range, but not with
-/// what the manifest holds instead.
+/// A value Levee does not allow is reported with the range and with what the manifest
+/// holds instead.
 #[test]
 fn a_dropped_value_says_what_the_manifest_keeps_instead() {
     let i = import_text(
@@ -368,8 +368,8 @@ fn a_dropped_value_says_what_the_manifest_keeps_instead() {
     );
 }
 
-/// User trial: `timeout: 5s` alone became a 5 s attempt timeout with Istio's 3 attempts
-/// (15 s and more), where Istio bounds the whole request, retries included, by 5 s.
+/// Istio's `timeout: 5s` bounds the whole request, retries included: it is split over the
+/// attempts, never a 5 s attempt timeout with Istio's 3 attempts (15 s and more).
 #[test]
 fn a_whole_request_timeout_is_split_over_the_attempts() {
     let vs = |http: &str| {
@@ -448,10 +448,9 @@ fn a_whole_request_timeout_is_split_over_the_attempts() {
     assert_eq!(total(&i, "pricing"), (Duration::from_millis(250), 4), "4 × 0.5s > 1s: 1s / 4");
 }
 
-/// User trial: two Envoy routes to one cluster with different settings were merged field
-/// by field without a word (route `/b`'s timeout and retries with nothing of `/a`), and the
-/// first route's `cluster` was "not a timeout, retry … setting". The first route's settings
-/// are taken as a whole, the other route's are reported, and Istio does the same.
+/// Two Envoy routes to one cluster with different settings are not merged field by field:
+/// the first route's settings are taken as a whole, the other route's are reported, its
+/// `cluster` is not called "not a timeout, retry … setting", and Istio does the same.
 #[test]
 fn routes_to_one_dependency_with_different_settings_take_the_first_and_report_the_conflict() {
     let text = "\
@@ -526,9 +525,8 @@ spec:
     assert!(i.report.notes.iter().any(|n| n.starts_with("pricing: routes spec.http[0] and spec.http[1]")));
 }
 
-/// User trial: `consecutive5xxErrors: 0` turned outlier detection on with Levee's count of
-/// 5 ("Levee does not allow consecutive_errors = 0"). In Istio 0 turns ejection on 5xx
-/// errors off: with no other count that ejects, the manifest has no outlier detection.
+/// In Istio `consecutive5xxErrors: 0` turns ejection on 5xx errors off: with no other
+/// count that ejects, the manifest has no outlier detection (not Levee's count of 5).
 #[test]
 fn istio_consecutive_errors_of_zero_turn_ejection_off() {
     let rule = |od: &str| {
@@ -600,8 +598,8 @@ static_resources:
     );
 }
 
-/// User trial: resilience4j's `timeoutDuration: 2s` became attempt_timeout 2s under Levee's
-/// default_deadline of 1s, and only `levee apply` then warned. The import runs the agent's
+/// resilience4j's `timeoutDuration: 2s` becomes attempt_timeout 2s under Levee's
+/// default_deadline of 1s, which `levee apply` would warn about. The import runs the agent's
 /// lints on the policy it wrote and lists each warning, with a hint, without changing what
 /// is mapped.
 #[test]
