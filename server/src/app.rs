@@ -182,6 +182,36 @@ fn random_secret(len: usize) -> String {
     rand::rng().sample_iter(&Alphanumeric).take(len).map(char::from).collect()
 }
 
+/// Name of the file, in the data directory, that receives the generated password of the
+/// first admin.
+pub const INITIAL_ADMIN_PASSWORD_FILE: &str = "initial-admin-password";
+
+/// Writes the first admin's generated `password` to [`INITIAL_ADMIN_PASSWORD_FILE`] in
+/// `data_dir` (created 0700 when missing), readable by its owner only (0600), never over
+/// an existing file. Returns the file's path.
+///
+/// # Errors
+/// The directory or the file cannot be created, or the file exists already.
+pub fn write_initial_admin_password(
+    data_dir: &std::path::Path,
+    password: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    crate::db::private_dir(data_dir)?;
+    let path = data_dir.join(INITIAL_ADMIN_PASSWORD_FILE);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    writeln!(f, "{password}")
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
 /// The token keys of this server: the operator's secret (with the previous ones of a
 /// rotation) when given — never written to the database — else the secret generated once
 /// and stored there. Every replica and every local command (`levee users set`,

@@ -153,10 +153,10 @@ async fn local_actions(store: &Store, s: &Settings) -> anyhow::Result<Actions> {
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     init_tracing(&settings.log);
     let metrics = levee_server::app::prometheus_builder().install_recorder().ok();
+    let data_dir = settings.data_dir.clone();
     let server = levee_server::Server::start(settings, metrics).await?;
     if let Some(p) = &server.generated_admin_password {
-        println!("Bootstrap admin user created. username: admin  password: {p}");
-        println!("(shown once; set LEVEE_ADMIN_PASSWORD to choose it yourself)");
+        announce_initial_password(&data_dir, p);
     }
     println!(
         "levee listening: http://{} (API, UI)  grpc://{} (agent sync)",
@@ -167,6 +167,42 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())
+}
+
+/// Hands the generated password of the first admin to the operator without putting it in
+/// a log: it is written once to a file readable by this user only in the data directory
+/// (the file's path is logged), and printed only when standard output is a terminal (an
+/// interactive first start); journald, `docker logs` and `kubectl logs` get the path.
+fn announce_initial_password(data_dir: &std::path::Path, password: &str) {
+    use std::io::IsTerminal;
+    match levee_server::app::write_initial_admin_password(data_dir, password) {
+        Ok(path) => {
+            tracing::warn!(
+                file = %path.display(),
+                "bootstrap admin `admin` created with a generated password, written to this file \
+                 (readable by this user only): log in, change it, then delete the file"
+            );
+            if std::io::stdout().is_terminal() {
+                println!("Bootstrap admin user created. username: admin  password: {password}");
+                println!(
+                    "(shown once, also in {}; set LEVEE_ADMIN_PASSWORD to choose it yourself)",
+                    path.display()
+                );
+            } else {
+                println!("Bootstrap admin user created. username: admin  password in {}", path.display());
+            }
+        }
+        Err(e) if std::io::stdout().is_terminal() => {
+            tracing::warn!(error = %e, "the generated admin password could not be written to a file");
+            println!("Bootstrap admin user created. username: admin  password: {password}");
+            println!("(shown once; set LEVEE_ADMIN_PASSWORD to choose it yourself)");
+        }
+        Err(e) => tracing::error!(
+            error = %e,
+            "bootstrap admin `admin` created with a generated password that could not be written to a \
+             file and is not logged: set one with `levee users set admin` (LEVEE_USER_PASSWORD)"
+        ),
+    }
 }
 
 async fn shutdown_signal() {
