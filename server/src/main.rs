@@ -25,6 +25,38 @@ enum Command {
     /// Commands that talk to a Levee server over its API (login, get, export, apply, flip).
     #[command(flatten)]
     Client(levee_server::cli::ClientCommand),
+    /// Writes a consistent copy of the SQLite database to a new file, while the server
+    /// runs (PostgreSQL: use pg_dump, see docs/operations.md).
+    Backup {
+        /// The backup file to create (it must not exist).
+        #[arg(long)]
+        to: std::path::PathBuf,
+        #[command(flatten)]
+        args: ServeArgs,
+    },
+    /// Puts a backup in place as the SQLite database (the server stopped), then moves
+    /// every service past its restored revision so agents take it.
+    Restore {
+        /// The backup file (made by `levee backup`).
+        #[arg(long, required_unless_present = "revisions_only")]
+        from: Option<std::path::PathBuf>,
+        /// Only move every service's revision up, on the configured database (after a
+        /// PostgreSQL restore with pg_restore).
+        #[arg(long, conflicts_with_all = ["from", "force"])]
+        revisions_only: bool,
+        /// Keep an existing database aside (`<file>.before-restore-<ms>`) instead of refusing.
+        #[arg(long)]
+        force: bool,
+        /// How far every service's revision moves up: above any revision agents applied
+        /// from changes made after the backup.
+        #[arg(long, default_value_t = 1000)]
+        revision_gap: u64,
+        /// Why, recorded in the audit log.
+        #[arg(long, default_value = "restored from a backup with levee restore")]
+        reason: String,
+        #[command(flatten)]
+        args: ServeArgs,
+    },
     /// Manages users.
     Users {
         #[command(subcommand)]
@@ -104,6 +136,40 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
             }
             Store::connect(s.database_url.expose()).await?;
             println!("migrations applied");
+            Ok(())
+        }
+        Command::Backup { to, args } => {
+            let s = Settings::load(args)?;
+            init_tracing(&s.log);
+            let store = Store::connect(s.database_url.expose()).await?;
+            let contents = store.backup_to(&to).await?;
+            store.close().await;
+            println!("backup written to {} ({contents})", to.display());
+            Ok(())
+        }
+        Command::Restore { from, revisions_only: _, force, revision_gap, reason, args } => {
+            let s = Settings::load(args)?;
+            init_tracing(&s.log);
+            let reason = Reason::parse(&reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
+            if let Some(from) = from {
+                anyhow::ensure!(
+                    s.database_url.expose().starts_with("sqlite:"),
+                    "the database is PostgreSQL: restore it with pg_restore, then run `levee restore \
+                     --revisions-only` (docs/operations.md, \"Backup and restore\")"
+                );
+                let target = levee_server::db::sqlite_path(s.database_url.expose())?;
+                let contents = levee_server::db::restore_file(&from, &target, force).await?;
+                println!("restored {} to {} ({contents})", from.display(), target.display());
+            }
+            // Migrations of this version apply to an older backup here.
+            let store = Store::connect(s.database_url.expose()).await?;
+            let actions = local_actions(&store, &s).await?;
+            let by =
+                Actor::local(std::env::var("USER").map(|u| format!("local:{u}")).unwrap_or("local".into()));
+            let moved =
+                actions.restored(&by, &reason, revision_gap).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.close().await;
+            println!("{} services moved up by {revision_gap} revisions (agents never go back)", moved.len());
             Ok(())
         }
         Command::Users { command: UsersCommand::Set { username, role, reason }, args } => {

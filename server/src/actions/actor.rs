@@ -176,6 +176,8 @@ pub enum Action {
     RequestReject,
     /// Applies an approved change.
     RequestApply,
+    /// Moves every service past its restored revision after `levee restore`.
+    Restore,
 }
 
 impl Action {
@@ -214,6 +216,7 @@ impl Action {
             Action::RequestApprove => "request.approve",
             Action::RequestReject => "request.reject",
             Action::RequestApply => "request.apply",
+            Action::Restore => "service.restore",
         }
     }
 
@@ -252,7 +255,8 @@ impl Action {
             | Action::TokenRevoke
             | Action::UserCreate
             | Action::UserUpdate
-            | Action::ApprovalRules => Role::Admin,
+            | Action::ApprovalRules
+            | Action::Restore => Role::Admin,
         }
     }
 }

@@ -35,6 +35,7 @@ mod input;
 mod overrides;
 mod profiles;
 mod requests;
+mod restore;
 mod schedule;
 mod security;
 mod service;
@@ -53,6 +54,7 @@ pub use profiles::{
     Reverted, activation_services, profile_flag_keys, profile_undo,
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
+pub use restore::RestoreError;
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};
 pub use security::{
     AUDIT_LOGIN, AUDIT_LOGIN_FAILED, AUDIT_LOGIN_THROTTLED, AUDIT_REFUSED, INVALID_USERNAME, LoginAttempt,

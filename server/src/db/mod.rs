@@ -11,12 +11,14 @@
 //! The store knows nothing of who may do what or of HTTP: its errors are storage outcomes
 //! (not found, conflict, invalid, the caller's own refusal, database failure).
 
+mod backup;
 mod mutate;
 mod profiles;
 mod requests;
 mod rows;
 mod schedule;
 
+pub use backup::{Contents, check_file, restore_file, sqlite_path};
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::RequestRow;
@@ -105,11 +107,8 @@ pub fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// the database file; files of an older start that are more open are narrowed too.
 fn private_sqlite_file(url: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
-    let path = std::path::Path::new(rest.split('?').next().unwrap_or(rest));
-    if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" || rest.contains("mode=memory") {
-        return Ok(());
-    }
+    let Ok(path) = sqlite_path(url) else { return Ok(()) };
+    let path = path.as_path();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         private_dir(dir)?;
     }

@@ -16,6 +16,7 @@ mod support;
 
 mod admission;
 mod advice;
+mod backup;
 mod bootstrap;
 mod control_plane;
 mod crash;
