@@ -628,6 +628,54 @@ mod tests {
         assert!(e.contains("trusted_proxies") && e.contains("\"nope\""), "{e}");
     }
 
+    /// deploy/levee.toml, the sample the systemd install copies, names every setting of
+    /// docs/operations.md's table (and the file twin of every secret), and with every
+    /// setting uncommented it is a valid settings file (no unknown key, no wrong type).
+    #[test]
+    fn sample_settings_file_names_every_setting() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let sample = std::fs::read_to_string(format!("{root}/deploy/levee.toml")).unwrap();
+        let settings: Vec<(String, String)> = sample
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter_map(|l| l.split_once(" = "))
+            .filter(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .map(|(k, v)| {
+                // The value without a trailing comment (values hold no " #").
+                (k.to_string(), v.split("   #").next().unwrap().trim().to_string())
+            })
+            .collect();
+        let uncommented: String = settings.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
+        if let Err(e) = toml::from_str::<FileLayer>(&uncommented) {
+            panic!("deploy/levee.toml uncommented does not load: {e}\n{uncommented}");
+        }
+        let doc = std::fs::read_to_string(format!("{root}/docs/operations.md")).unwrap();
+        let table = doc.split("## Settings").nth(1).unwrap().split("\n## ").next().unwrap();
+        let documented: Vec<&str> = table
+            .lines()
+            .filter(|l| l.starts_with("| "))
+            .filter_map(|l| l.split('|').nth(4))
+            .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`'))
+            .collect();
+        assert!(documented.len() >= 20, "{documented:?}");
+        let named = |key: &str| settings.iter().any(|(k, _)| k == key);
+        for key in documented {
+            let secret = [
+                "database_url",
+                "database_password",
+                "admin_password",
+                "jwt_secret",
+                "jwt_previous_secrets",
+                "metrics_token",
+            ]
+            .contains(&key);
+            assert!(
+                named(key) || (secret && named(&format!("{key}_file"))),
+                "deploy/levee.toml does not name setting `{key}`"
+            );
+        }
+    }
+
     #[test]
     fn secrets_do_not_print() {
         let s = Secret::new("hunter2");

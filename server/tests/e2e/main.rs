@@ -24,6 +24,7 @@ mod db_outage;
 mod haproxy;
 mod http_fallback;
 mod kill_switch;
+mod kubernetes;
 mod leases;
 mod logs;
 mod metrics;
