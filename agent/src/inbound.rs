@@ -19,7 +19,7 @@ use tower::{Layer, Service};
 
 use crate::Agent;
 use crate::admission::{criticality_from_headers, route_key};
-use crate::deadline::{self, RequestContext, inbound_deadline};
+use crate::deadline::{self, RequestContext};
 use crate::retry::inbound_is_marked;
 
 /// Applies [`InboundContext`]. Build with [`Agent::inbound_layer`].
@@ -84,11 +84,8 @@ pub fn context_for<B>(agent: &Agent, req: &http::Request<B>) -> RequestContext {
     let route_criticality = route.map_or(policy.inbound.default_criticality, |r| r.criticality);
     let criticality =
         criticality_from_headers(headers, route_criticality, policy.inbound.max_header_criticality);
-    RequestContext {
-        deadline: inbound_deadline(headers, policy.max_deadline, default_budget),
-        criticality,
-        inbound_retried: inbound_is_marked(headers),
-    }
+    let (deadline, from_caller) = deadline::inbound_budget(headers, policy.max_deadline, default_budget);
+    RequestContext { deadline, from_caller, criticality, inbound_retried: inbound_is_marked(headers) }
 }
 
 impl<S, B> Service<http::Request<B>> for InboundContext<S>

@@ -148,6 +148,13 @@ impl Core {
         }
     }
 
+    /// Whether a request arriving now would have to wait for a slot: others wait, or the
+    /// limit is reached.
+    #[inline]
+    fn busy(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0 || self.in_flight() >= self.limit()
+    }
+
     /// Takes a slot whatever the limit (CRITICAL_PLUS is never shed).
     fn force_acquire(&self) -> (u32, u64) {
         let s = self.state.fetch_add(1 + ADMITTED_ONE, Ordering::AcqRel);
@@ -249,9 +256,11 @@ impl<'a> AdmissionRequest<'a> {
         self
     }
 
-    /// Its deadline: a request whose remaining time is shorter than the route's expected
-    /// service time is dropped (reason `deadline`). Default: the task's request context
-    /// deadline, if any.
+    /// Its deadline: an expired one is refused; while the service is busy, one whose
+    /// remaining time is shorter than the route's expected service time is dropped too
+    /// (reason `deadline`). Default: the deadline of the task's request context when its
+    /// caller sent one ([`RequestContext::from_caller`](crate::deadline::RequestContext::from_caller)),
+    /// else none.
     pub fn deadline(mut self, d: Deadline) -> Self {
         self.deadline = Some(d);
         self
@@ -528,8 +537,18 @@ impl Admission {
             return Self::shed(entry, criticality, Reason::Operator, shadow, outcome);
         }
         if let Some(d) = deadline {
+            // An expired deadline is refused whatever the load. One shorter than the
+            // route's expected service time only while the service is busy (a slot must
+            // be waited for): then serving it would take capacity from requests that can
+            // still finish. With a free slot it is served — nothing is gained by refusing
+            // it, and the admitted requests keep the route's learned service time up to
+            // date, so no estimate can lock a route out of an idle service (IN-4).
             let left = d.instant().saturating_duration_since(Instant::now());
-            if left.is_zero() || left < entry.state.expected() {
+            if left.is_zero() {
+                return Self::shed(entry, criticality, Reason::Deadline, shadow, outcome);
+            }
+            if left < entry.state.expected() && core.busy() {
+                entry.state.refused_for_time();
                 return Self::shed(entry, criticality, Reason::Deadline, shadow, outcome);
             }
         }
@@ -604,7 +623,7 @@ impl Admission {
     /// request's latency and [`Outcome`] (default [`Outcome::Success`]; set another with
     /// [`AdmissionPermit::set_outcome`]). Dropped while a panic unwinds, it records
     /// nothing but still gives the slot back. The deadline defaults to the task's request
-    /// context deadline.
+    /// context deadline when a caller sent it.
     ///
     /// # Errors
     /// [`Rejected`] with its [`Reason`]. In shadow mode, never (the would-be rejection is
@@ -612,7 +631,7 @@ impl Admission {
     pub fn admit(&self, req: &AdmissionRequest<'_>) -> super::Admit {
         let settings = self.settings();
         let entry = self.route(&settings, req.route);
-        let deadline = req.deadline.or_else(crate::deadline::current_deadline);
+        let deadline = req.deadline.or_else(crate::deadline::caller_deadline);
         let criticality = req.criticality.unwrap_or(entry.criticality);
         let owner = || CoreRef::Shared(self.inner.core.clone());
         match self.start(&settings, &entry, criticality, deadline, true, Outcome::Success, owner) {
@@ -631,7 +650,7 @@ impl Admission {
     pub fn try_admit(&self, req: &AdmissionRequest<'_>) -> Result<AdmissionPermit<'_>, Rejected> {
         let settings = self.settings();
         let entry = self.route(&settings, req.route);
-        let deadline = req.deadline.or_else(crate::deadline::current_deadline);
+        let deadline = req.deadline.or_else(crate::deadline::caller_deadline);
         let criticality = req.criticality.unwrap_or(entry.criticality);
         let owner = || CoreRef::Borrowed(&self.inner.core);
         match self.start(&settings, &entry, criticality, deadline, false, Outcome::Success, owner) {

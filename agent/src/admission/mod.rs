@@ -38,8 +38,10 @@
 //! 3. **Read-only mode**: a route marked `mutating` is refused while the read-only flag is
 //!    on (also in shadow mode: it is a deliberate switch, not a policy on trial).
 //! 4. **Operator shedding**: `shed_sheddable_percent` of SHEDDABLE and SHEDDABLE_PLUS.
-//! 5. **Deadline**: a request whose remaining deadline is shorter than the route's
-//!    expected service time is dropped instead of served.
+//! 5. **Deadline** (only one a caller sent: a request without one is never dropped for
+//!    lack of time): an expired deadline is refused; while the service is busy (the
+//!    request would have to wait for a slot), so is one shorter than the route's expected
+//!    service time. An idle service refuses no route for its learned service time (IN-4).
 //! 6. **CRITICAL_PLUS** is admitted even past the limit (never shed; it still counts in
 //!    flight, so it pushes lower criticalities into the queue).
 //! 7. **Concurrency limit** (fixed, AIMD, Gradient2, Vegas — [`limit`]): a free slot is

@@ -43,6 +43,10 @@ pub struct RouteTemplate(pub Arc<str>);
 
 const KEY_CAP: usize = 160;
 
+/// A route's expected service time loses 1/this of itself each time it refuses a request
+/// (see [`RouteState::refused_for_time`]).
+const REFUSAL_DECAY: u64 = 64;
+
 /// The route name of a request, built without allocating: `"METHOD template"` for HTTP
 /// (`"GET /quote/{sku}"`), the method path for gRPC (`"/shop.Pricing/Quote"`), or
 /// [`UNMATCHED_ROUTE`].
@@ -166,7 +170,7 @@ pub(crate) struct RouteState {
     shed_handles: Handles,
     shadow_handles: Handles,
     would_queue: [AtomicU64; 4],
-    /// Exponential average (1/8 per sample) of measured service times, in ns.
+    /// Estimated service time in ns (see [`RouteState::learn`]), 0 before any sample.
     expected_ns: AtomicU64,
 }
 
@@ -213,13 +217,32 @@ impl RouteState {
         Duration::from_nanos(self.expected_ns.load(Ordering::Relaxed))
     }
 
-    /// Learns one measured service time. Racy on purpose: a lost update of an average
-    /// costs nothing.
+    /// Learns one measured service time. The estimate is only ever used to refuse
+    /// requests, so it errs low: it falls halfway to a shorter sample, and rises by at
+    /// most 1/8 of itself per sample (a sample counts as at most twice the estimate), so
+    /// one request that took 900× the usual time moves it by 1/8, not by 112×. Racy on
+    /// purpose: a lost update of an average costs nothing.
     pub(crate) fn learn(&self, rtt: Duration) {
         let x = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX);
         let old = self.expected_ns.load(Ordering::Relaxed);
-        let new = if old == 0 { x } else { old - old / 8 + x / 8 };
-        self.expected_ns.store(new, Ordering::Relaxed);
+        let new = if old == 0 {
+            x
+        } else if x >= old {
+            old + (x - old).min(old) / 8
+        } else {
+            old - (old - x) / 2
+        };
+        self.expected_ns.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// Lowers the estimate by 1/[`REFUSAL_DECAY`] after it made admission refuse a request
+    /// (reason `deadline`): refused requests teach nothing by themselves, so an estimate
+    /// above every caller's deadline would otherwise never be measured again while the
+    /// service stays busy. A route that really is that slow sees about one request in
+    /// `REFUSAL_DECAY / 8` admitted to measure it again.
+    pub(crate) fn refused_for_time(&self) {
+        let old = self.expected_ns.load(Ordering::Relaxed);
+        self.expected_ns.store(old - old / REFUSAL_DECAY, Ordering::Relaxed);
     }
 
     fn collect(cells: &Counters) -> Vec<ShedCount> {

@@ -9,7 +9,7 @@ use super::permit::{CoreRef, Outcome};
 use super::response::AdmissionBody;
 use super::route::{is_grpc, route_key};
 use super::{Admission, criticality};
-use crate::deadline::{RequestContext, inbound_deadline, scope};
+use crate::deadline::{RequestContext, inbound_budget, scope};
 use crate::retry::inbound_is_marked;
 
 /// Admits every request of a server before it reaches the inner service, and runs the
@@ -19,7 +19,8 @@ use crate::retry::inbound_is_marked;
 /// Per request: the route is its template (see [`route_key`](super::route_key)), the
 /// criticality comes from `levee-criticality` (capped by
 /// `inbound.max_header_criticality`, else the route's), the deadline from `grpc-timeout` /
-/// `levee-deadline-ms` (else the route's or the service's default). A rejected request is
+/// `levee-deadline-ms` (else the route's or the service's default, which bounds the
+/// outgoing calls but never gets the request dropped for lack of time). A rejected request is
 /// answered at once — HTTP 503 with `Retry-After` and a problem+json body; gRPC
 /// RESOURCE_EXHAUSTED (UNAVAILABLE in read-only mode) with `grpc-retry-pushback-ms` —
 /// without calling the inner service. The inner service's errors pass through unchanged.
@@ -75,8 +76,10 @@ where
         let grpc = is_grpc(&req);
         let headers = req.headers();
         let budget = entry.deadline.unwrap_or(settings.default_deadline);
+        let (deadline, from_caller) = inbound_budget(headers, settings.max_deadline, budget);
         let ctx = RequestContext {
-            deadline: inbound_deadline(headers, settings.max_deadline, budget),
+            deadline,
+            from_caller,
             criticality: criticality::from_headers(
                 headers,
                 entry.criticality,
@@ -89,7 +92,8 @@ where
             &settings,
             &entry,
             ctx.criticality,
-            Some(ctx.deadline),
+            // Only a deadline the caller sent can make a request not worth serving.
+            from_caller.then_some(deadline),
             true,
             Outcome::Ignore,
             owner,

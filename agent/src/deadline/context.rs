@@ -16,6 +16,12 @@ tokio::task_local! {
 pub struct RequestContext {
     /// The request's deadline.
     pub deadline: Deadline,
+    /// Whether somebody asked for `deadline`: the caller (a `grpc-timeout` or
+    /// `levee-deadline-ms` header) or the code that installed the context. `false` when it
+    /// is only the service's default budget for a request that came without one: it still
+    /// bounds the outgoing calls, but admission never drops such a request as one it could
+    /// not serve in time (nobody would have given up on it).
+    pub from_caller: bool,
     /// The request's criticality (SRE names), propagated downstream.
     pub criticality: Criticality,
     /// Whether the inbound request was marked as retried by its caller
@@ -25,9 +31,10 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// A context with `deadline`, criticality CRITICAL and no retry marker.
+    /// A context with `deadline` (asked for: `from_caller`), criticality CRITICAL and no
+    /// retry marker.
     pub fn new(deadline: Deadline) -> Self {
-        Self { deadline, criticality: Criticality::default(), inbound_retried: false }
+        Self { deadline, from_caller: true, criticality: Criticality::default(), inbound_retried: false }
     }
 }
 
@@ -50,7 +57,7 @@ pub fn scope<F: Future>(
 /// a callee never gets more time than its caller.
 pub async fn with_deadline<F: Future>(deadline: Deadline, fut: F) -> F::Output {
     let ctx = match current() {
-        Some(outer) => RequestContext { deadline: outer.deadline.min(deadline), ..outer },
+        Some(outer) => RequestContext { deadline: outer.deadline.min(deadline), from_caller: true, ..outer },
         None => RequestContext::new(deadline),
     };
     CONTEXT.scope(ctx, fut).await
@@ -64,4 +71,10 @@ pub fn current() -> Option<RequestContext> {
 /// The deadline of the running task's request, if any.
 pub fn current_deadline() -> Option<Deadline> {
     current().map(|c| c.deadline)
+}
+
+/// The deadline of the running task's request when somebody asked for it (see
+/// [`RequestContext::from_caller`]).
+pub(crate) fn caller_deadline() -> Option<Deadline> {
+    current().filter(|c| c.from_caller).map(|c| c.deadline)
 }

@@ -93,22 +93,35 @@ fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
     }
 }
 
-/// The deadline of an inbound request (agent-semantics §1).
-///
-/// Takes `grpc-timeout` when present and well formed, else `levee-deadline-ms`, else
-/// `default_budget`. A malformed or repeated value is ignored (as if absent); a budget is clamped to
-/// `MIN_INBOUND_BUDGET..=max` (zero is raised, huge values are capped). The default is
-/// capped by `max` too. Never panics on any header content.
-pub fn inbound_deadline(headers: &HeaderMap, max: Duration, default_budget: Duration) -> Deadline {
+/// The budget the caller of an inbound request sent: `grpc-timeout` when present and well
+/// formed, else `levee-deadline-ms`; clamped to `MIN_INBOUND_BUDGET..=max` (zero is raised,
+/// huge values are capped). `None` when the caller sent none (a malformed or repeated value
+/// counts as none). Never panics on any header content.
+pub fn caller_budget(headers: &HeaderMap, max: Duration) -> Option<Duration> {
     let sent = single(headers, GRPC_TIMEOUT_HEADER)
         .and_then(parse_grpc_timeout)
-        .or_else(|| single(headers, DEADLINE_MS_HEADER).and_then(parse_deadline_ms));
-    let max = max.max(MIN_INBOUND_BUDGET);
-    let budget = match sent {
-        Some(b) => b.clamp(MIN_INBOUND_BUDGET, max),
-        None => default_budget.clamp(MIN_INBOUND_BUDGET, max),
-    };
-    Deadline::after(budget)
+        .or_else(|| single(headers, DEADLINE_MS_HEADER).and_then(parse_deadline_ms))?;
+    Some(sent.clamp(MIN_INBOUND_BUDGET, max.max(MIN_INBOUND_BUDGET)))
+}
+
+/// The deadline of an inbound request (agent-semantics §1): the [`caller_budget`], else
+/// `default_budget` (capped by `max` too). Never panics on any header content.
+pub fn inbound_deadline(headers: &HeaderMap, max: Duration, default_budget: Duration) -> Deadline {
+    inbound_budget(headers, max, default_budget).0
+}
+
+/// [`inbound_deadline`], and whether the caller sent it (`false`: the service's default).
+pub(crate) fn inbound_budget(
+    headers: &HeaderMap,
+    max: Duration,
+    default_budget: Duration,
+) -> (Deadline, bool) {
+    match caller_budget(headers, max) {
+        Some(b) => (Deadline::after(b), true),
+        None => {
+            (Deadline::after(default_budget.clamp(MIN_INBOUND_BUDGET, max.max(MIN_INBOUND_BUDGET))), false)
+        }
+    }
 }
 
 /// Parses a `levee-criticality` value (SRE names, ASCII case-insensitive, surrounding

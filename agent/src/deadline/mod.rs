@@ -13,10 +13,12 @@ mod context;
 mod header;
 
 pub use budget::{Deadline, DeadlineExceeded};
+pub(crate) use context::caller_deadline;
 pub use context::{RequestContext, current, current_deadline, scope, with_context, with_deadline};
+pub(crate) use header::inbound_budget;
 pub use header::{
-    CRITICALITY_HEADER, DEADLINE_MS_HEADER, GRPC_TIMEOUT_HEADER, MIN_INBOUND_BUDGET, format_criticality,
-    inbound_deadline, parse_criticality, parse_deadline_ms, parse_grpc_timeout,
+    CRITICALITY_HEADER, DEADLINE_MS_HEADER, GRPC_TIMEOUT_HEADER, MIN_INBOUND_BUDGET, caller_budget,
+    format_criticality, inbound_deadline, parse_criticality, parse_deadline_ms, parse_grpc_timeout,
 };
 
 #[cfg(test)]

@@ -118,7 +118,12 @@ async fn attempt_budget_is_the_minimum_of_timeout_remaining_minus_reserve_and_ca
 async fn context_is_task_local_and_a_nested_deadline_never_extends_the_outer_one() {
     assert_eq!(current(), None);
     let outer = Deadline::after(100 * MS);
-    let ctx = RequestContext { deadline: outer, criticality: Criticality::Sheddable, inbound_retried: true };
+    let ctx = RequestContext {
+        deadline: outer,
+        from_caller: true,
+        criticality: Criticality::Sheddable,
+        inbound_retried: true,
+    };
     with_context(ctx, async {
         assert_eq!(current(), Some(ctx));
         with_deadline(Deadline::after(500 * MS), async {

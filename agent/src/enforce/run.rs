@@ -529,6 +529,8 @@ where
         let until = deadline::Deadline::at(start + budget);
         let attempt_ctx = deadline::RequestContext {
             deadline: until,
+            // The attempt is abandoned at `until`, whoever set the request's deadline.
+            from_caller: true,
             criticality: ctx.map(|c| c.criticality).unwrap_or_default(),
             inbound_retried: ctx.is_some_and(|c| c.inbound_retried),
         };

@@ -9,7 +9,8 @@ use super::Sample;
 /// signal).
 ///
 /// Per window, with `busy` = the service needed the limit (`in_flight × 2 ≥ limit`):
-/// on a drop, when the window's average round trip exceeds `timeout`, or when the limit
+/// on a drop, when the window's average round trip reaches ¾ of `timeout` (slow answers
+/// are a signal, see [`slowness`](super::slowness)), or when the limit
 /// was reached (`in_flight ≥ limit`) and the average round trip exceeds `rtt_tolerance ×`
 /// the no-load round trip (below), `limit × backoff_ratio` (truncated); otherwise, when
 /// busy, `limit + 1`; else unchanged. The result is clamped to `[min_limit, max_limit]`.
@@ -17,14 +18,10 @@ use super::Sample;
 /// limit has room (a slower mix of requests, a slow dependency) is not caused by
 /// admitting too much, and lowering the limit would only shed.
 ///
-/// **No-load round trip**: the average round trip of the last window that was not busy
-/// (more than half the limit to spare), or that ran at `min_limit` (the least concurrency
-/// the limit allows: its latency is the best this rule can get), or that was faster than
-/// the estimate; windows with a drop or past `timeout` teach nothing. Busy windows above
-/// the minimum never raise it, so a sustained overload cannot drag the baseline up and
-/// let the limit drift to the maximum (the drift of Gradient2's long RTT, upstream issue
-/// #88), while a lasting change of the service's own latency is learnt as soon as the
-/// limit has room again or is at its minimum. (Learning only from the minimum and from
+/// **No-load round trip**: the average round trip of the last window that may teach it
+/// ([`teaches_baseline`](super::teaches_baseline), the rule Gradient2 follows too): not
+/// busy, or at `min_limit`, or faster than the estimate; never a window with a drop or a
+/// slow one. (Learning only from the minimum and from
 /// faster windows was measured too: no better on the harness, and one unusually fast
 /// window would then push the limit down to its minimum before it is corrected.)
 ///
@@ -80,21 +77,18 @@ impl Aimd {
     pub fn update(&mut self, s: &Sample) -> u32 {
         let old = self.limit;
         let busy = u64::from(s.in_flight) * 2 >= u64::from(old);
-        let timed_out = s.rtt > self.timeout;
+        let too_slow = super::slow_as_a_drop(s.rtt, self.timeout);
         let slow = s.in_flight >= old
             && !self.noload.is_zero()
             && s.rtt.as_secs_f64() > self.tolerance * self.noload.as_secs_f64();
         let mut limit = old;
-        if s.dropped || timed_out || slow {
+        if s.dropped || too_slow || slow {
             limit = (f64::from(limit) * self.backoff_ratio) as u32;
         } else if busy {
             limit = limit.saturating_add(1);
         }
         self.limit = limit.clamp(self.min, self.max);
-        if !s.dropped
-            && !timed_out
-            && (!busy || old == self.min || self.noload.is_zero() || s.rtt < self.noload)
-        {
+        if super::teaches_baseline(s, old, self.min, self.timeout, self.noload) {
             self.noload = s.rtt;
         }
         self.limit

@@ -23,14 +23,21 @@ const WARMUP_SAMPLES: u32 = 10;
 ///   does not move (it is app-limited: no evidence either way).
 ///
 /// Deliberate differences, each from a misbehaviour reported upstream:
-/// * a window with a drop, or whose average RTT reached `timeout`, takes the largest
-///   decrease (`gradient = 0.5`) and its RTT is not learned: upstream ignores drops, whose
-///   near-zero RTT then *raises* the limit (issue #176), and a service answering every
-///   request at a constant timeout looked healthy and grew to the maximum (issue #137);
-/// * the long RTT learns at most `rtt_tolerance × long` from one window, so a sustained
-///   overload cannot drag the baseline up at full speed and let the limit drift back to
-///   the maximum (the drift of issue #88 and PR #134's discussion); a lasting change of the
-///   baseline is still followed, more slowly.
+/// * a window with a drop takes the largest decrease (`gradient = 0.5`): upstream ignores
+///   drops, whose near-zero RTT then *raises* the limit (issue #176);
+/// * slow answers are a signal, not only timeouts: the gradient is at most
+///   `1 − slowness / 2` ([`slowness`](super::slowness): 0 up to half of `timeout`, 1 at
+///   it), so a window at the timeout is a drop and a service answering every request just
+///   under it backs off instead of growing to the maximum (issue #137, where only
+///   `rtt ≥ timeout` counted);
+/// * the long RTT learns only from windows that may teach a baseline
+///   ([`teaches_baseline`](super::teaches_baseline), AIMD's rule too): not busy, or at
+///   `min_limit`, or faster than the long RTT — and then at most `rtt_tolerance × long`
+///   from one window. Upstream learns every window, so under a sustained overload the
+///   long RTT absorbs the queueing, the gradient returns to 1 and the limit climbs back to
+///   the maximum (issue #88; a 4-worker service under 250 clients went from 11 to 107 in
+///   five minutes). A lasting change of the service's own latency is still learnt when the
+///   limit has room again or reaches its minimum.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradient2 {
     estimated: f64,
@@ -93,18 +100,22 @@ impl Gradient2 {
     /// Applies one window of samples; returns the new limit.
     pub fn update(&mut self, s: &Sample) -> u32 {
         let estimated = self.estimated;
-        let gradient = if s.dropped || s.rtt >= self.timeout {
+        let slowness = super::slowness(s.rtt, self.timeout);
+        let gradient = if s.dropped || slowness >= 1.0 {
             0.5
         } else {
             let short = (s.rtt.as_nanos() as f64).max(1.0);
-            let long = self.learn(short);
+            if super::teaches_baseline(s, estimated as u32, self.min, self.timeout, self.long_rtt()) {
+                self.learn(short);
+            }
+            let long = self.long_rtt_ns;
             if long / short > 2.0 {
                 self.long_rtt_ns *= 0.95;
             }
             if f64::from(s.in_flight) < estimated / 2.0 {
                 return estimated as u32;
             }
-            (self.tolerance * long / short).clamp(0.5, 1.0)
+            (self.tolerance * long / short).clamp(0.5, 1.0).min(1.0 - slowness / 2.0)
         };
         let target = estimated * gradient + self.queue_size;
         let smoothed = estimated * (1.0 - self.smoothing) + target * self.smoothing;

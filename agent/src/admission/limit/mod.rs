@@ -39,6 +39,49 @@ pub struct Sample {
     pub dropped: bool,
 }
 
+/// How slow a window's average round trip was against the limit's `timeout`: 0 up to half
+/// the timeout, rising linearly to 1 at the timeout. Slow answers are an overload signal
+/// before they become timeouts: a service that answers everything just under the timeout
+/// is not healthy, yet a rule that only counts `rtt ≥ timeout` as a drop grows its limit
+/// to the maximum there (upstream Gradient2 issue #137). Gradient2 caps its gradient at
+/// `1 − slowness / 2` (0.5, a drop's, at the timeout); AIMD and Vegas treat a window of
+/// slowness ≥ 1/2 (¾ of the timeout) as a drop.
+pub(crate) fn slowness(rtt: Duration, timeout: Duration) -> f64 {
+    let (rtt, timeout) = (rtt.as_secs_f64(), timeout.as_secs_f64());
+    if timeout <= 0.0 {
+        return 1.0;
+    }
+    ((rtt - timeout / 2.0) / (timeout / 2.0)).clamp(0.0, 1.0)
+}
+
+/// Whether a window is slow enough to count as a drop for AIMD and Vegas (see
+/// [`slowness`]).
+pub(crate) fn slow_as_a_drop(rtt: Duration, timeout: Duration) -> bool {
+    slowness(rtt, timeout) >= 0.5
+}
+
+/// Whether a window's average round trip may teach a limit its baseline — the no-load
+/// round trip it compares windows with (AIMD's `rtt_noload`, Gradient2's long RTT): a
+/// window with no drop and no slowness that was not busy (more than half of `limit` to
+/// spare), or ran at `min` (the least concurrency the limit allows: its latency is the best
+/// the rule can get), or was faster than the baseline, or when there is no baseline yet.
+/// Busy windows above the minimum never raise the baseline, so a sustained overload cannot
+/// drag it up and let the limit drift to the maximum (Gradient2's drift, upstream issue
+/// #88), while a lasting change of the service's own latency is learnt as soon as the limit
+/// has room again or is at its minimum.
+pub(crate) fn teaches_baseline(
+    s: &Sample,
+    limit: u32,
+    min: u32,
+    timeout: Duration,
+    baseline: Duration,
+) -> bool {
+    let busy = u64::from(s.in_flight) * 2 >= u64::from(limit);
+    !s.dropped
+        && slowness(s.rtt, timeout) == 0.0
+        && (!busy || limit <= min || baseline.is_zero() || s.rtt < baseline)
+}
+
 /// `[min_limit, max_limit]`, made consistent if a caller passes unvalidated settings.
 fn bounds(settings: &policy::Limit) -> (u32, u32) {
     let min = settings.min_limit.max(1);

@@ -36,10 +36,12 @@ fn aimd_adds_one_when_busy_and_multiplies_by_backoff_ratio_on_drop_or_timeout() 
     assert_eq!(a.update(&sample(10, 5)), 11);
     // Drop: ⌊11 × 0.9⌋ = ⌊9.9⌋ = 9.
     assert_eq!(a.update(&drop_sample(9)), 9);
-    // RTT 30 ms > timeout 20 ms counts as a drop: ⌊9 × 0.9⌋ = ⌊8.1⌋ = 8.
+    // RTT 30 ms past the timeout counts as a drop: ⌊9 × 0.9⌋ = ⌊8.1⌋ = 8.
     assert_eq!(a.update(&sample(30, 9)), 8);
-    // RTT exactly at the timeout is not above it: busy → 9.
-    assert_eq!(a.update(&sample(20, 9)), 9);
+    // RTT 14 ms is under ¾ of the timeout (15 ms): not slow enough, busy → 9.
+    assert_eq!(a.update(&sample(14, 9)), 9);
+    // RTT 16 ms, past ¾ of the timeout: slow answers count as a drop, ⌊9 × 0.9⌋ = 8.
+    assert_eq!(a.update(&sample(16, 9)), 8);
     // Clamped at the maximum, and no halving there (upstream issue #155).
     let mut top = Aimd::new(&settings(LimitAlgorithm::Aimd, 1, 30, 30));
     assert_eq!(top.update(&sample(10, 30)), 30);
@@ -120,30 +122,34 @@ fn aimd_holds_a_service_that_queues_internally_within_tolerance_of_its_no_load_r
 #[test]
 fn gradient2_follows_the_published_rule_by_hand() {
     // min 1, max 100, initial 20; defaults: smoothing 0.2, long_window 600,
-    // rtt_tolerance 1.5, queue_size 4.
+    // rtt_tolerance 1.5, queue_size 4, timeout 5 s.
     let mut g = Gradient2::new(&settings(LimitAlgorithm::Gradient2, 1, 100, 20));
     // 1: warm-up mean long = 10 ms; gradient = clamp(1.5 × 10/10, 0.5, 1) = 1;
     //    new = 20 × 1 + 4 = 24; limit = 20 × 0.8 + 24 × 0.2 = 20.8 → 20.
     assert_eq!(g.update(&sample(10, 20)), 20);
     assert_eq!(g.long_rtt(), 10 * MS);
-    // 2: long = (10 + 30) / 2 = 20 ms; gradient = min(1, 1.5 × 20/30) = 1;
-    //    new = 20.8 + 4 = 24.8; limit = 20.8 × 0.8 + 24.8 × 0.2 = 21.6 → 21.
-    assert_eq!(g.update(&sample(30, 20)), 21);
-    // 3: long = (20 × 2 + 60) / 3 = 33.33 ms; gradient = 1.5 × 33.33/60 = 0.8333;
-    //    new = 21.6 × 0.8333 + 4 = 22.0; limit = 21.6 × 0.8 + 22.0 × 0.2 = 21.68 → 21.
-    assert_eq!(g.update(&sample(60, 20)), 21);
-    assert!((g.long_rtt().as_secs_f64() - 0.033_333).abs() < 1e-6);
-    // 4: a drop takes gradient 0.5 and teaches nothing: new = 21.68 × 0.5 + 4 = 14.84;
-    //    limit = 21.68 × 0.8 + 14.84 × 0.2 = 20.312 → 20; long unchanged.
-    assert_eq!(g.update(&drop_sample(20)), 20);
-    assert!((g.long_rtt().as_secs_f64() - 0.033_333).abs() < 1e-6);
-    // 5: app-limited (5 < 20.312 / 2): the limit holds, long still learns:
-    //    long = (33.33 × 3 + 10) / 4 = 27.5 ms; long/short = 2.75 > 2 → × 0.95 = 26.125 ms.
-    assert_eq!(g.update(&sample(10, 5)), 20);
-    assert!((g.long_rtt().as_secs_f64() - 0.026_125).abs() < 1e-6);
-    // 6: a window at the timeout (5 s) is a drop: 20.312 × 0.5 + 4 = 14.156;
-    //    limit = 20.312 × 0.8 + 14.156 × 0.2 = 19.0808 → 19.
-    assert_eq!(g.update(&sample(5000, 20)), 19);
+    // 2: a busy window slower than long teaches nothing (that would be the queueing):
+    //    gradient = 1.5 × 10/30 = 0.5; new = 20.8 × 0.5 + 4 = 14.4;
+    //    limit = 20.8 × 0.8 + 14.4 × 0.2 = 19.52 → 19.
+    assert_eq!(g.update(&sample(30, 20)), 19);
+    assert_eq!(g.long_rtt(), 10 * MS);
+    // 3: a busy window faster than long teaches: long = (10 + 8) / 2 = 9 ms;
+    //    gradient = min(1, 1.5 × 9/8) = 1; new = 19.52 + 4 = 23.52;
+    //    limit = 19.52 × 0.8 + 23.52 × 0.2 = 20.32 → 20.
+    assert_eq!(g.update(&sample(8, 20)), 20);
+    assert_eq!(g.long_rtt(), 9 * MS);
+    // 4: a drop takes gradient 0.5 and teaches nothing: new = 20.32 × 0.5 + 4 = 14.16;
+    //    limit = 20.32 × 0.8 + 14.16 × 0.2 = 19.088 → 19; long unchanged.
+    assert_eq!(g.update(&drop_sample(20)), 19);
+    assert_eq!(g.long_rtt(), 9 * MS);
+    // 5: app-limited (5 < 19.088 / 2): the limit holds; a window with room teaches, slower
+    //    or not: long = (9 × 2 + 30) / 3 = 16 ms.
+    assert_eq!(g.update(&sample(30, 5)), 19);
+    assert_eq!(g.long_rtt(), 16 * MS);
+    // 6: a window at the timeout (5 s) is a drop: 19.088 × 0.5 + 4 = 13.544;
+    //    limit = 19.088 × 0.8 + 13.544 × 0.2 = 17.9792 → 17.
+    assert_eq!(g.update(&sample(5000, 20)), 17);
+    assert_eq!(g.long_rtt(), 16 * MS);
 }
 
 #[test]
@@ -153,11 +159,36 @@ fn gradient2_learns_at_most_tolerance_times_the_long_rtt_per_window() {
         g.update(&sample(10, 0)); // warm-up at 10 ms, app-limited
     }
     assert_eq!(g.long_rtt(), 10 * MS);
-    // A 100 ms window: long learns min(100, 1.5 × 10) = 15 ms with factor 2/601:
-    // long = 10 + (15 − 10) × 2/601 = 10.01664 ms. gradient = max(0.5, 1.5 × 10.0166/100)
-    // = 0.5; new = 20 × 0.5 + 4 = 14; limit = 20 × 0.8 + 14 × 0.2 = 18.8 → 18.
+    // A 100 ms window with room to spare: long learns min(100, 1.5 × 10) = 15 ms with
+    // factor 2/601: long = 10 + (15 − 10) × 2/601 = 10.01664 ms; app-limited, the limit holds.
+    assert_eq!(g.update(&sample(100, 5)), 20);
+    assert!((g.long_rtt().as_secs_f64() * 1e3 - 10.016_64).abs() < 1e-4);
+    // The same window with the limit in use teaches nothing: gradient = max(0.5, 1.5 ×
+    // 10.0166/100) = 0.5; new = 20 × 0.5 + 4 = 14; limit = 20 × 0.8 + 14 × 0.2 = 18.8 → 18.
     assert_eq!(g.update(&sample(100, 20)), 18);
     assert!((g.long_rtt().as_secs_f64() * 1e3 - 10.016_64).abs() < 1e-4);
+}
+
+/// IN-5: slow answers are a signal, not only timeouts. Round trips constant at 4.999 s of
+/// a 5 s timeout make every limit back off to (about) its minimum (upstream Gradient2 grew to its
+/// maximum there: only `rtt ≥ timeout` was a drop); constant round trips under half the
+/// timeout are a healthy slow service, and the limits grow as before.
+#[test]
+fn in_5_every_limit_backs_off_from_answers_just_under_its_timeout() {
+    for algorithm in [LimitAlgorithm::Aimd, LimitAlgorithm::Gradient2, LimitAlgorithm::Vegas] {
+        let s = settings(algorithm, 1, 200, 50);
+        let run = |rtt_ms: u64| {
+            let mut rule = Rule::new(&s, 50, 7);
+            for _ in 0..200 {
+                let l = rule.limit();
+                rule.update(&sample(rtt_ms, l));
+            }
+            rule.limit()
+        };
+        // Gradient2 bottoms out at 2 × queue_size = 8, where a gradient of 0.5 holds it.
+        assert!(run(4999) <= 8, "{algorithm:?} at 4.999 s of a 5 s timeout: {}", run(4999));
+        assert!(run(2000) > 50, "{algorithm:?} at 2 s of a 5 s timeout");
+    }
 }
 
 #[test]

@@ -21,12 +21,16 @@ pub(crate) fn log10_root(n: u32) -> u32 {
 /// `limit − log10`; otherwise unchanged. Then clamped to `[min, max]` and smoothed
 /// (`smoothing`, Vegas default 1.0). `rtt_noload` is the smallest RTT seen; every
 /// `probe_multiplier × limit × jitter` windows (jitter uniform in `[0.5, 1)`) it is
-/// measured afresh.
+/// measured afresh (at the first window that may teach it, see below).
 ///
 /// Deliberate differences: the no-load RTT is taken from each window's *smallest* round
 /// trip (not its average), so a probe during an overload does not adopt an inflated
-/// baseline and let the limit climb (upstream issue #165); a window whose average RTT
-/// reached `timeout` counts as a drop; the lower bound is `min_limit` (upstream: 1).
+/// baseline and let the limit climb (upstream issue #165), and a probe waits for a window
+/// that may teach a baseline ([`teaches_baseline`](super::teaches_baseline), the rule of
+/// AIMD and Gradient2: under a sustained overload even the smallest round trip of a window
+/// holds queueing, and adopting it let the limit creep up); a window whose average RTT
+/// reached ¾ of `timeout` counts as a drop (slow answers are a signal, see
+/// [`slowness`](super::slowness)); the lower bound is `min_limit` (upstream: 1).
 #[derive(Clone, Debug)]
 pub struct Vegas {
     estimated: f64,
@@ -94,7 +98,9 @@ impl Vegas {
     pub fn update(&mut self, s: &Sample) -> u32 {
         let estimated = self.estimated;
         self.probe_count += 1;
-        if self.probe_jitter * self.probe_multiplier * estimated <= f64::from(self.probe_count) {
+        if self.probe_jitter * self.probe_multiplier * estimated <= f64::from(self.probe_count)
+            && super::teaches_baseline(s, estimated as u32, self.min, self.timeout, self.rtt_noload)
+        {
             self.reset_probe_jitter();
             self.probe_count = 0;
             self.rtt_noload = s.min_rtt;
@@ -104,7 +110,7 @@ impl Vegas {
             self.rtt_noload = s.min_rtt;
             return estimated as u32;
         }
-        let dropped = s.dropped || s.rtt >= self.timeout;
+        let dropped = s.dropped || super::slow_as_a_drop(s.rtt, self.timeout);
         let log = f64::from(log10_root(estimated as u32));
         let new = if dropped {
             estimated - log

@@ -114,8 +114,8 @@ async fn hostile_deadline_values_fall_back_to_the_default_budget() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_request_that_cannot_finish_before_its_deadline_is_dropped() {
-    let a = engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 4}}"#);
+async fn a_request_that_cannot_finish_before_its_deadline_is_dropped_while_the_service_is_busy() {
+    let a = engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 4}, "queue": {"max_len": 0}}"#);
     // Learn the route's service time: 50 ms.
     let p = a
         .try_admit(&req("GET /slow", Criticality::Critical).deadline(Deadline::after(Duration::from_secs(1))))
@@ -124,16 +124,22 @@ async fn a_request_that_cannot_finish_before_its_deadline_is_dropped() {
     drop(p);
     let s = a.status();
     assert_eq!(s.routes.iter().find(|r| r.route == "GET /slow").unwrap().expected_service_time, 50 * MS);
-    let short = req("GET /slow", Criticality::Critical).deadline(Deadline::after(30 * MS));
-    assert_eq!(a.try_admit(&short).unwrap_err().reason(), Reason::Deadline);
+    let short = || req("GET /slow", Criticality::CriticalPlus).deadline(Deadline::after(30 * MS));
+    // Idle: a free slot costs nobody anything, the request is served (IN-4).
+    a.try_admit(&short()).unwrap().set_outcome(Outcome::Ignore);
+    // An expired deadline is refused whatever the load.
     let expired = req("GET /other", Criticality::CriticalPlus).deadline(Deadline::after(Duration::ZERO));
     assert_eq!(a.try_admit(&expired).unwrap_err().reason(), Reason::Deadline);
-    let fits = req("GET /slow", Criticality::Critical).deadline(Deadline::after(80 * MS));
+    // Busy: every slot taken.
+    let _busy: Vec<_> =
+        (0..4).map(|_| a.try_admit(&req("GET /other", Criticality::Critical)).unwrap()).collect();
+    assert_eq!(a.try_admit(&short()).unwrap_err().reason(), Reason::Deadline);
+    let fits = req("GET /slow", Criticality::CriticalPlus).deadline(Deadline::after(80 * MS));
     assert!(a.try_admit(&fits).is_ok());
     // The deadline of the task's request context is used when none is given.
     let ctx = crate::deadline::RequestContext::new(Deadline::after(10 * MS));
     let r = crate::deadline::with_context(ctx, async {
-        a.try_admit(&req("GET /slow", Criticality::Critical)).map(|_| ())
+        a.try_admit(&req("GET /slow", Criticality::CriticalPlus)).map(|_| ())
     })
     .await;
     assert_eq!(r.unwrap_err().reason(), Reason::Deadline);

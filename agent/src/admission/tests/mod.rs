@@ -1,10 +1,14 @@
 //! Tests of the admission engine: the request path and its levers (`engine`), the queue
 //! under a paused clock (`queue`), shadow mode (`shadow`), permits never leaked (`leaks`),
-//! recovery after overload (`in_3`) and the tower layer (`layer`). Client-side throttling
-//! is tested with its code, in `retry`. IN-1 and IN-2 run on real HTTP in `agent/tests/agent`.
+//! recovery after overload (`in_3`), no lockout of an idle service (`in_4`), no drift of an
+//! adaptive limit under a sustained overload (`in_5`) and the tower layer (`layer`).
+//! Client-side throttling is tested with its code, in `retry`. IN-1 and IN-2 run on real
+//! HTTP in `agent/tests/agent`.
 
 mod engine;
 mod in_3;
+mod in_4;
+mod in_5;
 mod layer;
 mod leaks;
 mod queue;
