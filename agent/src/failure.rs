@@ -37,7 +37,8 @@ pub enum ErrorKind {
     },
     /// Rejected locally by an open circuit breaker.
     BreakerOpen,
-    /// Rejected locally by a full bulkhead or an overloaded limiter.
+    /// Rejected locally by a full bulkhead or an overloaded limiter (a tower `load_shed`'s
+    /// `Overloaded`, the client-side throttle).
     BulkheadFull,
     /// Rejected locally because a kill switch turned the dependency off.
     KillSwitched,
@@ -95,6 +96,22 @@ impl ErrorKind {
             | ErrorKind::KillSwitched
             | ErrorKind::DeadlineExceeded => None,
         }
+    }
+
+    /// Whether the failure was produced on this machine rather than by the dependency: an
+    /// open breaker, a full bulkhead or overloaded limiter, a kill switch, a deadline that
+    /// ran out. Such an outcome — also when it ends an attempt from inside, e.g. another
+    /// dependency's bulkhead refusing a call made during the attempt — says nothing about
+    /// the dependency: a circuit breaker records it neither way and hands a half-open probe
+    /// back, outlier detection and the client-side throttle ignore it (IN-6).
+    pub const fn is_local_refusal(&self) -> bool {
+        matches!(
+            self,
+            ErrorKind::BreakerOpen
+                | ErrorKind::BulkheadFull
+                | ErrorKind::KillSwitched
+                | ErrorKind::DeadlineExceeded
+        )
     }
 
     /// Whether a circuit breaker should count this as a failure of the dependency (the

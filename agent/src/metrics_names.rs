@@ -30,8 +30,13 @@ pub const LABEL_ROUTE: &str = "route";
 /// Label key: request criticality (`CRITICAL_PLUS`, `CRITICAL`, `SHEDDABLE_PLUS`,
 /// `SHEDDABLE`).
 pub const LABEL_CRITICALITY: &str = "criticality";
-/// Label: how a call ended (`ok`, `failed`, `timeout`, `kill_switched`, `breaker_open`,
-/// `bulkhead_full`, `deadline_exceeded`, `injected`).
+/// Label: how a call ended. `ok`; `failed` (the dependency's own failure, after any
+/// retries); `timeout` (the last attempt's timeout); `injected` (a fault rule); and the
+/// refusals made on this machine before any attempt reached the dependency:
+/// `kill_switched`, `breaker_open`, `bulkhead_full`, `deadline_exceeded`, `throttled`
+/// (client-side throttle); `refused_locally`: an attempt ended from inside by a refusal
+/// made on this machine (another dependency's bulkhead or breaker, a tower `load_shed`
+/// below the layer) — not a failure of this dependency.
 pub const LABEL_OUTCOME: &str = "outcome";
 
 /// Counter: calls through the enforcement stack, labelled `dependency`, `operation` and

@@ -22,7 +22,7 @@ use crate::policy;
 use crate::retry::{AdaptiveThrottle, Retrier, RetryBudget};
 
 /// Outcome label values of [`CALLS`](crate::metrics_names::CALLS), in counter order.
-pub(crate) const OUTCOMES: [&str; 9] = [
+pub(crate) const OUTCOMES: [&str; 10] = [
     "ok",
     "failed",
     "timeout",
@@ -32,6 +32,7 @@ pub(crate) const OUTCOMES: [&str; 9] = [
     "deadline_exceeded",
     "injected",
     "throttled",
+    "refused_locally",
 ];
 
 /// Index into [`OUTCOMES`].
@@ -46,6 +47,10 @@ pub(crate) enum CallOutcome {
     DeadlineExceeded = 6,
     Injected = 7,
     Throttled = 8,
+    /// An attempt ended by a refusal made on this machine from inside it (another
+    /// dependency's bulkhead or breaker, a `load_shed` below the layer): not this
+    /// dependency's failure.
+    RefusedLocally = 9,
 }
 
 /// The `levee_calls_total` counters of one (dependency, operation) label pair, one per

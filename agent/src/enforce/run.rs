@@ -136,7 +136,10 @@ pub fn idempotent_by_name(operation: &str) -> bool {
 ///    the tower path;
 /// 8. **the call** — `attempt()`; its answer tells the throttle whether the dependency
 ///    accepted it or rejected it for overload ([`ErrorKind::throttle_answer`]; no answer
-///    counts for nothing there).
+///    counts for nothing there). An attempt ended by a refusal made on this machine
+///    ([`ErrorKind::is_local_refusal`]: another dependency's full bulkhead or open breaker
+///    inside it, a `load_shed` below the layer, a deadline) is not the dependency's
+///    outcome: its breaker permit is handed back unrecorded (IN-6).
 ///
 /// The source article draws the breaker outside the retry, but its own reasons — the
 /// breaker must see each failed attempt, and no retry may run while it is open — need it
@@ -580,10 +583,18 @@ where
                 r.map_err(|e| AttemptFailure::Inner(e, ErrorKind::Other, None))
             }
             Judgement::Failure { kind, retry_after } => {
-                permit.record(outcome_of(kind), elapsed);
-                self.attempts.observe(outcome_of(kind));
-                if let Some(accepted) = kind.throttle_answer() {
-                    throttle.record(accepted);
+                if kind.is_local_refusal() {
+                    // Refused on this machine from inside the attempt (another
+                    // dependency's bulkhead or breaker, a `load_shed` below this layer, a
+                    // deadline): nothing to say about this dependency. Dropped unrecorded,
+                    // the permit hands a half-open probe back (IN-6).
+                    drop(permit);
+                } else {
+                    permit.record(outcome_of(kind), elapsed);
+                    self.attempts.observe(outcome_of(kind));
+                    if let Some(accepted) = kind.throttle_answer() {
+                        throttle.record(accepted);
+                    }
                 }
                 Err(match r {
                     Ok(v) => AttemptFailure::Value(v, kind, retry_after),
@@ -607,12 +618,15 @@ where
         };
         let calls = view.calls(operation, scope);
         let deadline_stop = reason.is_deadline();
+        let failed = |kind: ErrorKind| {
+            if kind.is_local_refusal() { CallOutcome::RefusedLocally } else { CallOutcome::Failed }
+        };
         let (outcome, err) = match last {
-            AttemptFailure::Value(v, _, _) => {
-                calls.count(CallOutcome::Failed);
+            AttemptFailure::Value(v, kind, _) => {
+                calls.count(failed(kind));
                 return Err(Ok(v));
             }
-            AttemptFailure::Inner(e, _, _) => (CallOutcome::Failed, CallError::Inner(e)),
+            AttemptFailure::Inner(e, kind, _) => (failed(kind), CallError::Inner(e)),
             AttemptFailure::BreakerOpen(e) => (CallOutcome::BreakerOpen, CallError::BreakerOpen(e)),
             AttemptFailure::Timeout(e) => (CallOutcome::Timeout, CallError::Timeout(e)),
             AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),

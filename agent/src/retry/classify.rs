@@ -190,7 +190,9 @@ fn grpc_pushback(status: &tonic::Status) -> Option<Duration> {
 }
 
 /// Classifies any error by walking its `source()` chain: Levee's own rejections
-/// ([`BreakerOpen`], [`BulkheadFull`], [`DeadlineExceeded`]), tokio's timeout `Elapsed`
+/// ([`BreakerOpen`], [`BulkheadFull`], [`DeadlineExceeded`], kill switch, throttle, the
+/// errors of a nested call), tower's `load_shed` `Overloaded` (a local refusal, as
+/// [`ErrorKind::BulkheadFull`]), tokio's timeout `Elapsed`
 /// (attempt timeout), [`HttpStatusError`], `reqwest::Error` (feature `reqwest`: status,
 /// connect, timeout), `std::io::Error` kinds, and `tonic::Status`. Unknown errors are
 /// [`ErrorKind::Other`].
@@ -200,8 +202,12 @@ pub fn classify_error(err: &(dyn StdError + 'static)) -> ErrorKind {
         if e.is::<BreakerOpen>() {
             return ErrorKind::BreakerOpen;
         }
-        // A local throttle refusal is a local overload rejection, like a full bulkhead.
-        if e.is::<BulkheadFull>() || e.is::<super::Throttled>() {
+        // A local throttle refusal, or tower's `load_shed` refusing for a layer below it, is
+        // a local overload rejection, like a full bulkhead.
+        if e.is::<BulkheadFull>()
+            || e.is::<super::Throttled>()
+            || e.is::<tower::load_shed::error::Overloaded>()
+        {
             return ErrorKind::BulkheadFull;
         }
         if e.is::<DeadlineExceeded>() {

@@ -7,6 +7,7 @@
 mod admission;
 mod architecture;
 mod clients;
+mod local_refusals;
 mod support;
 
 use std::sync::Arc;
