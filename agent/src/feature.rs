@@ -89,6 +89,12 @@ impl FeatureRegistry {
         Feature { name, slot, tracked }
     }
 
+    /// Refreshes the features' degraded-seconds gauges and registers their series with a
+    /// recorder installed since they were first seen (the agent's metrics tick, CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        self.tracker.report();
+    }
+
     /// The features' levels and degraded-since times, for the status report.
     pub(crate) fn contribute(&self, report: &mut crate::proto::StatusReport) {
         for s in self.tracker.report() {

@@ -5,7 +5,7 @@
 //! Headers read: `grpc-timeout` (gRPC) or `levee-deadline-ms` (relative milliseconds) for
 //! the budget — capped by the policy's `max_deadline`, `default_deadline` (or the route's
 //! `deadline`) when absent or malformed; `levee-criticality` (SRE names) — else the route's
-//! criticality, else `inbound.default_criticality`; `levee-retried` — the caller already
+//! ([`route_criticality`]); `levee-retried` — the caller already
 //! retries this request, so outgoing calls made for it are not retried again (retry on one
 //! layer). Routes are matched by template (`"GET /quote/{sku}"`: axum's `MatchedPath`, a
 //! [`RouteTemplate`](crate::admission::RouteTemplate) extension, or a gRPC method path; see
@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use tower::{Layer, Service};
 
 use crate::Agent;
-use crate::admission::{criticality_from_headers, route_key};
+use crate::admission::{criticality_from_headers, route_criticality, route_key};
 use crate::deadline::{self, RequestContext};
 use crate::retry::inbound_is_marked;
 
@@ -81,7 +81,7 @@ pub fn context_for<B>(agent: &Agent, req: &http::Request<B>) -> RequestContext {
     let route = policy.inbound.routes.get(key.as_str());
     let default_budget = route.and_then(|r| r.deadline).unwrap_or(policy.default_deadline);
     let headers = req.headers();
-    let route_criticality = route.map_or(policy.inbound.default_criticality, |r| r.criticality);
+    let route_criticality = route_criticality(&policy.inbound, key.as_str());
     let criticality =
         criticality_from_headers(headers, route_criticality, policy.inbound.max_header_criticality);
     let (deadline, from_caller) = deadline::inbound_budget(headers, policy.max_deadline, default_budget);

@@ -6,7 +6,7 @@
 //! use std::time::Duration;
 //! use levee_agent::Agent;
 //!
-//! let agent = Agent::builder("http://levee.internal:7070", "<agent token>", "prod", "checkout")
+//! let agent = Agent::builder("http://levee.internal:8081", "<agent token>", "prod", "checkout")
 //!     .cache_dir("/var/cache/levee")
 //!     .build()?; // returns at once: cache or defaults, never waits for the server
 //! let recommendations_on = agent.flag_bool("recommendations.enabled", true);
@@ -62,7 +62,7 @@ pub use applied::{Applied, Source};
 pub use enforce::{
     AttemptTimeout, CallError, CallPolicy, DeadlineError, Dependency, DependencyLayer, DependencyService,
     Endpoints, ErrorPolicy, GrpcPolicy, HttpPolicy, InjectedFault, Judgement, KillSwitched, NotReplayable,
-    Operation, ReplayBody, ReplayRequest, WithFallback,
+    Operation, Refusal, Refused, ReplayBody, ReplayRequest, WithFallback,
 };
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};

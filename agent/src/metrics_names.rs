@@ -3,16 +3,24 @@
 //! (dependency, operation) so no call ever looks a metric up by name.
 //!
 //! Everything goes through the `metrics` facade: install any recorder (the examples use
-//! the Prometheus exporter); with none installed the handles are no-ops.
+//! the Prometheus exporter), before or after the agent is built — handles are bound to the
+//! recorder when one is there ([`late`], CB-9); with none installed they do nothing.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Gauge, Label};
 
 /// Label key: dependency name.
 pub const LABEL_DEPENDENCY: &str = "dependency";
-/// Label key: operation name (a route template, never a raw path).
+/// Label key: operation name (a route template, never a raw path). On breaker, bulkhead,
+/// retry and throttle series it names the scope of the guard: an operation with settings
+/// of its own, or [`ALL_OPERATIONS`] for the dependency-wide guard every other operation
+/// shares; on [`CALLS`] it is always the operation the call named.
 pub const LABEL_OPERATION: &str = "operation";
+/// The `operation` label of a dependency-wide guard (breaker, bulkhead, retry budget):
+/// every operation of the dependency without settings of its own.
+pub const ALL_OPERATIONS: &str = "*";
 /// Label key: state a breaker left.
 pub const LABEL_FROM: &str = "from";
 /// Label key: state a breaker entered.
@@ -54,7 +62,8 @@ pub const BREAKER_REJECTED: &str = "levee_breaker_rejected_total";
 pub const RETRIES: &str = "levee_retries_total";
 /// Counter: retries refused because the retry budget was empty.
 pub const RETRY_BUDGET_EXHAUSTED: &str = "levee_retry_budget_exhausted_total";
-/// Gauge: calls holding a bulkhead permit.
+/// Gauge: calls holding a bulkhead permit, sampled on the agent's metrics tick
+/// (`SyncClientSettings::metrics_interval`).
 pub const BULKHEAD_IN_USE: &str = "levee_bulkhead_in_use";
 /// Counter: calls refused by a full bulkhead (after the bounded wait).
 pub const BULKHEAD_REJECTED: &str = "levee_bulkhead_rejected_total";
@@ -94,10 +103,143 @@ pub const ADMISSION_ROUTE_OVERFLOW: &str = "levee_admission_route_overflow_total
 /// Counter: outgoing calls refused locally by client-side adaptive throttling.
 pub const CLIENT_THROTTLED: &str = "levee_client_throttled_total";
 
+/// Set once a recorder has been seen (a recorder, once installed, stays): until then a
+/// handle that is not bound yet costs one load to stay unbound.
+static RECORDER: AtomicBool = AtomicBool::new(false);
+
+/// Whether a metrics recorder is installed for this thread (global, or local to it).
+///
+/// The `metrics` facade answers with its no-op recorder, a zero-sized type, until one is;
+/// every real recorder holds state. Asked when a primitive is built, on the agent's
+/// metrics tick, and by a handle not bound yet once some recorder was seen.
+pub fn recorder_installed() -> bool {
+    let installed = metrics::with_recorder(|r| std::mem::size_of_val(r) != 0);
+    if installed {
+        RECORDER.store(true, Ordering::Relaxed);
+    }
+    installed
+}
+
+/// The handle in `cell`, registered with `register` the first time it is needed once a
+/// recorder is installed; `None` before (the use is dropped, as a no-op handle would).
+///
+/// A handle registered while no recorder is installed is a no-op for good: binding late
+/// is what lets a recorder installed after `Agent::build` receive every series (CB-9).
+/// A bound handle costs one atomic load more than a plain one.
+#[inline]
+pub(crate) fn late<H>(cell: &OnceLock<H>, register: impl FnOnce() -> H) -> Option<&H> {
+    match cell.get() {
+        Some(h) => Some(h),
+        None => bind(cell, register),
+    }
+}
+
+#[cold]
+fn bind<H>(cell: &OnceLock<H>, register: impl FnOnce() -> H) -> Option<&H> {
+    (RECORDER.load(Ordering::Relaxed) && recorder_installed()).then(|| cell.get_or_init(register))
+}
+
+/// A series `name` with `labels` (and one more label, if any), bound to the recorder late
+/// (see [`late`]): [`LateCounter`], [`LateGauge`].
+#[derive(Debug)]
+pub(crate) struct Late<H> {
+    key: Option<(Labels, &'static str, Option<ExtraLabel>)>,
+    cell: OnceLock<H>,
+}
+
+/// One more label of a series: key and value.
+pub(crate) type ExtraLabel = (&'static str, &'static str);
+
+/// A counter bound to the recorder late.
+pub(crate) type LateCounter = Late<Counter>;
+/// A gauge bound to the recorder late.
+pub(crate) type LateGauge = Late<Gauge>;
+
+/// How a handle of one kind is registered.
+pub(crate) trait Register: Sized {
+    fn register(labels: &Labels, name: &'static str, extra: Option<ExtraLabel>) -> Self;
+}
+
+impl Register for Counter {
+    fn register(labels: &Labels, name: &'static str, extra: Option<ExtraLabel>) -> Self {
+        labels.counter_with(name, extra.as_slice())
+    }
+}
+
+impl Register for Gauge {
+    fn register(labels: &Labels, name: &'static str, extra: Option<ExtraLabel>) -> Self {
+        let mut l = labels.base();
+        l.extend(extra.map(|(k, v)| Label::new(k, v)));
+        metrics::gauge!(name, l)
+    }
+}
+
+impl<H: Register> Late<H> {
+    /// Registered now when a recorder is installed, else once one is.
+    pub(crate) fn new(labels: &Labels, name: &'static str) -> Self {
+        Self::with(labels, name, None)
+    }
+
+    /// As [`new`](Self::new), with one more label.
+    pub(crate) fn with(
+        labels: &Labels,
+        name: &'static str,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> Self {
+        let h = Self { key: Some((labels.clone(), name, extra)), cell: OnceLock::new() };
+        if recorder_installed() {
+            h.publish();
+        }
+        h
+    }
+
+    /// A handle that records nothing (a primitive built without metrics).
+    pub(crate) fn noop() -> Self {
+        Self { key: None, cell: OnceLock::new() }
+    }
+
+    /// `handle`, as it is.
+    pub(crate) fn bound(handle: H) -> Self {
+        Self { key: None, cell: OnceLock::from(handle) }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&H> {
+        match (self.cell.get(), &self.key) {
+            (Some(h), _) => Some(h),
+            (None, Some((labels, name, extra))) => late(&self.cell, || H::register(labels, name, *extra)),
+            (None, None) => None,
+        }
+    }
+
+    /// Registers the series if a recorder is installed and it is not yet.
+    pub(crate) fn publish(&self) {
+        self.get();
+    }
+}
+
+impl Late<Counter> {
+    #[inline]
+    pub(crate) fn increment(&self, n: u64) {
+        if let Some(c) = self.get() {
+            c.increment(n);
+        }
+    }
+}
+
+impl Late<Gauge> {
+    #[inline]
+    pub(crate) fn set(&self, v: f64) {
+        if let Some(g) = self.get() {
+            g.set(v);
+        }
+    }
+}
+
 /// Identifies a (dependency, operation) in metrics and registers its handles.
 ///
-/// Cheap to clone. Registration happens at construction of a primitive (and, for rare
-/// events such as breaker transitions, once per kind of event), never per call.
+/// Cheap to clone. Registration happens once per handle — when the primitive is built if a
+/// recorder is installed, else at its first use after one is ([`late`]) — never per call.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Labels {
     dependency: Arc<str>,
@@ -105,10 +247,15 @@ pub struct Labels {
 }
 
 impl Labels {
-    /// Labels for `operation` of `dependency` (use the dependency name again, or `"*"`,
-    /// for a dependency-level primitive).
+    /// Labels for `operation` of `dependency` (see [`Labels::dependency_wide`] for a
+    /// dependency-level primitive).
     pub fn new(dependency: &str, operation: &str) -> Self {
         Self { dependency: dependency.into(), operation: operation.into() }
+    }
+
+    /// Labels of a dependency-wide primitive: `operation` = [`ALL_OPERATIONS`].
+    pub fn dependency_wide(dependency: &str) -> Self {
+        Self::new(dependency, ALL_OPERATIONS)
     }
 
     /// The `dependency` label's value.

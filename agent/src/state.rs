@@ -320,8 +320,14 @@ impl Shared {
     }
 
     /// Publishes the staleness gauges (also called periodically by the sync task so the
-    /// age keeps growing while nothing happens).
+    /// age keeps growing while nothing happens), and every dependency's and feature's
+    /// sampled gauges; series of a recorder installed after the agent was built are
+    /// registered here at the latest (CB-9).
     pub(crate) fn update_metrics(&self) {
+        if crate::metrics_names::recorder_installed() {
+            self.deps.publish_metrics();
+            self.features.publish_metrics();
+        }
         let current = self.current.load();
         let env = self.environment.clone();
         let svc = self.service.clone();

@@ -92,10 +92,11 @@ pub fn safe_defaults() -> ServiceConfig {
         },
     );
     // Inbound admission per route (the template, never the raw path): checkout is what
-    // pays; a caller may lower its own requests with `levee-criticality: SHEDDABLE`.
+    // pays, so this read is marked CRITICAL (reads are SHEDDABLE_PLUS by default); a caller
+    // may lower its own requests with `levee-criticality: SHEDDABLE`.
     cfg.policy.inbound.routes.insert(
         "GET /checkout/{user}".into(),
-        Route { criticality: Criticality::Critical, ..Route::default() },
+        Route { criticality: Some(Criticality::Critical), ..Route::default() },
     );
     cfg.policy.degradation_matrix.push(MatrixRow {
         feature: RECOMMENDATIONS_FEATURE.into(),

@@ -1,7 +1,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -66,25 +66,32 @@ impl Settings {
     }
 }
 
+/// The engine's series, bound to the recorder late ([`late`](names::late)): at
+/// construction when a recorder is installed, else at their first use or the next
+/// [`Admission::status`] after one is (CB-9).
+#[derive(Default)]
 struct Metrics {
-    limit: Gauge,
-    in_flight: Gauge,
-    queue_length: Gauge,
-    queue_delay: Histogram,
-    overloaded: Gauge,
-    route_overflow: Counter,
+    limit: OnceLock<Gauge>,
+    in_flight: OnceLock<Gauge>,
+    queue_length: OnceLock<Gauge>,
+    queue_delay: OnceLock<Histogram>,
+    overloaded: OnceLock<Gauge>,
+    route_overflow: OnceLock<Counter>,
 }
 
 impl Metrics {
-    fn register() -> Self {
-        Self {
-            limit: metrics::gauge!(names::ADMISSION_LIMIT),
-            in_flight: metrics::gauge!(names::ADMISSION_IN_FLIGHT),
-            queue_length: metrics::gauge!(names::ADMISSION_QUEUE_LENGTH),
-            queue_delay: metrics::histogram!(names::ADMISSION_QUEUE_DELAY),
-            overloaded: metrics::gauge!(names::ADMISSION_OVERLOADED),
-            route_overflow: metrics::counter!(names::ADMISSION_ROUTE_OVERFLOW),
+    fn gauge(cell: &OnceLock<Gauge>, name: &'static str, value: f64) {
+        if let Some(g) = names::late(cell, || metrics::gauge!(name)) {
+            g.set(value);
         }
+    }
+
+    fn queue_delay(&self) -> Option<&Histogram> {
+        names::late(&self.queue_delay, || metrics::histogram!(names::ADMISSION_QUEUE_DELAY))
+    }
+
+    fn route_overflow(&self) -> Option<&Counter> {
+        names::late(&self.route_overflow, || metrics::counter!(names::ADMISSION_ROUTE_OVERFLOW))
     }
 }
 
@@ -172,8 +179,8 @@ impl Core {
 
     pub(crate) fn set_limit(&self, limit: u32) {
         let old = self.limit.swap(limit.max(1), Ordering::SeqCst);
-        self.metrics.limit.set(f64::from(limit));
-        self.metrics.in_flight.set(f64::from(self.in_flight()));
+        Metrics::gauge(&self.metrics.limit, names::ADMISSION_LIMIT, f64::from(limit));
+        Metrics::gauge(&self.metrics.in_flight, names::ADMISSION_IN_FLIGHT, f64::from(self.in_flight()));
         if limit > old {
             self.notify.notify_one();
         }
@@ -183,13 +190,26 @@ impl Core {
         let len = u32::try_from(len).unwrap_or(u32::MAX);
         self.queue_len.store(len, Ordering::Relaxed);
         self.overloaded.store(overloaded, Ordering::Relaxed);
-        self.metrics.queue_length.set(f64::from(len));
-        self.metrics.overloaded.set(if overloaded { 1.0 } else { 0.0 });
-        self.metrics.in_flight.set(f64::from(self.in_flight()));
+        let m = &self.metrics;
+        Metrics::gauge(&m.queue_length, names::ADMISSION_QUEUE_LENGTH, f64::from(len));
+        Metrics::gauge(&m.overloaded, names::ADMISSION_OVERLOADED, if overloaded { 1.0 } else { 0.0 });
+        Metrics::gauge(&m.in_flight, names::ADMISSION_IN_FLIGHT, f64::from(self.in_flight()));
+    }
+
+    /// Publishes the gauges at their current values, registering every series with a
+    /// recorder installed since the engine was built (CB-9).
+    fn publish_metrics(&self) {
+        let len = self.queue_len.load(Ordering::Relaxed);
+        self.publish_queue(len as usize, self.overloaded.load(Ordering::Relaxed));
+        Metrics::gauge(&self.metrics.limit, names::ADMISSION_LIMIT, f64::from(self.limit()));
+        self.metrics.queue_delay();
+        self.metrics.route_overflow();
     }
 
     pub(crate) fn record_queue_delay(&self, waited: Duration) {
-        self.metrics.queue_delay.record(waited.as_secs_f64());
+        if let Some(h) = self.metrics.queue_delay() {
+            h.record(waited.as_secs_f64());
+        }
     }
 
     fn read_only(settings: &Settings) -> bool {
@@ -249,8 +269,9 @@ impl<'a> AdmissionRequest<'a> {
         Self { route, criticality: None, deadline: None }
     }
 
-    /// Its criticality; default: the route's (`inbound.routes.<route>.criticality`, else
-    /// `inbound.default_criticality`).
+    /// Its criticality; default: the route's ([`route_criticality`](super::route_criticality):
+    /// the policy's for the route, else `inbound.default_criticality`, else by the route's
+    /// method).
     pub fn criticality(mut self, c: Criticality) -> Self {
         self.criticality = Some(c);
         self
@@ -342,11 +363,13 @@ impl Admission {
             notify: Notify::new(),
             rng: FastRng::with_seed(seed),
             route_overflow: AtomicU64::new(0),
-            metrics: Metrics::register(),
+            metrics: Metrics::default(),
             feed,
             applying: AtomicBool::new(false),
         });
+        names::recorder_installed();
         core.set_limit(core.limiter.limit());
+        core.publish_metrics();
         let (tx, rx) = mpsc::unbounded_channel();
         runtime.spawn(queue::run(core.clone(), rx));
         Self { inner: Arc::new(Handle { core, tx }) }
@@ -481,6 +504,31 @@ impl Admission {
         }
     }
 
+    /// The entry of a route named by the client alone (a gRPC method path): its own when
+    /// it is tracked already (the policy names it, or the service answered it before) or
+    /// exempt (health), else `None` — it shares [`UNMATCHED_ROUTE`] until
+    /// [`confirm`](Self::confirm)ed.
+    #[inline]
+    pub(crate) fn tracked_route<'s>(
+        &self,
+        settings: &'s Settings,
+        name: &str,
+    ) -> Option<Cow<'s, Arc<RouteEntry>>> {
+        match settings.routes.get(name) {
+            Some(e) => Some(Cow::Borrowed(e)),
+            None if super::route::is_exempt(name, &settings.exempt) => Some(Cow::Owned(self.register(name))),
+            None => None,
+        }
+    }
+
+    /// Tracks `name` from now on: the service answered a request of it (IN-7).
+    #[cold]
+    pub(crate) fn confirm(&self, name: &str) {
+        if self.inner.core.settings.load().routes.get(name).is_none() {
+            self.register(name);
+        }
+    }
+
     #[cold]
     fn register(&self, name: &str) -> Arc<RouteEntry> {
         let core = &self.inner.core;
@@ -501,7 +549,9 @@ impl Admission {
         let entry = out.expect("rcu ran at least once");
         if Arc::ptr_eq(&entry.state, core.settings.load().routes.overflow_state()) {
             core.route_overflow.fetch_add(1, Ordering::Relaxed);
-            core.metrics.route_overflow.increment(1);
+            if let Some(c) = core.metrics.route_overflow() {
+                c.increment(1);
+            }
         }
         entry
     }
@@ -672,6 +722,7 @@ impl Admission {
     pub fn status(&self) -> AdmissionStatus {
         let settings = self.settings();
         let core = &self.inner.core;
+        core.publish_metrics();
         let mut routes: Vec<_> = settings.routes.states().map(|s| s.status()).collect();
         let overflow = settings.routes.overflow_state().status();
         if !overflow.shed.is_empty() || !overflow.would_shed.is_empty() {

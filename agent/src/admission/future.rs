@@ -12,6 +12,7 @@ use super::Rejected;
 use super::permit::{AdmissionPermit, Outcome};
 use super::queue::Wait;
 use super::response::{AdmissionBody, rejection};
+use super::route::{RouteKey, is_unimplemented};
 use crate::deadline::RequestContext;
 
 pin_project! {
@@ -97,9 +98,9 @@ pin_project! {
     where
         S: Service<Req>,
     {
-        Queued { #[pin] wait: Wait, svc: Option<S>, req: Option<Req>, ctx: RequestContext },
-        Readying { permit: Option<AdmissionPermit<'static>>, svc: Option<S>, req: Option<Req>, ctx: RequestContext },
-        Running { #[pin] fut: TaskLocalFuture<RequestContext, S::Future>, permit: Option<AdmissionPermit<'static>> },
+        Queued { #[pin] wait: Wait, svc: Option<S>, req: Option<Req>, ctx: RequestContext, confirm: Option<Box<Confirm>> },
+        Readying { permit: Option<AdmissionPermit<'static>>, svc: Option<S>, req: Option<Req>, ctx: RequestContext, confirm: Option<Box<Confirm>> },
+        Running { #[pin] fut: TaskLocalFuture<RequestContext, S::Future>, permit: Option<AdmissionPermit<'static>>, confirm: Option<Box<Confirm>> },
         Rejected { rejected: Option<Rejected> },
     }
 }
@@ -110,21 +111,46 @@ impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
     }
 }
 
+/// A gRPC method the client named and the service has not answered yet: tracked under its
+/// own name once the service answers it with anything but UNIMPLEMENTED (IN-7).
+pub(crate) struct Confirm {
+    pub(crate) admission: super::Admission,
+    pub(crate) key: RouteKey,
+}
+
+impl Confirm {
+    fn answered<B, E>(&self, result: &Result<Response<B>, E>) {
+        if let Ok(res) = result
+            && !is_unimplemented(res)
+        {
+            self.admission.confirm(self.key.as_str());
+        }
+    }
+}
+
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     pub(crate) fn running(
         fut: TaskLocalFuture<RequestContext, S::Future>,
         permit: AdmissionPermit<'static>,
         grpc: bool,
+        confirm: Option<Box<Confirm>>,
     ) -> Self {
-        Self { state: State::Running { fut, permit: Some(permit) }, grpc }
+        Self { state: State::Running { fut, permit: Some(permit), confirm }, grpc }
     }
 
     pub(crate) fn rejected(rejected: Rejected, grpc: bool) -> Self {
         Self { state: State::Rejected { rejected: Some(rejected) }, grpc }
     }
 
-    pub(crate) fn queued(wait: Wait, svc: S, req: Req, ctx: RequestContext, grpc: bool) -> Self {
-        Self { state: State::Queued { wait, svc: Some(svc), req: Some(req), ctx }, grpc }
+    pub(crate) fn queued(
+        wait: Wait,
+        svc: S,
+        req: Req,
+        ctx: RequestContext,
+        grpc: bool,
+        confirm: Option<Box<Confirm>>,
+    ) -> Self {
+        Self { state: State::Queued { wait, svc: Some(svc), req: Some(req), ctx, confirm }, grpc }
     }
 }
 
@@ -138,30 +164,37 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Queued { wait, svc, req, ctx } => match ready!(wait.poll(cx)) {
+                StateProj::Queued { wait, svc, req, ctx, confirm } => match ready!(wait.poll(cx)) {
                     Ok(permit) => {
                         let next = State::Readying {
                             permit: Some(permit),
                             svc: svc.take(),
                             req: req.take(),
                             ctx: *ctx,
+                            confirm: confirm.take(),
                         };
                         this.state.set(next);
                     }
                     Err(r) => return Poll::Ready(Ok(rejection(&r, *this.grpc))),
                 },
-                StateProj::Readying { permit, svc, req, ctx } => {
+                StateProj::Readying { permit, svc, req, ctx, confirm } => {
                     let s = svc.as_mut().expect("service present until called");
                     ready!(s.poll_ready(cx))?;
                     let fut = s.call(req.take().expect("request present until called"));
-                    let next =
-                        State::Running { fut: crate::deadline::scope(*ctx, fut), permit: permit.take() };
+                    let next = State::Running {
+                        fut: crate::deadline::scope(*ctx, fut),
+                        permit: permit.take(),
+                        confirm: confirm.take(),
+                    };
                     this.state.set(next);
                 }
-                StateProj::Running { fut, permit } => {
+                StateProj::Running { fut, permit, confirm } => {
                     let result = ready!(fut.poll(cx));
                     if let Some(mut p) = permit.take() {
                         p.set_outcome(outcome(&result));
+                    }
+                    if let Some(c) = confirm.take() {
+                        c.answered(&result);
                     }
                     return Poll::Ready(result.map(|res| res.map(Either::Left)));
                 }

@@ -31,8 +31,10 @@
 //!
 //! # Order
 //! Each request, outside in:
-//! 1. **Route** by template ([`route_key`]), never the raw path; at most
-//!    [`MAX_TRACKED_ROUTES`] routes, later ones share [`OVERFLOW_ROUTE`] (counted).
+//! 1. **Route** by template ([`route_key`]), never the raw path; a gRPC method path the
+//!    service has not answered yet (nor the policy named) shares [`UNMATCHED_ROUTE`], so
+//!    clients cannot fill the table (IN-7); at most [`MAX_TRACKED_ROUTES`] routes, later
+//!    ones share [`OVERFLOW_ROUTE`] (counted).
 //! 2. **Exempt routes** ([`DEFAULT_EXEMPT_PATHS`], [`Admission::exempt`]: health,
 //!    readiness, metrics) are admitted without a slot: never shed.
 //! 3. **Read-only mode**: a route marked `mutating` is refused while the read-only flag is
@@ -72,7 +74,7 @@ mod status;
 /// Client-side throttling lives with the outgoing side (`retry`), which enforces it.
 pub use crate::retry::{AdaptiveThrottle, Throttled, throttle_probability};
 pub use codel::CoDel;
-pub use criticality::from_headers as criticality_from_headers;
+pub use criticality::{from_headers as criticality_from_headers, route_criticality};
 pub use engine::{Admission, AdmissionRequest};
 pub use error::{RETRY_AFTER_OVERLOAD, RETRY_AFTER_READ_ONLY, Rejected};
 pub use future::{Admit, ResponseFuture};

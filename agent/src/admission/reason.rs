@@ -2,8 +2,10 @@ use std::fmt;
 
 use crate::policy::Criticality;
 
-/// Why admission refused (or, in shadow mode, would have refused) a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Why admission refused (or, in shadow mode, would have refused) a request (serialized
+/// as [`Reason::as_str`] spells it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// At the concurrency limit with no queue (`queue.max_len` 0).
     Limit,

@@ -11,11 +11,15 @@ use super::{Reason, ShedCount};
 use crate::metrics_names as names;
 use crate::policy::{self, Criticality};
 
-/// Route of requests that match no route template. Raw paths are never used as route
-/// names (they would make metrics and state unbounded).
+/// Route of requests that match no route template, and of gRPC requests to a method the
+/// service has not answered yet. Raw paths are never used as route names (they would make
+/// metrics and state unbounded).
 pub const UNMATCHED_ROUTE: &str = "_unmatched";
 /// Route shared by every route seen after [`MAX_TRACKED_ROUTES`] were tracked; counted in
-/// `levee_admission_route_overflow_total` and the status.
+/// `levee_admission_route_overflow_total` and the status. Only names the service vouches
+/// for take a slot (templates its router matched, gRPC methods it answered, routes the
+/// policy names, plain-API names), so a client cannot fill the table with paths of its
+/// choice.
 pub const OVERFLOW_ROUTE: &str = "_overflow";
 /// Most routes one admission engine tracks (the policy may name at most
 /// [`MAX_ROUTES`](crate::policy::defaults::MAX_ROUTES), which always fit).
@@ -103,18 +107,31 @@ pub(crate) fn is_grpc<B>(req: &http::Request<B>) -> bool {
 /// the method; for a gRPC request without a template, its method path; else
 /// [`UNMATCHED_ROUTE`]. The raw path of an HTTP request is never used.
 pub fn route_key<B>(req: &http::Request<B>) -> RouteKey {
+    route_key_known(req).0
+}
+
+/// [`route_key`], and whether the router vouches for the name: a template it matched, or
+/// [`UNMATCHED_ROUTE`]. A gRPC method path is only the client's word until the service
+/// answers it (a client can send any path): see [`AdmissionService`](super::AdmissionService).
+pub(crate) fn route_key_known<B>(req: &http::Request<B>) -> (RouteKey, bool) {
     #[cfg(feature = "axum")]
     if let Some(p) = req.extensions().get::<axum::extract::MatchedPath>() {
-        return RouteKey::from_parts(&[req.method().as_str(), " ", p.as_str()]);
+        return (RouteKey::from_parts(&[req.method().as_str(), " ", p.as_str()]), true);
     }
     if let Some(t) = req.extensions().get::<RouteTemplate>() {
-        return RouteKey::from_parts(&[req.method().as_str(), " ", &t.0]);
+        return (RouteKey::from_parts(&[req.method().as_str(), " ", &t.0]), true);
     }
     let path = req.uri().path();
     if is_grpc(req) && is_grpc_method(path) {
-        return RouteKey::from_parts(&[path]);
+        return (RouteKey::from_parts(&[path]), false);
     }
-    RouteKey::from_parts(&[UNMATCHED_ROUTE])
+    (RouteKey::from_parts(&[UNMATCHED_ROUTE]), true)
+}
+
+/// Whether a gRPC answer says the service does not know the method: `grpc-status: 12`
+/// (UNIMPLEMENTED) in the response headers, as tonic's router answers an unknown path.
+pub(crate) fn is_unimplemented<B>(res: &http::Response<B>) -> bool {
+    res.headers().get("grpc-status").is_some_and(|v| v.as_bytes() == b"12")
 }
 
 /// Hashes route names a machine word at a time (the Fx hash of rustc): route names are
@@ -187,9 +204,9 @@ impl RouteState {
         }
     }
 
-    fn counter(&self, shadow: bool, c: Criticality, r: Reason) -> &Counter {
+    fn counter(&self, shadow: bool, c: Criticality, r: Reason) -> Option<&Counter> {
         let handles = if shadow { &self.shadow_handles } else { &self.shed_handles };
-        handles[crit_index(c)][r.index()].get_or_init(|| {
+        names::late(&handles[crit_index(c)][r.index()], || {
             let name = if shadow { names::ADMISSION_SHADOW_SHED } else { names::ADMISSION_SHED };
             metrics::counter!(
                 name,
@@ -200,11 +217,14 @@ impl RouteState {
         })
     }
 
-    /// Counts a rejection (or, with `shadow`, a would-be rejection).
+    /// Counts a rejection (or, with `shadow`, a would-be rejection). The series is set
+    /// from the route's own count, so it is exact whenever the recorder was installed.
     pub(crate) fn count_shed(&self, shadow: bool, c: Criticality, r: Reason) {
         let cells = if shadow { &self.shadow } else { &self.shed };
-        cells[crit_index(c)][r.index()].fetch_add(1, Ordering::Relaxed);
-        self.counter(shadow, c, r).increment(1);
+        let n = cells[crit_index(c)][r.index()].fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(counter) = self.counter(shadow, c, r) {
+            counter.absolute(n);
+        }
     }
 
     /// Counts a request that would have waited in the queue (shadow mode).
@@ -279,7 +299,7 @@ pub(crate) struct RouteEntry {
     pub(crate) exempt: bool,
 }
 
-fn is_exempt(name: &str, exempt: &[Box<str>]) -> bool {
+pub(crate) fn is_exempt(name: &str, exempt: &[Box<str>]) -> bool {
     let path = name.split_once(' ').map_or(name, |(_, p)| p);
     exempt.iter().any(|e| **e == *path)
 }
@@ -288,7 +308,7 @@ impl RouteEntry {
     pub(crate) fn resolve(state: Arc<RouteState>, inbound: &policy::Inbound, exempt: &[Box<str>]) -> Self {
         let route = inbound.routes.get(&*state.name);
         Self {
-            criticality: route.map_or(inbound.default_criticality, |r| r.criticality),
+            criticality: super::route_criticality(inbound, &state.name),
             deadline: route.and_then(|r| r.deadline),
             mutating: route.is_some_and(|r| r.mutating),
             exempt: is_exempt(&state.name, exempt),

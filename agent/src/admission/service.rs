@@ -4,10 +4,10 @@ use http::{Request, Response};
 use tower::Service;
 
 use super::engine::Start;
-use super::future::ResponseFuture;
+use super::future::{Confirm, ResponseFuture};
 use super::permit::{CoreRef, Outcome};
 use super::response::AdmissionBody;
-use super::route::{is_grpc, route_key};
+use super::route::{UNMATCHED_ROUTE, is_grpc, route_key_known};
 use super::{Admission, criticality};
 use crate::deadline::{RequestContext, inbound_budget, scope};
 use crate::retry::inbound_is_marked;
@@ -16,7 +16,9 @@ use crate::retry::inbound_is_marked;
 /// admitted ones inside their request context (deadline, criticality, retry marker — what
 /// [`InboundContext`](crate::InboundContext) does, so this layer replaces it).
 ///
-/// Per request: the route is its template (see [`route_key`](super::route_key)), the
+/// Per request: the route is its template (see [`route_key`](super::route_key); a gRPC
+/// method path the service has not answered yet counts as `_unmatched`, so a client cannot
+/// fill the route table with paths of its choice), the
 /// criticality comes from `levee-criticality` (capped by
 /// `inbound.max_header_criticality`, else the route's), the deadline from `grpc-timeout` /
 /// `levee-deadline-ms` (else the route's or the service's default, which bounds the
@@ -71,8 +73,19 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let admission = &self.admission;
         let settings = admission.settings();
-        let key = route_key(&req);
-        let entry = admission.route(&settings, key.as_str());
+        let (key, known) = route_key_known(&req);
+        // A gRPC method path is the client's word: it gets a slot of its own only once
+        // the service has answered it (IN-7).
+        let (entry, confirm) = match known {
+            true => (admission.route(&settings, key.as_str()), None),
+            false => match admission.tracked_route(&settings, key.as_str()) {
+                Some(entry) => (entry, None),
+                None => (
+                    admission.route(&settings, UNMATCHED_ROUTE),
+                    Some(Box::new(Confirm { admission: admission.clone(), key })),
+                ),
+            },
+        };
         let grpc = is_grpc(&req);
         let headers = req.headers();
         let budget = entry.deadline.unwrap_or(settings.default_deadline);
@@ -100,7 +113,7 @@ where
         ) {
             Start::Admitted(permit) => {
                 let fut = self.inner.call(req);
-                ResponseFuture::running(scope(ctx, fut), permit, grpc)
+                ResponseFuture::running(scope(ctx, fut), permit, grpc, confirm)
             }
             Start::Rejected(r) => ResponseFuture::rejected(r, grpc),
             Start::Queued(wait) => {
@@ -108,7 +121,7 @@ where
                 // into the future and keep a fresh clone here (tower's usual pattern).
                 let clone = self.inner.clone();
                 let svc = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::queued(wait, svc, req, ctx, grpc)
+                ResponseFuture::queued(wait, svc, req, ctx, grpc, confirm)
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::proto::{Counter, StatusReport};
 
 /// A count of rejections (or, in shadow mode, would-be rejections) of one criticality for
 /// one reason.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ShedCount {
     /// Criticality of the requests.
     pub criticality: Criticality,
@@ -18,7 +18,7 @@ pub struct ShedCount {
 }
 
 /// What one route saw since the engine started.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct RouteStatus {
     /// The route (template, gRPC method path, `_unmatched` or `_overflow`).
     pub route: String,
@@ -29,12 +29,18 @@ pub struct RouteStatus {
     pub would_shed: Vec<ShedCount>,
     /// Shadow mode: requests that would have waited in the queue.
     pub would_queue: u64,
-    /// Average measured service time (zero before the first measurement).
+    /// Expected service time learnt from measured requests (zero before the first), as
+    /// admission uses it for deadlines; serialized as the policy spells a duration
+    /// ([`policy::duration::format`](crate::policy::duration::format), `"12ms 500us"`).
+    #[serde(with = "crate::policy::duration")]
     pub expected_service_time: Duration,
 }
 
 /// The state of an admission engine; see [`Admission::status`](super::Admission::status).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Serializes (serde) for a service's own status page: `{"mode": "enforce", "algorithm":
+/// "aimd", "limit": 20, "in_flight": 3, …, "routes": [{"route": "GET /cart", "shed":
+/// [{"criticality": "SHEDDABLE_PLUS", "reason": "queue_timeout", "count": 4}], …}]}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct AdmissionStatus {
     /// `enforce` or `shadow`.
     pub mode: AdmissionMode,

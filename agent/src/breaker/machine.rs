@@ -467,7 +467,7 @@ impl CircuitBreaker {
     }
 
     fn reject(&self) -> Result<BreakerPermit<'_>, BreakerOpen> {
-        self.metrics.rejected.increment(1);
+        self.metrics.rejected();
         Err(BreakerOpen::new())
     }
 
@@ -835,6 +835,12 @@ impl CircuitBreaker {
     /// next call notices it).
     pub fn state(&self) -> State {
         state_of(self.word.load(Ordering::Acquire))
+    }
+
+    /// Registers this breaker's series with a recorder installed since it was built, the
+    /// state gauge at its current value (CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        self.metrics.publish(self.state());
     }
 
     /// A point-in-time view: state, window counts and rates, transitions and last reason.

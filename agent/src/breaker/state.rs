@@ -2,8 +2,9 @@ use std::fmt;
 
 use super::WindowCounts;
 
-/// State of a circuit breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// State of a circuit breaker (serialized as [`State::as_str`] spells it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum State {
     /// Calls pass; outcomes fill the sliding window.
     Closed,
@@ -63,8 +64,9 @@ impl fmt::Display for State {
     }
 }
 
-/// Why a breaker changed state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a breaker changed state (serialized as [`TransitionReason::as_str`] spells it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TransitionReason {
     /// CLOSED → OPEN: failure rate reached its threshold.
     FailureRate,
@@ -131,7 +133,7 @@ impl fmt::Display for TransitionReason {
 }
 
 /// How many times a breaker went from one state to another.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Transition {
     /// State left.
     pub from: State,
@@ -141,8 +143,11 @@ pub struct Transition {
     pub count: u64,
 }
 
-/// A point-in-time view of a breaker, for status reports and tests.
-#[derive(Clone, Debug, PartialEq)]
+/// A point-in-time view of a breaker, for status reports and tests; serializes (serde) for
+/// a service's own status page, e.g. `{"state": "HALF_OPEN", "generation": 3, "window":
+/// {"calls": 20, "failures": 11, "slow": 0}, "failure_rate": 0.55, …, "reasons":
+/// [["failure_rate", 1]], "last_reason": "open_elapsed"}`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct BreakerSnapshot {
     /// Current state.
     pub state: State,

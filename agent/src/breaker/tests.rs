@@ -754,3 +754,17 @@ mod loom_model {
         });
     }
 }
+
+/// A service shows its breakers on its own status page: the snapshot serializes with the
+/// names the status report and metrics use.
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_serializes_for_a_status_page() {
+    let b = breaker(count(10), 3);
+    trip(&b, 3);
+    let v = serde_json::to_value(b.snapshot()).unwrap();
+    assert_eq!(v["state"], "OPEN");
+    assert_eq!(v["window"]["failures"], 3);
+    assert_eq!(v["last_reason"], "failure_rate");
+    assert_eq!(v["transitions"][0]["from"], "CLOSED");
+    assert_eq!(v["reasons"][0][0], "failure_rate");
+}

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::policy;
 
 /// Calls, failures and slow calls held by a window.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WindowCounts {
     /// Calls recorded.
     pub calls: u64,

@@ -1,7 +1,7 @@
 use std::future::Future;
 use std::pin::pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::Either;
@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::little::Little;
 use super::{BulkheadError, BulkheadFull, LittleEstimate};
 use crate::deadline::{Deadline, DeadlineExceeded};
-use crate::metrics_names::{self as names, Labels};
+use crate::metrics_names::{self as names, Labels, late};
 use crate::policy;
 
 // The state word: calls in flight (low 32 bits) and admissions so far (high 32 bits,
@@ -31,9 +31,30 @@ struct Inner {
     rejected: AtomicU64,
     notify: Notify,
     little: Little,
-    in_use_gauge: Gauge,
-    rejected_counter: Counter,
-    suggested_gauge: Gauge,
+    metrics: Option<BulkheadMetrics>,
+}
+
+/// The bulkhead's handles, bound to the recorder late ([`late`]).
+#[derive(Debug)]
+struct BulkheadMetrics {
+    labels: Labels,
+    in_use: OnceLock<Gauge>,
+    rejected: OnceLock<Counter>,
+    suggested: OnceLock<Gauge>,
+}
+
+impl BulkheadMetrics {
+    fn in_use(&self) -> Option<&Gauge> {
+        late(&self.in_use, || self.labels.gauge(names::BULKHEAD_IN_USE))
+    }
+
+    fn rejected(&self) -> Option<&Counter> {
+        late(&self.rejected, || self.labels.counter(names::BULKHEAD_REJECTED))
+    }
+
+    fn suggested(&self) -> Option<&Gauge> {
+        late(&self.suggested, || self.labels.gauge(names::BULKHEAD_SUGGESTED))
+    }
 }
 
 /// Limits how many calls run at once, with a bounded wait for a slot (resilience4j's
@@ -58,28 +79,43 @@ pub struct Bulkhead {
 impl Bulkhead {
     /// A bulkhead with `settings` (`max_concurrent`, `max_wait`); metrics not registered.
     pub fn new(settings: &policy::BulkheadPolicy) -> Self {
-        Self::build(settings, Gauge::noop(), Counter::noop(), Gauge::noop())
+        Self::build(settings, None)
     }
 
     /// As [`Bulkhead::new`], registering
-    /// [`BULKHEAD_IN_USE`](crate::metrics_names::BULKHEAD_IN_USE),
+    /// [`BULKHEAD_IN_USE`](crate::metrics_names::BULKHEAD_IN_USE) (see
+    /// [`publish_metrics`](Self::publish_metrics)),
     /// [`BULKHEAD_REJECTED`](crate::metrics_names::BULKHEAD_REJECTED) and
     /// [`BULKHEAD_SUGGESTED`](crate::metrics_names::BULKHEAD_SUGGESTED) with `labels`.
     pub fn with_metrics(settings: &policy::BulkheadPolicy, labels: &Labels) -> Self {
-        Self::build(
-            settings,
-            labels.gauge(names::BULKHEAD_IN_USE),
-            labels.counter(names::BULKHEAD_REJECTED),
-            labels.gauge(names::BULKHEAD_SUGGESTED),
-        )
+        let metrics = BulkheadMetrics {
+            labels: labels.clone(),
+            in_use: OnceLock::new(),
+            rejected: OnceLock::new(),
+            suggested: OnceLock::new(),
+        };
+        let b = Self::build(settings, Some(metrics));
+        if names::recorder_installed() {
+            b.publish_metrics();
+        }
+        b
     }
 
-    fn build(
-        settings: &policy::BulkheadPolicy,
-        in_use_gauge: Gauge,
-        rejected_counter: Counter,
-        suggested_gauge: Gauge,
-    ) -> Self {
+    /// Publishes the in-use gauge (the calls holding a slot now) and registers this
+    /// bulkhead's series with a recorder installed since it was built (CB-9). An agent does
+    /// it on its metrics tick; the gauge is sampled there, not set by every call (two
+    /// recorder calls less on the success path). Call it yourself for a bulkhead of your
+    /// own.
+    pub fn publish_metrics(&self) {
+        let Some(m) = &self.inner.metrics else { return };
+        if let Some(g) = m.in_use() {
+            g.set(f64::from(self.in_flight()));
+        }
+        m.rejected();
+        m.suggested();
+    }
+
+    fn build(settings: &policy::BulkheadPolicy, metrics: Option<BulkheadMetrics>) -> Self {
         let b = Self {
             inner: Arc::new(Inner {
                 state: AtomicU64::new(0),
@@ -89,9 +125,7 @@ impl Bulkhead {
                 rejected: AtomicU64::new(0),
                 notify: Notify::new(),
                 little: Little::new(),
-                in_use_gauge,
-                rejected_counter,
-                suggested_gauge,
+                metrics,
             }),
         };
         b.update(settings);
@@ -154,7 +188,6 @@ impl Bulkhead {
                 Err(cur) => s = cur,
             }
         }
-        inner.in_use_gauge.set(((s & IN_FLIGHT) + 1) as f64);
         let admitted = (s >> 32) + 1;
         let started = (admitted % SAMPLE_EVERY == 0).then(Instant::now);
         Ok(BulkheadPermit { inner, started })
@@ -231,7 +264,9 @@ impl Bulkhead {
             return Err(BulkheadError::DeadlineExceeded(DeadlineExceeded::new()));
         }
         inner.rejected.fetch_add(1, Ordering::Relaxed);
-        inner.rejected_counter.increment(1);
+        if let Some(c) = inner.metrics.as_ref().and_then(BulkheadMetrics::rejected) {
+            c.increment(1);
+        }
         Err(BulkheadError::Full(BulkheadFull::new()))
     }
 
@@ -241,7 +276,9 @@ impl Bulkhead {
         let inner = &*self.inner;
         inner.little.tick(Instant::now(), self.arrivals());
         let e = inner.little.estimate();
-        inner.suggested_gauge.set(f64::from(e.suggested));
+        if let Some(g) = inner.metrics.as_ref().and_then(BulkheadMetrics::suggested) {
+            g.set(f64::from(e.suggested));
+        }
         e
     }
 
@@ -305,7 +342,6 @@ impl Drop for BulkheadPermit<'_> {
     fn drop(&mut self) {
         let inner = self.inner;
         let prev = inner.state.fetch_sub(1, Ordering::SeqCst);
-        inner.in_use_gauge.set(((prev & IN_FLIGHT) - 1) as f64);
         if inner.waiting.load(Ordering::SeqCst) > 0 {
             inner.notify.notify_one();
         }

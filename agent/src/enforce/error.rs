@@ -155,3 +155,142 @@ impl<E: Classify> Classify for CallError<E> {
         }
     }
 }
+
+/// Why Levee ended a call itself instead of handing back the dependency's answer — the
+/// one question to ask of any error the enforcement stack returns, whichever path it came
+/// from (the plain API's [`CallError`], the tower layer's boxed error, the reqwest
+/// middleware's `reqwest_middleware::Error`): see [`Refused::refusal`].
+///
+/// Serialized in snake_case, the spelling of the `outcome` label of `levee_calls_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The dependency's kill switch is off: the call was not made.
+    KillSwitched,
+    /// Its circuit breaker is open: no attempt was made.
+    BreakerOpen,
+    /// Its bulkhead had no free slot in time: no attempt was made.
+    BulkheadFull,
+    /// The client-side throttle refused the attempt: the dependency has been rejecting
+    /// much of this client's traffic.
+    Throttled,
+    /// The request's deadline ran out, before the call or between attempts.
+    DeadlineExceeded,
+    /// The (last) attempt outlived its per-attempt timeout and was abandoned: the
+    /// dependency saw it, but Levee gave up on the answer.
+    Timeout,
+    /// A fault-injection rule (game day) failed the (last) attempt.
+    Injected,
+}
+
+impl Refusal {
+    /// The refusal `err` carries, itself or in its `source()` chain: one of the errors
+    /// enforcement raises ([`KillSwitched`], `BreakerOpen`, `BulkheadFull`, `Throttled`,
+    /// [`DeadlineError`], [`AttemptTimeout`], [`InjectedFault`], the deadline's
+    /// `DeadlineExceeded`). `None` for the dependency's own errors.
+    pub fn of(err: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        let mut cur = Some(err);
+        while let Some(e) = cur {
+            let found = if e.is::<KillSwitched>() {
+                Some(Refusal::KillSwitched)
+            } else if e.is::<BreakerOpen>() {
+                Some(Refusal::BreakerOpen)
+            } else if e.is::<BulkheadFull>() {
+                Some(Refusal::BulkheadFull)
+            } else if e.is::<Throttled>() {
+                Some(Refusal::Throttled)
+            } else if e.is::<DeadlineError>() || e.is::<crate::deadline::DeadlineExceeded>() {
+                Some(Refusal::DeadlineExceeded)
+            } else if e.is::<AttemptTimeout>() {
+                Some(Refusal::Timeout)
+            } else if e.is::<InjectedFault>() {
+                Some(Refusal::Injected)
+            } else {
+                None
+            };
+            if found.is_some() {
+                return found;
+            }
+            cur = e.source();
+        }
+        None
+    }
+
+    /// Whether the dependency never saw the call (everything but [`Refusal::Timeout`]).
+    pub const fn before_the_dependency(self) -> bool {
+        !matches!(self, Refusal::Timeout)
+    }
+
+    /// The snake_case name (`"breaker_open"`), as serialized and as the `outcome` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Refusal::KillSwitched => "kill_switched",
+            Refusal::BreakerOpen => "breaker_open",
+            Refusal::BulkheadFull => "bulkhead_full",
+            Refusal::Throttled => "throttled",
+            Refusal::DeadlineExceeded => "deadline_exceeded",
+            Refusal::Timeout => "timeout",
+            Refusal::Injected => "injected",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// "Was this refused by Levee, and why?" — implemented by every error type the enforcement
+/// stack hands back: [`CallError`] (plain API), `BoxError` (the tower layer) and, with the
+/// `reqwest-middleware` feature, `reqwest_middleware::Error`.
+///
+/// ```
+/// use levee_agent::{Refusal, Refused};
+/// # fn check(err: levee_agent::CallError<std::io::Error>) {
+/// match err.refusal() {
+///     Some(Refusal::BreakerOpen | Refusal::KillSwitched) => { /* serve the fallback at once */ }
+///     Some(why) => eprintln!("levee refused the call: {why}"),
+///     None => eprintln!("the dependency failed: {err}"),
+/// }
+/// # }
+/// ```
+pub trait Refused {
+    /// Why Levee ended the call itself; `None` when the error is the dependency's (or the
+    /// client's) own.
+    fn refusal(&self) -> Option<Refusal>;
+}
+
+impl<E> Refused for CallError<E> {
+    fn refusal(&self) -> Option<Refusal> {
+        match self {
+            CallError::KillSwitched(_) => Some(Refusal::KillSwitched),
+            CallError::BulkheadFull(_) => Some(Refusal::BulkheadFull),
+            CallError::BreakerOpen(_) => Some(Refusal::BreakerOpen),
+            CallError::DeadlineExceeded(..) => Some(Refusal::DeadlineExceeded),
+            CallError::Timeout(_) => Some(Refusal::Timeout),
+            CallError::Injected(_) => Some(Refusal::Injected),
+            CallError::Throttled(_) => Some(Refusal::Throttled),
+            CallError::Inner(_) => None,
+        }
+    }
+}
+
+impl Refused for crate::BoxError {
+    fn refusal(&self) -> Option<Refusal> {
+        Refusal::of(self.as_ref())
+    }
+}
+
+#[cfg(feature = "reqwest-middleware")]
+impl Refused for reqwest_middleware::Error {
+    fn refusal(&self) -> Option<Refusal> {
+        match self {
+            // `Error` is transparent over the `anyhow::Error`, whose own `source()` skips
+            // the error it wraps: look at that error first.
+            reqwest_middleware::Error::Middleware(e) => Refusal::of(e.as_ref()),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+}

@@ -54,18 +54,37 @@ pub(crate) enum CallOutcome {
 }
 
 /// The `levee_calls_total` counters of one (dependency, operation) label pair, one per
-/// outcome, registered once. Cheap to clone.
+/// outcome, each registered once, late (see [`late`](names::late)). Cheap to clone.
 #[derive(Clone)]
-pub(crate) struct CallCounters(Arc<[Counter; OUTCOMES.len()]>);
+pub(crate) struct CallCounters(Arc<(Labels, [OnceLock<Counter>; OUTCOMES.len()])>);
 
 impl CallCounters {
     fn new(labels: &Labels) -> Self {
-        Self(Arc::new(OUTCOMES.map(|o| labels.counter_with(names::CALLS, &[(names::LABEL_OUTCOME, o)]))))
+        let c = Self(Arc::new((labels.clone(), Default::default())));
+        if names::recorder_installed() {
+            c.publish();
+        }
+        c
     }
 
     #[inline]
     pub(crate) fn count(&self, outcome: CallOutcome) {
-        self.0[outcome as usize].increment(1);
+        if let Some(c) = self.counter(outcome as usize) {
+            c.increment(1);
+        }
+    }
+
+    #[inline]
+    fn counter(&self, i: usize) -> Option<&Counter> {
+        let (labels, cells) = &*self.0;
+        names::late(&cells[i], || labels.counter_with(names::CALLS, &[(names::LABEL_OUTCOME, OUTCOMES[i])]))
+    }
+
+    /// Registers every outcome's series if a recorder is installed and they are not yet.
+    pub(crate) fn publish(&self) {
+        for i in 0..OUTCOMES.len() {
+            self.counter(i);
+        }
     }
 }
 
@@ -111,9 +130,16 @@ impl Guards {
         attempt_timeout: Duration,
         changes: &Arc<StatusChanges>,
     ) -> Self {
-        let labels = Labels::new(dependency, operation);
+        // Calls carry the operation they named (the dependency's name for a call of the
+        // dependency as a whole); the guards of the dependency-wide scope serve every
+        // operation without settings of its own, and say so with `operation="*"`.
+        let calls = CallCounters::new(&Labels::new(dependency, operation));
+        let labels = if operation == dependency {
+            Labels::dependency_wide(dependency)
+        } else {
+            Labels::new(dependency, operation)
+        };
         let budget = Arc::new(RetryBudget::with_metrics(&retry.budget, &labels));
-        let calls = CallCounters::new(&labels);
         Guards {
             breaker: CircuitBreaker::with_metrics(breaker, attempt_timeout, labels.clone())
                 .reporting_to(changes.clone()),
@@ -122,6 +148,15 @@ impl Guards {
             calls,
             labels,
         }
+    }
+
+    /// Registers every series of this scope with a recorder installed since it was built,
+    /// and samples its gauges (the agent's metrics tick).
+    pub(crate) fn publish_metrics(&self) {
+        self.breaker.publish_metrics();
+        self.bulkhead.publish_metrics();
+        self.retrier.publish_metrics();
+        self.calls.publish();
     }
 
     pub(crate) fn update(
@@ -223,7 +258,7 @@ impl fmt::Debug for DepState {
 impl DepState {
     /// `changes` is signalled by the dependency's breakers and fallback period.
     pub(crate) fn new(name: Arc<str>, changes: Arc<StatusChanges>) -> Self {
-        let labels = Labels::new(&name, &name);
+        let labels = Labels::dependency_wide(&name);
         let faults = FaultInjector::with_metrics(&labels);
         let throttle = AdaptiveThrottle::with_metrics(&policy::ClientThrottle::default(), &labels);
         DepState {

@@ -22,7 +22,7 @@ use crate::retry::{Classify, ErrorKind, Idempotency, classify_error};
 /// ```
 ///
 /// runs through the whole enforcement stack (kill switch → deadline → bulkhead → retry →
-/// circuit breaker → attempt timeout) with nothing at the call site:
+/// client-side throttle → circuit breaker → attempt timeout) with nothing at the call site:
 ///
 /// * each attempt carries the attempt's deadline (`levee-deadline-ms`, `grpc-timeout`:
 ///   min(remaining budget − reserve, attempt timeout)), the criticality and, when this
@@ -37,9 +37,12 @@ use crate::retry::{Classify, ErrorKind, Idempotency, classify_error};
 /// The operation is the request's [`Operation`] extension
 /// (`.with_extension(Operation::from_static("GET /price/{user}"))`), else the one given
 /// with [`operation`](Self::operation), else the dependency as a whole. Enforcement's own
-/// errors come back as `reqwest_middleware::Error::Middleware` holding the opaque error
-/// ([`KillSwitched`](super::KillSwitched), [`BreakerOpen`](crate::breaker::BreakerOpen), …:
-/// find them with `downcast_ref`); the client's errors come back unchanged.
+/// errors come back as `reqwest_middleware::Error::Middleware` holding the opaque error;
+/// ask any error [`refusal()`](super::Refused::refusal) (trait [`Refused`](super::Refused))
+/// for whether Levee refused the call and why, rather than downcasting. The client's
+/// errors come back unchanged, and a failure answer (5xx…) that survived the retries comes
+/// back as `Ok`: [`Dependency::send_or_fallback`] folds all three channels into one result
+/// with a fallback.
 #[derive(Clone, Debug)]
 pub struct LeveeMiddleware {
     dependency: Dependency,
@@ -65,6 +68,96 @@ impl Dependency {
     pub fn middleware(&self) -> LeveeMiddleware {
         LeveeMiddleware::new(self.clone())
     }
+
+    /// Sends `request` — built on a client whose middleware enforces this dependency
+    /// ([`middleware`](Self::middleware)) — and reads the answer with `read`; when any of
+    /// it fails, answers from `fallback` instead. Reports the value and its level as
+    /// [`call_or_fallback`](Self::call_or_fallback) does (and counts it for the degraded
+    /// time of the dependency's fallback the same way).
+    ///
+    /// One result for the middleware path's three failure channels: Levee refused or ended
+    /// the call (`cause` is then the matching [`CallError`] variant; [`Refused::refusal`]
+    /// says why), the client failed (`CallError::Inner`), or the dependency answered a
+    /// failure (408, 429, 5xx) after any retries (`CallError::Inner` holding an
+    /// [`HttpStatusError`](crate::retry::HttpStatusError)); a `read` that fails (a body
+    /// that does not decode) falls back too.
+    ///
+    /// ```no_run
+    /// # async fn f(agent: levee_agent::Agent) {
+    /// let recommendations = agent.dependency("recommendations");
+    /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    ///     .with(recommendations.middleware())
+    ///     .build();
+    /// let picks = recommendations
+    ///     .send_or_fallback(
+    ///         client.get("http://127.0.0.1:3002/recommendations/alice"),
+    ///         |res| res.json::<Vec<String>>(),
+    ///         |_cause| async { vec!["bestseller-1".to_string()] },
+    ///     )
+    ///     .await;
+    /// println!("{:?} at level {:?}", picks.value, picks.level);
+    /// # }
+    /// ```
+    ///
+    /// [`Refused::refusal`]: super::Refused::refusal
+    pub async fn send_or_fallback<T, R, RFut, G, GFut>(
+        &self,
+        request: reqwest_middleware::RequestBuilder,
+        read: R,
+        fallback: G,
+    ) -> super::WithFallback<T, Error>
+    where
+        R: FnOnce(reqwest::Response) -> RFut,
+        RFut: std::future::Future<Output = Result<T, reqwest::Error>>,
+        G: FnOnce(&CallError<Error>) -> GFut,
+        GFut: std::future::Future<Output = T>,
+    {
+        let answer = match request.send().await {
+            Err(e) => Err(call_error(e)),
+            Ok(res) => match crate::retry::HttpStatusError::from_parts(res.status(), res.headers()) {
+                Some(status) => Err(CallError::Inner(Error::middleware(status))),
+                None => read(res).await.map_err(|e| CallError::Inner(Error::Reqwest(e))),
+            },
+        };
+        let view = self.view();
+        match answer {
+            Ok(value) => {
+                view.state.fallback.fresh();
+                super::WithFallback { value, level: crate::policy::FallbackLevel::Fresh, cause: None }
+            }
+            Err(cause) => {
+                let level = view.policy.fallback;
+                let value = fallback(&cause).await;
+                view.state.fallback.served(level);
+                super::WithFallback { value, level, cause: Some(cause) }
+            }
+        }
+    }
+}
+
+/// The [`CallError`] a middleware error stands for: enforcement's own errors back as their
+/// variants (the middleware hands them out boxed in `Error::Middleware`), anything else as
+/// `Inner`.
+fn call_error(e: Error) -> CallError<Error> {
+    let Error::Middleware(e) = e else { return CallError::Inner(e) };
+    macro_rules! unbox {
+        ($e:ident, $($ty:ty => $variant:expr),+ $(,)?) => {
+            $(let $e = match $e.downcast::<$ty>() {
+                Ok(v) => return $variant(v),
+                Err(e) => e,
+            };)+
+        };
+    }
+    unbox!(e,
+        super::KillSwitched => CallError::KillSwitched,
+        crate::breaker::BreakerOpen => CallError::BreakerOpen,
+        crate::bulkhead::BulkheadFull => CallError::BulkheadFull,
+        crate::retry::Throttled => CallError::Throttled,
+        super::AttemptTimeout => CallError::Timeout,
+        super::InjectedFault => CallError::Injected,
+        super::DeadlineError => |d| CallError::DeadlineExceeded(d, None),
+    );
+    CallError::Inner(Error::Middleware(e))
 }
 
 /// Why one attempt through the middleware failed: the client's error, or the body read.

@@ -36,7 +36,9 @@ pub use client::{
     Attempt, AttemptBody, CallPolicy, DependencyLayer, DependencyService, ErrorPolicy, GrpcPolicy,
     HttpPolicy, Operation, OperationFrom, ReplayBody, ReplayRequest, ResponseFuture, propagate,
 };
-pub use error::{AttemptTimeout, CallError, DeadlineError, InjectedFault, KillSwitched, NotReplayable};
+pub use error::{
+    AttemptTimeout, CallError, DeadlineError, InjectedFault, KillSwitched, NotReplayable, Refusal, Refused,
+};
 #[cfg(feature = "reqwest-middleware")]
 pub use middleware::LeveeMiddleware;
 pub use run::idempotent_by_name;
@@ -285,6 +287,23 @@ impl Registry<DepView> {
     pub(crate) fn handle(&self, name: &str, ctx: &ResolveCtx<'_>) -> Dependency {
         let (name, slot) = self.slot(name, ctx);
         Dependency { name, slot }
+    }
+
+    /// Samples every dependency's gauges (breaker state, bulkhead in use) and registers its
+    /// series with a recorder installed since they were built (the agent's metrics tick,
+    /// CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        for (_, slot) in self.all().iter() {
+            let view = slot.load();
+            view.default_scope.guards.publish_metrics();
+            for scope in view.ops.values() {
+                if !Arc::ptr_eq(&scope.guards, &view.default_scope.guards) {
+                    scope.guards.publish_metrics();
+                }
+            }
+            view.state.faults.publish_metrics();
+            view.state.throttle.publish_metrics();
+        }
     }
 
     /// Adds every breaker and bulkhead (dependency-level and per operation) to a status
@@ -582,7 +601,7 @@ impl Dependency {
     pub fn endpoints<P>(&self, endpoints: Vec<P>) -> Endpoints<P> {
         let view = self.slot.load_full();
         let settings = view.policy.outlier_detection.clone().unwrap_or_default();
-        let labels = crate::metrics_names::Labels::new(&view.name, &view.name);
+        let labels = crate::metrics_names::Labels::dependency_wide(&view.name);
         Endpoints {
             detector: crate::outlier::OutlierDetector::with_metrics(&settings, endpoints, &labels),
             applied: ArcSwap::new(view.policy.clone()),

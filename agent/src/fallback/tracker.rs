@@ -1,6 +1,6 @@
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -8,7 +8,7 @@ use metrics::{Counter, Gauge, Label};
 use tokio::time::Instant;
 
 use crate::applied::StatusChanges;
-use crate::metrics_names::{self as names, LABEL_FEATURE, LABEL_LEVEL};
+use crate::metrics_names::{self as names, LABEL_FEATURE, LABEL_LEVEL, late};
 use crate::policy::{FallbackLevel, Timestamp};
 
 /// Name under which features past the tracker's capacity are counted together.
@@ -29,8 +29,35 @@ struct FeatureState {
     /// ms since the tracker's origin + 1 when degradation began; 0 = fresh.
     since_mono: AtomicU64,
     since_wall_ms: AtomicI64,
-    results: [Counter; 5],
-    degraded_seconds: Gauge,
+    /// Bound to the recorder late ([`late`]), as the gauge.
+    results: [OnceLock<Counter>; 5],
+    degraded_seconds: OnceLock<Gauge>,
+}
+
+impl FeatureState {
+    fn results(&self, level: FallbackLevel) -> Option<&Counter> {
+        late(&self.results[level as usize], || {
+            metrics::counter!(
+                names::FEATURE_RESULTS,
+                vec![
+                    Label::new(LABEL_FEATURE, self.name.to_string()),
+                    Label::new(LABEL_LEVEL, level.as_str())
+                ]
+            )
+        })
+    }
+
+    fn degraded_seconds(&self, seconds: f64) {
+        let gauge = late(&self.degraded_seconds, || {
+            metrics::gauge!(
+                names::FEATURE_DEGRADED_SECONDS,
+                vec![Label::new(LABEL_FEATURE, self.name.to_string())]
+            )
+        });
+        if let Some(g) = gauge {
+            g.set(seconds);
+        }
+    }
 }
 
 /// A feature's degradation, as reported to the server (which alerts on long fallback).
@@ -62,7 +89,9 @@ impl FeatureHandle {
     /// a period sets its start. Lock-free; reads the clock only when the period starts.
     pub fn record(&self, level: FallbackLevel) {
         let s = &*self.state;
-        s.results[level as usize].increment(1);
+        if let Some(c) = s.results(level) {
+            c.increment(1);
+        }
         // One load in the steady state; a level change is signalled to the sync client.
         if s.level.load(Ordering::Relaxed) != level as u8
             && s.level.swap(level as u8, Ordering::Relaxed) != level as u8
@@ -74,7 +103,7 @@ impl FeatureHandle {
         if level == FallbackLevel::Fresh {
             if s.since_mono.load(Ordering::Relaxed) != 0 {
                 s.since_mono.store(0, Ordering::Relaxed);
-                s.degraded_seconds.set(0.0);
+                s.degraded_seconds(0.0);
             }
             return;
         }
@@ -103,7 +132,11 @@ impl FeatureHandle {
                 Duration::from_millis(now.saturating_sub(since)),
             )
         };
-        s.degraded_seconds.set(degraded_for.as_secs_f64());
+        s.degraded_seconds(degraded_for.as_secs_f64());
+        // Registers the series with a recorder installed since the feature was first seen.
+        for l in LEVELS {
+            s.results(l);
+        }
         FeatureDegradation { feature: s.name.to_string(), level, degraded_since, degraded_for }
     }
 }
@@ -161,27 +194,21 @@ impl FeatureTracker {
     }
 
     fn handle(&self, name: &str) -> FeatureHandle {
-        let label = |level: FallbackLevel| {
-            metrics::counter!(
-                names::FEATURE_RESULTS,
-                vec![Label::new(LABEL_FEATURE, name.to_string()), Label::new(LABEL_LEVEL, level.as_str())]
-            )
-        };
-        FeatureHandle {
-            state: Arc::new(FeatureState {
-                name: Arc::from(name),
-                level: AtomicU8::new(0),
-                since_mono: AtomicU64::new(0),
-                since_wall_ms: AtomicI64::new(0),
-                results: LEVELS.map(label),
-                degraded_seconds: metrics::gauge!(
-                    names::FEATURE_DEGRADED_SECONDS,
-                    vec![Label::new(LABEL_FEATURE, name.to_string())]
-                ),
-            }),
-            origin: self.origin,
-            changes: self.changes.clone(),
+        let state = Arc::new(FeatureState {
+            name: Arc::from(name),
+            level: AtomicU8::new(0),
+            since_mono: AtomicU64::new(0),
+            since_wall_ms: AtomicI64::new(0),
+            results: Default::default(),
+            degraded_seconds: OnceLock::new(),
+        });
+        if names::recorder_installed() {
+            for l in LEVELS {
+                state.results(l);
+            }
+            state.degraded_seconds(0.0);
         }
+        FeatureHandle { state, origin: self.origin, changes: self.changes.clone() }
     }
 
     /// Every tracked feature's status, sorted by name; also refreshes the

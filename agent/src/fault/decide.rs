@@ -3,9 +3,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use metrics::Counter;
 
-use crate::metrics_names::{self as names, LABEL_FAULT, Labels};
+use crate::metrics_names::{self as names, LABEL_FAULT, Labels, LateCounter};
 use crate::policy::{FaultAction, FaultRule, Timestamp};
 use crate::retry::{ErrorKind, FastRng};
 
@@ -83,7 +82,7 @@ pub struct FaultInjector {
     rules: ArcSwap<Vec<FaultRule>>,
     allowed: AtomicBool,
     rng: FastRng,
-    injected: [Counter; 3],
+    injected: [LateCounter; 3],
 }
 
 impl FaultInjector {
@@ -93,7 +92,7 @@ impl FaultInjector {
             rules: ArcSwap::from_pointee(Vec::new()),
             allowed: AtomicBool::new(false),
             rng: FastRng::new(),
-            injected: [Counter::noop(), Counter::noop(), Counter::noop()],
+            injected: [LateCounter::noop(), LateCounter::noop(), LateCounter::noop()],
         }
     }
 
@@ -101,8 +100,14 @@ impl FaultInjector {
     /// [`FAULTS_INJECTED`](crate::metrics_names::FAULTS_INJECTED) with `labels` (one
     /// counter per kind of fault).
     pub fn with_metrics(labels: &Labels) -> Self {
-        let c = |kind| labels.counter_with(names::FAULTS_INJECTED, &[(LABEL_FAULT, kind)]);
+        let c = |kind| LateCounter::with(labels, names::FAULTS_INJECTED, Some((LABEL_FAULT, kind)));
         Self { injected: [c("delay"), c("abort"), c("connection_error")], ..Self::new() }
+    }
+
+    /// Registers the injected-fault counters with a recorder installed since the injector
+    /// was built (CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        self.injected.iter().for_each(LateCounter::publish);
     }
 
     /// Replaces the rules and the environment's permission (from a new snapshot).

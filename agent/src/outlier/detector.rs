@@ -1,10 +1,9 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge};
 use tokio::time::Instant;
 
-use crate::metrics_names::{self as names, Labels};
+use crate::metrics_names::{self as names, Labels, LateCounter, LateGauge};
 use crate::policy;
 
 /// "Not ejected" in `ejected_until`.
@@ -56,8 +55,8 @@ pub struct OutlierDetector<E> {
     next_sweep: AtomicU64,
     next_pick: AtomicUsize,
     origin: Instant,
-    ejections: Counter,
-    ejected_gauge: Gauge,
+    ejections: LateCounter,
+    ejected_gauge: LateGauge,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -67,7 +66,7 @@ fn ms(d: Duration) -> u64 {
 impl<E> OutlierDetector<E> {
     /// A detector over `endpoints`, none ejected. Metrics not registered.
     pub fn new(settings: &policy::OutlierDetection, endpoints: Vec<E>) -> Self {
-        Self::build(settings, endpoints, Counter::noop(), Gauge::noop())
+        Self::build(settings, endpoints, LateCounter::noop(), LateGauge::noop())
     }
 
     /// As [`OutlierDetector::new`], registering
@@ -77,16 +76,16 @@ impl<E> OutlierDetector<E> {
         Self::build(
             settings,
             endpoints,
-            labels.counter(names::OUTLIER_EJECTIONS),
-            labels.gauge(names::OUTLIER_EJECTED),
+            LateCounter::new(labels, names::OUTLIER_EJECTIONS),
+            LateGauge::new(labels, names::OUTLIER_EJECTED),
         )
     }
 
     fn build(
         settings: &policy::OutlierDetection,
         endpoints: Vec<E>,
-        ejections: Counter,
-        ejected_gauge: Gauge,
+        ejections: LateCounter,
+        ejected_gauge: LateGauge,
     ) -> Self {
         let endpoints = endpoints
             .into_iter()

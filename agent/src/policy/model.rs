@@ -596,8 +596,10 @@ impl Default for Queue {
 #[serde(deny_unknown_fields, default)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Route {
-    /// Criticality when the request carries none.
-    pub criticality: Criticality,
+    /// Criticality when the request carries none. Absent: `inbound.default_criticality`,
+    /// else the classification by the request (see [`Inbound::default_criticality`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub criticality: Option<Criticality>,
     /// Inbound budget of this route when the caller sends none.
     #[serde(with = "super::duration::option", default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "500ms"))]
@@ -631,8 +633,14 @@ pub struct Inbound {
     pub queue: Queue,
     /// Per-route settings by route template.
     pub routes: BTreeMap<String, Route>,
-    /// Criticality of requests that carry none and match no route.
-    pub default_criticality: Criticality,
+    /// Criticality of requests that carry none and whose route names none. Absent (the
+    /// default): by the request, so that an overload sheds bulk traffic first without any
+    /// configuration — routes of the safe methods (`GET`, `HEAD`, `OPTIONS`) are
+    /// SHEDDABLE_PLUS, other methods and gRPC methods CRITICAL, requests that match no
+    /// route (`_unmatched`, `_overflow`) SHEDDABLE; health probes are never shed at all.
+    /// Set, every such route gets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_criticality: Option<Criticality>,
     /// Operator lever: percentage of SHEDDABLE and SHEDDABLE_PLUS traffic to shed.
     pub shed_sheddable_percent: f64,
     /// Operator lever: no outgoing retries at all while set.
@@ -654,7 +662,7 @@ impl Default for Inbound {
             limit: Limit::default(),
             queue: Queue::default(),
             routes: BTreeMap::new(),
-            default_criticality: Criticality::default(),
+            default_criticality: None,
             shed_sheddable_percent: 0.0,
             retries_paused: false,
             mode: AdmissionMode::default(),

@@ -1,10 +1,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrics::Counter;
 use tokio::time::Instant;
 
-use crate::metrics_names::{self as names, Labels};
+use crate::metrics_names::{self as names, Labels, LateCounter};
 use crate::policy;
 
 /// Fixed-point unit of the bucket: one token is a million micro-tokens, so ratios such as
@@ -51,22 +50,28 @@ pub struct RetryBudget {
     floor_tolerance_ns: AtomicU64,
     floor_tat_ns: AtomicU64,
     origin: Instant,
-    exhausted: Counter,
+    exhausted: LateCounter,
 }
 
 impl RetryBudget {
     /// A full bucket with the given settings (metrics not registered).
     pub fn new(settings: &policy::RetryBudgetPolicy) -> Self {
-        Self::build(settings, Counter::noop())
+        Self::build(settings, LateCounter::noop())
     }
 
     /// As [`RetryBudget::new`], counting exhaustion in
     /// [`RETRY_BUDGET_EXHAUSTED`](crate::metrics_names::RETRY_BUDGET_EXHAUSTED) with `labels`.
     pub fn with_metrics(settings: &policy::RetryBudgetPolicy, labels: &Labels) -> Self {
-        Self::build(settings, labels.counter(names::RETRY_BUDGET_EXHAUSTED))
+        Self::build(settings, LateCounter::new(labels, names::RETRY_BUDGET_EXHAUSTED))
     }
 
-    fn build(settings: &policy::RetryBudgetPolicy, exhausted: Counter) -> Self {
+    /// Registers the exhaustion counter with a recorder installed since the budget was
+    /// built (CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        self.exhausted.publish();
+    }
+
+    fn build(settings: &policy::RetryBudgetPolicy, exhausted: LateCounter) -> Self {
         let b = Self {
             tokens: AtomicU64::new(micro(settings.capacity)),
             ratio: AtomicU64::new(0),

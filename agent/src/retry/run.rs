@@ -8,7 +8,7 @@ use metrics::Counter;
 
 use super::{Classify, Decision, RetryBudget, RetryPolicy, StopReason, one_layer_allows};
 use crate::deadline::{self, Deadline};
-use crate::metrics_names::{self as names, Labels};
+use crate::metrics_names::{self as names, Labels, LateCounter};
 use crate::policy;
 
 /// What the retry loop needs to know about one call.
@@ -98,28 +98,35 @@ impl<E: StdError + 'static> StdError for RetryError<E> {
 pub struct Retrier {
     policy: RetryPolicy,
     budget: Arc<RetryBudget>,
-    retries: Counter,
+    retries: LateCounter,
 }
 
 impl Retrier {
     /// A retrier with `settings` and its own budget (metrics not registered).
     pub fn new(settings: &policy::Retry) -> Self {
-        Self::with_parts(
-            RetryPolicy::new(settings),
-            Arc::new(RetryBudget::new(&settings.budget)),
-            Counter::noop(),
-        )
+        Self {
+            policy: RetryPolicy::new(settings),
+            budget: Arc::new(RetryBudget::new(&settings.budget)),
+            retries: LateCounter::noop(),
+        }
     }
 
     /// A retrier with `settings` sharing `budget` (one budget per dependency), counting
     /// retries in [`RETRIES`](crate::metrics_names::RETRIES).
     pub fn with_budget(settings: &policy::Retry, budget: Arc<RetryBudget>, labels: &Labels) -> Self {
-        Self::with_parts(RetryPolicy::new(settings), budget, labels.counter(names::RETRIES))
+        Self { policy: RetryPolicy::new(settings), budget, retries: LateCounter::new(labels, names::RETRIES) }
     }
 
     /// A retrier from explicit parts.
     pub fn with_parts(policy: RetryPolicy, budget: Arc<RetryBudget>, retries: Counter) -> Self {
-        Self { policy, budget, retries }
+        Self { policy, budget, retries: LateCounter::bound(retries) }
+    }
+
+    /// Registers the retry and budget counters with a recorder installed since they were
+    /// built (CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        self.retries.publish();
+        self.budget.publish_metrics();
     }
 
     /// Applies new settings live: the policy is replaced, the budget keeps its tokens.

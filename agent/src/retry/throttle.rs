@@ -2,10 +2,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrics::Counter;
 use tokio::time::Instant;
 
 use super::FastRng;
+use crate::metrics_names::LateCounter;
 use crate::policy;
 use crate::policy::defaults::THROTTLE_MIN_REQUESTS;
 
@@ -76,7 +76,7 @@ pub struct AdaptiveThrottle {
     quiet_since_ns: AtomicU64,
     rng: FastRng,
     throttled: AtomicU64,
-    throttled_counter: Counter,
+    throttled_counter: LateCounter,
 }
 
 impl fmt::Debug for AdaptiveThrottle {
@@ -108,7 +108,7 @@ impl AdaptiveThrottle {
             quiet_since_ns: AtomicU64::new(0),
             rng: FastRng::with_seed(seed),
             throttled: AtomicU64::new(0),
-            throttled_counter: Counter::noop(),
+            throttled_counter: LateCounter::noop(),
         };
         t.update(settings);
         t
@@ -118,8 +118,14 @@ impl AdaptiveThrottle {
     /// [`CLIENT_THROTTLED`](crate::metrics_names::CLIENT_THROTTLED) with `labels`.
     pub fn with_metrics(settings: &policy::ClientThrottle, labels: &crate::metrics_names::Labels) -> Self {
         let mut t = Self::new(settings);
-        t.throttled_counter = labels.counter(crate::metrics_names::CLIENT_THROTTLED);
+        t.throttled_counter = LateCounter::new(labels, crate::metrics_names::CLIENT_THROTTLED);
         t
+    }
+
+    /// Registers the refusal counter with a recorder installed since the throttle was
+    /// built (CB-9).
+    pub(crate) fn publish_metrics(&self) {
+        self.throttled_counter.publish();
     }
 
     /// Applies new settings live. A new window length restarts the counts.

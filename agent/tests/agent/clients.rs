@@ -561,6 +561,61 @@ async fn middleware_honours_retry_after_and_refuses_when_the_breaker_is_open() {
     assert_eq!(seen.hits.load(Ordering::SeqCst), 3, "refused locally");
 }
 
+/// `reqwest-middleware`, the three failure channels folded into one answer: a 503 that
+/// survived the retries (an `Ok` of `send`), Levee's own refusal (an opaque error of
+/// `send`, asked with `Refused::refusal` instead of downcasting) and a success — each
+/// through `send_or_fallback`, which says the level as `call_or_fallback` does.
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+async fn middleware_refusals_are_typed_and_send_or_fallback_reports_the_level() {
+    use levee_agent::policy::FallbackLevel;
+    use levee_agent::{Refusal, Refused};
+    let seen = Arc::new(Seen::default());
+    let failing = http_server(u32::MAX, seen.clone()).await;
+    let agent = agent(
+        r#"{"retry": {"max_attempts": 1}, "fallback": "generic",
+            "circuit_breaker": {"window": {"type": "count", "size": 10}, "minimum_calls": 3,
+                                "failure_rate_threshold": 0.5, "wait_in_open": "60s"}}"#,
+    );
+    let dep = agent.dependency("dep");
+    let client =
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(dep.middleware()).build();
+    let url = format!("http://{failing}/price");
+    let read = |res: reqwest::Response| res.text();
+    let generic = |_: &CallError<reqwest_middleware::Error>| async { "generic".to_string() };
+    // A 503 answer: a failure, with its status, not a refusal.
+    let answer = dep.send_or_fallback(client.get(&url), read, generic).await;
+    assert_eq!((answer.value.as_str(), answer.level), ("generic", FallbackLevel::Generic));
+    let cause = answer.cause.expect("the 503 is the cause");
+    assert_eq!(cause.refusal(), None, "the dependency's failure: {cause}");
+    let CallError::Inner(reqwest_middleware::Error::Middleware(e)) = &cause else { panic!("{cause:?}") };
+    let status = e.downcast_ref::<levee_agent::retry::HttpStatusError>().expect("the failure status");
+    assert_eq!(status.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    for _ in 0..2 {
+        let _ = client.get(&url).send().await;
+    }
+    assert_eq!(dep.breaker("dep").state, State::Open);
+    // Levee refuses: the plain `send` error says why, and so does the fallback's cause.
+    let err = client.get(&url).send().await.unwrap_err();
+    assert_eq!(err.refusal(), Some(Refusal::BreakerOpen), "{err}");
+    assert!(Refusal::BreakerOpen.before_the_dependency());
+    let answer = dep.send_or_fallback(client.get(&url), read, generic).await;
+    assert_eq!(answer.level, FallbackLevel::Generic);
+    assert!(matches!(answer.cause, Some(CallError::BreakerOpen(_))), "{:?}", answer.cause);
+    assert_eq!(answer.cause.unwrap().refusal(), Some(Refusal::BreakerOpen));
+    assert_eq!(seen.hits.load(Ordering::SeqCst), 3, "refused locally");
+    // A success is the dependency's answer, level FRESH.
+    let ok = http_server(0, Arc::new(Seen::default())).await;
+    let other = self::agent(r#"{"fallback": "generic"}"#).dependency("dep");
+    let client =
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).with(other.middleware()).build();
+    let answer = other.send_or_fallback(client.get(format!("http://{ok}/price")), read, generic).await;
+    assert_eq!(
+        (answer.value.as_str(), answer.level, answer.cause.is_none()),
+        ("42", FallbackLevel::Fresh, true)
+    );
+}
+
 /// `levee_calls_total{operation}` says the operation of the call whenever one is set —
 /// named in the policy or not — and the dependency's name only for the dependency as a
 /// whole (it said the dependency's name for every operation without guards of its own).

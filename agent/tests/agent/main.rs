@@ -696,3 +696,66 @@ async fn breaker_transitions_are_reported_promptly_and_debounced() {
     assert!(since >= Duration::from_millis(19_900) && since < Duration::from_millis(20_300), "{since:?}");
     a.shutdown().await;
 }
+
+/// CB-9: a metrics recorder installed after the agent is built, and after a dependency
+/// handle made calls, still receives every series: breaker state and rejections, bulkhead,
+/// retries, calls — on the agent's next metrics tick or the series' next use.
+#[tokio::test(start_paused = true)]
+async fn cb_9_a_recorder_installed_after_build_receives_every_series() {
+    let body = r#"{"policy": {"dependencies": {"p": {
+        "retry": {"max_attempts": 2, "base": "1ms", "cap": "2ms"},
+        "bulkhead": {"max_concurrent": 1},
+        "circuit_breaker": {"window": {"type": "count", "size": 10}, "minimum_calls": 4,
+                            "failure_rate_threshold": 0.5, "wait_in_open": "60s"}}}}}"#;
+    let cfg = levee_agent::policy::decode_config(body.as_bytes()).unwrap();
+    let agent = Agent::builder("http://127.0.0.1:9", TOKEN, ENV, SERVICE).defaults(cfg).build().unwrap();
+    let p = agent.dependency("p");
+    p.call("p", || async { Ok::<_, std::io::Error>(()) }).await.unwrap();
+
+    // The service installs its recorder only now.
+    let recorder = prometheus();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    tokio::time::advance(levee_agent::sync::DEFAULT_METRICS_INTERVAL + Duration::from_millis(1)).await;
+    settle().await;
+    let rendered = handle.render();
+    let scope = ["dependency=\"p\"", "operation=\"*\""];
+    assert_eq!(series(&rendered, "levee_breaker_state", &scope), Some(0.0), "{rendered}");
+    assert_eq!(series(&rendered, "levee_bulkhead_in_use", &scope), Some(0.0), "{rendered}");
+    for name in ["levee_breaker_rejected_total", "levee_bulkhead_rejected_total", "levee_retries_total"] {
+        assert_eq!(series(&rendered, name, &scope), Some(0.0), "{name}: {rendered}");
+    }
+
+    // Events after the install are counted: a full bulkhead, retried failures that open
+    // the breaker, a call it refuses.
+    let held = {
+        let p = p.clone();
+        tokio::spawn(
+            async move { p.call("GET /p", std::future::pending::<Result<(), std::io::Error>>).await },
+        )
+    };
+    tokio::task::yield_now().await;
+    assert!(p.call("GET /p", || async { Ok::<_, std::io::Error>(()) }).await.is_err());
+    held.abort();
+    let _ = held.await;
+    let refused = || async { Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) };
+    for _ in 0..2 {
+        let _ = p.call("GET /p", refused).await;
+    }
+    assert!(p.call("GET /p", || async { Ok::<_, std::io::Error>(()) }).await.is_err());
+    let rendered = handle.render();
+    assert_eq!(series(&rendered, "levee_bulkhead_rejected_total", &scope), Some(1.0), "{rendered}");
+    assert_eq!(series(&rendered, "levee_breaker_state", &scope), Some(1.0), "OPEN: {rendered}");
+    assert_eq!(series(&rendered, "levee_retries_total", &scope), Some(2.0), "{rendered}");
+    assert!(series(&rendered, "levee_breaker_rejected_total", &scope) >= Some(1.0), "{rendered}");
+    assert!(series(&rendered, "levee_breaker_transitions_total", &["to=\"OPEN\""]).is_some(), "{rendered}");
+    let calls = |outcome: &str| {
+        series(&rendered, "levee_calls_total", &["dependency=\"p\"", "operation=\"GET /p\"", outcome])
+    };
+    // The first failing call failed; the second ended on its retry, refused by the breaker
+    // it had just opened, as did the last call.
+    assert_eq!(calls("outcome=\"failed\""), Some(1.0), "{rendered}");
+    assert_eq!(calls("outcome=\"breaker_open\""), Some(2.0), "{rendered}");
+    assert_eq!(calls("outcome=\"bulkhead_full\""), Some(1.0), "{rendered}");
+    agent.shutdown().await;
+}

@@ -289,3 +289,25 @@ async fn operator_levers_already_expired_when_applied_do_nothing() {
     assert_eq!(a.status().limit, 50);
     assert!(a.try_admit(&req("GET /x", Criticality::Sheddable)).is_ok());
 }
+
+/// A service shows admission on its own status page: the status serializes with the names
+/// the status report and metrics use, durations as the policy spells them.
+#[tokio::test(start_paused = true)]
+async fn the_status_serializes_for_a_status_page() {
+    let a = engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 1}, "queue": {"max_len": 0}}"#);
+    let p = a.try_admit(&req("GET /cart", Criticality::Critical)).unwrap();
+    tokio::time::advance(12 * MS).await;
+    drop(p);
+    let _busy = a.try_admit(&req("GET /cart", Criticality::Critical)).unwrap();
+    assert!(a.try_admit(&req("GET /cart", Criticality::SheddablePlus)).is_err());
+    let v = serde_json::to_value(a.status()).unwrap();
+    assert_eq!(
+        (v["mode"].as_str(), v["algorithm"].as_str(), v["limit"].as_u64()),
+        (Some("enforce"), Some("fixed"), Some(1))
+    );
+    let route = &v["routes"][0];
+    assert_eq!(route["route"], "GET /cart");
+    assert_eq!(route["expected_service_time"], "12ms");
+    assert_eq!(route["shed"][0]["criticality"], "SHEDDABLE_PLUS");
+    assert_eq!(route["shed"][0]["reason"], "limit");
+}

@@ -1,7 +1,8 @@
 //! Tests of the admission engine: the request path and its levers (`engine`), the queue
 //! under a paused clock (`queue`), shadow mode (`shadow`), permits never leaked (`leaks`),
 //! recovery after overload (`in_3`), no lockout of an idle service (`in_4`), no drift of an
-//! adaptive limit under a sustained overload (`in_5`) and the tower layer (`layer`).
+//! adaptive limit under a sustained overload (`in_5`), no route table filled by clients
+//! (`in_7`), protection by the default policy (`in_8`) and the tower layer (`layer`).
 //! Client-side throttling is tested with its code, in `retry`. IN-1 and IN-2 run on real
 //! HTTP in `agent/tests/agent`.
 
@@ -9,6 +10,8 @@ mod engine;
 mod in_3;
 mod in_4;
 mod in_5;
+mod in_7;
+mod in_8;
 mod layer;
 mod leaks;
 mod queue;

@@ -293,8 +293,20 @@ pub async fn run(
                 .await??
         };
         let targets = vec![
-            Target { method: Method::POST, path: "/checkout", share: 100, send_criticality: false },
-            Target { method: Method::GET, path: "/product/1", share: 900, send_criticality: false },
+            Target {
+                method: Method::POST,
+                path: "/checkout",
+                share: 100,
+                send_criticality: false,
+                class: None,
+            },
+            Target {
+                method: Method::GET,
+                path: "/product/1",
+                share: 900,
+                send_criticality: false,
+                class: None,
+            },
         ];
         let generator = Generator::new(shop.addr, targets, Mix([1000, 0, 0]), BUDGET, 0x5eed);
         let start = Instant::now();

@@ -91,6 +91,9 @@ pub struct Target {
     pub path: &'static str,
     pub share: u32,
     pub send_criticality: bool,
+    /// The class its requests are reported under, instead of the one drawn from the mix
+    /// (for traffic whose criticality the service decides from the route).
+    pub class: Option<Criticality>,
 }
 
 /// An open-loop generator against one server.
@@ -140,7 +143,8 @@ impl Generator {
                 tokio::time::sleep_until(start + at).await;
                 rng = xorshift(rng);
                 let target = self.pick_target((rng >> 20) as u32);
-                let criticality = self.mix.pick((rng >> 40) as u32);
+                let criticality =
+                    self.targets[target].class.unwrap_or_else(|| self.mix.pick((rng >> 40) as u32));
                 handles.push(tokio::spawn(self.clone().one(start, at, target, criticality)));
             }
             phase_start += phase.duration;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args as ClapArgs, Subcommand};
 use http::Method;
-use levee_agent::policy::{Inbound, LimitAlgorithm};
+use levee_agent::policy::{Criticality, Inbound, LimitAlgorithm};
 use serde_json::{Map, Value, json};
 
 mod dependency;
@@ -98,26 +98,62 @@ struct Variant {
     /// Key in the JSON summary.
     name: &'static str,
     protection: Protection,
+    traffic: Traffic,
+}
+
+/// What the generator sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Traffic {
+    /// `GET /work`, each request with a `levee-criticality` header drawn from [`MIX`]: the
+    /// caller says what matters.
+    Headers,
+    /// No header anywhere: [`MIX`]'s CRITICAL share is `POST /checkout`, the rest
+    /// `GET /work` (reported as SHEDDABLE_PLUS), and the service tells them apart by
+    /// itself (its default policy's classification, IN-8).
+    Routes,
+}
+
+impl Traffic {
+    fn targets(self) -> Vec<Target> {
+        let target = |method, path, share, send_criticality, class| Target {
+            method,
+            path,
+            share,
+            send_criticality,
+            class,
+        };
+        match self {
+            Traffic::Headers => vec![target(Method::GET, "/work", 1000, true, None)],
+            Traffic::Routes => vec![
+                target(Method::POST, "/checkout", MIX.0[0], false, Some(Criticality::Critical)),
+                target(Method::GET, "/work", 1000 - MIX.0[0], false, Some(Criticality::SheddablePlus)),
+            ],
+        }
+    }
 }
 
 fn variants() -> Vec<Variant> {
     vec![
-        Variant { name: "none", protection: Protection::None },
-        Variant { name: "tower_concurrency_limit", protection: Protection::TowerFixed { limit: WORKERS } },
-        Variant { name: "tower_acc_gradient2", protection: Protection::AccGradient2 },
-        Variant { name: "tower_acc_vegas", protection: Protection::AccVegas },
-        Variant { name: "levee", protection: Protection::Levee(Box::default()) },
-        Variant {
-            name: "levee_gradient2",
-            protection: Protection::Levee(Box::new(algorithm(LimitAlgorithm::Gradient2))),
-        },
-        Variant {
-            name: "levee_vegas",
-            protection: Protection::Levee(Box::new(algorithm(LimitAlgorithm::Vegas))),
-        },
+        variant("none", Protection::None),
+        variant("tower_concurrency_limit", Protection::TowerFixed { limit: WORKERS }),
+        variant("tower_acc_gradient2", Protection::AccGradient2),
+        variant("tower_acc_vegas", Protection::AccVegas),
+        variant("levee", Protection::Levee(Box::default())),
+        variant("levee_gradient2", Protection::Levee(Box::new(algorithm(LimitAlgorithm::Gradient2)))),
+        variant("levee_vegas", Protection::Levee(Box::new(algorithm(LimitAlgorithm::Vegas)))),
         // What tower's ConcurrencyLimit is given: the pool size, known in advance.
-        Variant { name: "levee_fixed", protection: Protection::Levee(Box::new(fixed(WORKERS as u32))) },
+        variant("levee_fixed", Protection::Levee(Box::new(fixed(WORKERS as u32)))),
+        // The default policy with no criticality header anywhere: protection out of the box.
+        Variant {
+            name: "levee_default_no_headers",
+            protection: Protection::Levee(Box::default()),
+            traffic: Traffic::Routes,
+        },
     ]
+}
+
+fn variant(name: &'static str, protection: Protection) -> Variant {
+    Variant { name, protection, traffic: Traffic::Headers }
 }
 
 /// Levee with a fixed limit, every other setting default.
@@ -202,8 +238,7 @@ impl Args {
                 "recovery: 0.5x for {before:?}, 10x for {during:?}, 0.5x for {after:?}; time until every 250 ms bucket has >= 95 % goodput"
             );
             for variant in self.variants() {
-                let secs =
-                    client_rt.block_on(run_recovery(server_rt.handle(), &variant.protection, self.smoke))?;
+                let secs = client_rt.block_on(run_recovery(server_rt.handle(), &variant, self.smoke))?;
                 println!(
                     "{:<24} recovered after {}",
                     variant.name,
@@ -272,16 +307,15 @@ fn recovery_phases(smoke: bool) -> [Duration; 3] {
 /// run.
 async fn run_recovery(
     server_rt: &tokio::runtime::Handle,
-    protection: &Protection,
+    variant: &Variant,
     smoke: bool,
 ) -> anyhow::Result<Option<f64>> {
     let [before, during, after] = recovery_phases(smoke);
     let pool = Pool::new(WORKERS);
     let router = work_router(pool.clone(), WORK);
-    let protection = protection.clone();
+    let protection = variant.protection.clone();
     let server = server_rt.spawn(async move { Server::start(protect(router, &protection)).await }).await??;
-    let target = Target { method: Method::GET, path: "/work", share: 1000, send_criticality: true };
-    let generator = Generator::new(server.addr, vec![target], MIX, BUDGET, SEED);
+    let generator = Generator::new(server.addr, variant.traffic.targets(), MIX, BUDGET, SEED);
     let low = 0.5 * capacity_rps();
     let phases = [
         Phase { rps: low, duration: before },
@@ -309,8 +343,7 @@ async fn run_steps(
     let router = work_router(pool.clone(), WORK);
     let protection = variant.protection.clone();
     let server = server_rt.spawn(async move { Server::start(protect(router, &protection)).await }).await??;
-    let target = Target { method: Method::GET, path: "/work", share: 1000, send_criticality: true };
-    let generator = Generator::new(server.addr, vec![target], MIX, BUDGET, SEED);
+    let generator = Generator::new(server.addr, variant.traffic.targets(), MIX, BUDGET, SEED);
     let first = Duration::from_secs(if smoke { 1 } else { 3 });
     generator.run(&[Phase { rps: 0.5 * capacity_rps(), duration: first }]).await;
     let mut rows = Vec::new();

@@ -173,16 +173,16 @@ where
     }))
 }
 
-/// The handlers of the overload steps: `GET /work` takes a worker for `work`.
+/// The handlers of the overload steps: `GET /work` and `POST /checkout` take a worker for
+/// `work`.
 pub fn work_router(pool: Pool, work: Duration) -> Router {
+    let handler = |State((pool, work)): State<(Pool, Duration)>| async move {
+        pool.run(work).await;
+        "done"
+    };
     Router::new()
-        .route(
-            "/work",
-            get(|State((pool, work)): State<(Pool, Duration)>| async move {
-                pool.run(work).await;
-                "done"
-            }),
-        )
+        .route("/work", get(handler))
+        .route("/checkout", post(handler))
         .route("/healthz", get(|| async { "ok" }))
         .route("/noop", post(|| async { "ok" }))
         .with_state((pool, work))
