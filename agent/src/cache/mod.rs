@@ -320,7 +320,8 @@ impl DiskCache {
         if actual != env.hash {
             return Err(CacheError::Hash { path: path.to_path_buf(), recorded: env.hash, actual });
         }
-        let config = policy::decode_config(env.body.as_bytes())
+        // The schema version was checked above, with the envelope's shape.
+        let config = policy::accept(SCHEMA_VERSION, env.body.as_bytes())
             .map_err(|source| CacheError::Invalid { path: path.to_path_buf(), source })?;
         Ok(CachedSnapshot {
             revision: env.revision,

@@ -143,3 +143,24 @@ pub const MAX_BREAKER_OVERRIDES: usize = 256;
 pub const MAX_ROUTES: usize = 512;
 /// Largest serialized flag value, in bytes.
 pub const MAX_FLAG_VALUE_BYTES: usize = 16 * 1024;
+/// Deepest nesting of arrays and objects in a flag value (`[]` and `{}` are 1, a scalar 0).
+pub const MAX_FLAG_VALUE_DEPTH: usize = 32;
+
+// Budgets of a whole snapshot, checked by `policy::accept` before anything is decoded. The
+// counts above bound each list; these bound what no count does (a thousand flags of 16 KiB
+// each) and keep every body far inside what the decoder and the transport take: serde_json
+// refuses nesting past 128 levels, tonic messages past 4 MiB.
+
+/// Largest snapshot body (canonical JSON, as stored, hashed and sent), in bytes.
+pub const MAX_SNAPSHOT_BYTES: usize = 1024 * 1024;
+/// Deepest nesting of arrays and objects in a snapshot body (`{}` is 1). A flag value
+/// at [`MAX_FLAG_VALUE_DEPTH`] sits 3 levels down (`{"flags": {"key": {"value": …}}}`),
+/// and the deepest policy field 8.
+pub const MAX_BODY_DEPTH: usize = 64;
+/// Largest message of the sync protocol, in bytes, in both directions: what the agent's
+/// gRPC client decodes and the server's gRPC service encodes and decodes. Equal to tonic's
+/// default receive limit, which every agent version so far has had, so a server never
+/// sends a message that an older agent cannot receive either. A `Snapshot` message is its
+/// body plus a few hundred bytes, well under this once the body is under
+/// [`MAX_SNAPSHOT_BYTES`].
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

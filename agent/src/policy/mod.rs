@@ -2,10 +2,13 @@
 //!
 //! [`ServiceConfig`] is the body of a snapshot: a service's [`Policy`] (deadlines,
 //! dependencies, inbound admission, degradation matrix) plus its [`Flag`]s, fault rules
-//! and breaker overrides. Both halves decode it with [`decode_config`] /
-//! [`decode_policy`], which report the JSON path of a malformed field, and check it with
-//! `validate()`, which reports every out-of-range field at once.
+//! and breaker overrides. Both halves decide whether a snapshot body is acceptable with
+//! [`accept`] (schema version, size and depth budgets, then [`decode_config`]); documents
+//! are decoded with [`decode_config`] / [`decode_policy`], which report the JSON path of a
+//! malformed field, and checked with `validate()`, which reports every out-of-range field
+//! at once.
 
+mod accept;
 pub mod defaults;
 pub mod duration;
 mod lint;
@@ -14,6 +17,7 @@ pub mod recover;
 mod timestamp;
 mod validate;
 
+pub use accept::accept;
 pub use lint::{Lint, lint};
 pub use model::*;
 pub use timestamp::{Timestamp, rfc3339};
@@ -46,6 +50,12 @@ pub enum PolicyError {
     /// Well-formed, but fields are out of range.
     #[error("{0}")]
     Invalid(#[from] ValidationErrors),
+    /// Refused before decoding: by [`accept`] for a schema version this agent does not read
+    /// or a body over the size budget (`defaults::MAX_SNAPSHOT_BYTES`), by every decoder
+    /// for nesting past `defaults::MAX_BODY_DEPTH`. The message states the limit, `value`
+    /// what was found.
+    #[error("{0}")]
+    Refused(FieldError),
 }
 
 impl PolicyError {
@@ -57,6 +67,7 @@ impl PolicyError {
                 std::iter::once(first).chain(also.iter().cloned()).collect()
             }
             PolicyError::Invalid(v) => v.0.clone(),
+            PolicyError::Refused(e) => vec![e.clone()],
         }
     }
 }
@@ -66,6 +77,9 @@ impl PolicyError {
 type Validate<T> = fn(&T) -> Result<(), ValidationErrors>;
 
 fn decode<T: DeserializeOwned>(bytes: &[u8], validate: Option<Validate<T>>) -> Result<T, PolicyError> {
+    if let Some(refused) = accept::too_deep(bytes) {
+        return Err(refused);
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = match e.path().to_string() {

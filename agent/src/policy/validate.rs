@@ -557,6 +557,14 @@ fn validate_flag(c: &mut Check, p: &str, flag: &Flag) {
             format!("must be at most {} bytes", d::MAX_FLAG_VALUE_BYTES),
         );
     }
+    let depth = value_depth(&flag.value);
+    if depth > d::MAX_FLAG_VALUE_DEPTH {
+        c.push(
+            join(p, "value"),
+            format!("{depth} levels"),
+            format!("must nest arrays and objects at most {} levels deep", d::MAX_FLAG_VALUE_DEPTH),
+        );
+    }
     c.text(&join(p, "description"), &flag.description, 1000);
     c.text(&join(p, "owner"), &flag.owner, 200);
     if let StalePolicy::RevertAfter(t) = flag.stale {
@@ -573,6 +581,29 @@ fn validate_flag(c: &mut Check, p: &str, flag: &Flag) {
             c.push(join(p, "rollout"), "", "is only supported for bool flags");
         }
     }
+}
+
+/// How deep arrays and objects nest in `v`: 0 for a scalar, 1 for `[1]` or `{}`. Walks
+/// with a stack of its own, so a value built deeper than any decoder allows is measured
+/// too.
+fn value_depth(v: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let mut deepest = 0;
+    let mut todo = vec![(v, 0usize)];
+    while let Some((v, depth)) = todo.pop() {
+        match v {
+            Value::Array(items) => {
+                deepest = deepest.max(depth + 1);
+                todo.extend(items.iter().map(|i| (i, depth + 1)));
+            }
+            Value::Object(members) => {
+                deepest = deepest.max(depth + 1);
+                todo.extend(members.values().map(|m| (m, depth + 1)));
+            }
+            _ => deepest = deepest.max(depth),
+        }
+    }
+    deepest
 }
 
 fn truncate(s: &str, max: usize) -> String {

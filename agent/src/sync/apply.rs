@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::applied::{Applied, Source};
-use crate::policy::{self, SCHEMA_VERSION, Timestamp};
+use crate::policy::{self, Timestamp};
 use crate::proto::Snapshot;
 use crate::state::Shared;
 
@@ -56,12 +56,6 @@ pub(crate) fn judge(shared: &Shared, snap: &Snapshot, now: Instant, wall_now: Ti
             )
         });
     }
-    if snap.schema_version != SCHEMA_VERSION {
-        return Verdict::Reject(format!(
-            "schema version {} is not supported; this agent reads schema version {SCHEMA_VERSION}",
-            snap.schema_version
-        ));
-    }
     let actual = policy::content_hash(&snap.body);
     if actual != snap.hash {
         return Verdict::Reject(format!(
@@ -69,25 +63,28 @@ pub(crate) fn judge(shared: &Shared, snap: &Snapshot, now: Instant, wall_now: Ti
             snap.hash
         ));
     }
-    let body = match std::str::from_utf8(&snap.body) {
-        Ok(b) => b,
-        Err(e) => return Verdict::Reject(format!("body is not UTF-8: {e}")),
-    };
-    match policy::decode_config(body.as_bytes()) {
+    match policy::accept(snap.schema_version, &snap.body) {
         Ok(config) => Verdict::Apply(Applied::new(
             config,
             snap.revision,
             snap.hash.clone(),
             Source::Live,
-            Some(Arc::from(body)),
+            // `accept` refuses a body that is not UTF-8.
+            Some(Arc::from(String::from_utf8_lossy(&snap.body).as_ref())),
             now,
             wall_now,
         )),
-        Err(policy::PolicyError::Malformed { path, message, .. }) => {
-            Verdict::Reject(format!("body is not a valid configuration: at {path}: {message}"))
+        Err(e) => Verdict::Reject(rejection(&e)),
+    }
+}
+
+/// The NACK reason for a body [`policy::accept`] refused.
+fn rejection(e: &policy::PolicyError) -> String {
+    match e {
+        policy::PolicyError::Malformed { path, message, .. } => {
+            format!("body is not a valid configuration: at {path}: {message}")
         }
-        Err(policy::PolicyError::Invalid(errors)) => {
-            Verdict::Reject(format!("configuration is invalid: {errors}"))
-        }
+        policy::PolicyError::Invalid(errors) => format!("configuration is invalid: {errors}"),
+        policy::PolicyError::Refused(e) => format!("snapshot refused: {e}"),
     }
 }

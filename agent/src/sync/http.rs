@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -18,6 +18,7 @@ use tokio::time::{Instant, sleep};
 use super::apply::{Verdict, judge};
 use super::{Ended, ReconnectBackoff, SyncClient};
 use crate::policy::Timestamp;
+use crate::policy::defaults::MAX_MESSAGE_BYTES;
 use crate::proto::Snapshot;
 
 /// One long-poll's outcome.
@@ -101,8 +102,15 @@ impl SyncClient {
             Err(_) => return Polled::Failed(format!("HTTP poll of {uri} timed out")),
         };
         let status = res.status();
-        let body = match tokio::time::timeout(limit, res.into_body().collect()).await {
+        // The stream's message limit holds here too.
+        let body = Limited::new(res.into_body(), MAX_MESSAGE_BYTES);
+        let body = match tokio::time::timeout(limit, body.collect()).await {
             Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(e)) if e.is::<LengthLimitError>() => {
+                return Polled::Failed(format!(
+                    "the HTTP poll answer of {uri} is larger than {MAX_MESSAGE_BYTES} bytes, the most this agent receives"
+                ));
+            }
             _ => return Polled::Failed(format!("reading the HTTP poll answer of {uri} failed")),
         };
         match status.as_u16() {

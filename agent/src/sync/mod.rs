@@ -35,6 +35,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
 use crate::policy::Timestamp;
+use crate::policy::defaults::MAX_MESSAGE_BYTES;
 use crate::proto::levee_sync_client::LeveeSyncClient;
 use crate::proto::{Ack, AgentMessage, Hello, Nack, ServiceState, agent_message, server_message};
 use crate::state::Shared;
@@ -224,7 +225,11 @@ impl SyncClient {
             Err(_) if *self.shutdown.borrow() => return Ended::Shutdown,
             Err(error) => return Ended::Dropped { received: false, error },
         };
-        let mut client = LeveeSyncClient::new(channel);
+        // Explicit, and equal to the server's: the budgets of `policy::accept` keep every
+        // snapshot far below it.
+        let mut client = LeveeSyncClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         tx.try_send(self.hello()).expect("a fresh queue has room for the hello");
         let mut request = Request::new(ReceiverStream::new(rx));
@@ -274,6 +279,8 @@ impl SyncClient {
     ) -> Ended {
         let mut received = false;
         let mut last_message = opened;
+        // The newest revision of this service the server's heartbeats announced.
+        let mut announced = 0;
         // The first report goes out at once, so the server's fleet view says where this
         // agent's configuration comes from right after a (re)connect, and another whenever
         // the applied revision or its source changes (see `report_if_changed`).
@@ -296,6 +303,7 @@ impl SyncClient {
                     let message = match message {
                         Ok(Some(m)) => m,
                         Ok(None) => return Ended::Dropped { received, error: "the server closed the sync stream".into() },
+                        Err(status) if undeliverable(&status) => return self.undeliverable(tx, announced, &status),
                         Err(status) => return ended_by(status, received),
                     };
                     received = true;
@@ -311,6 +319,7 @@ impl SyncClient {
                                 interval = Duration::from_millis(hb.interval_ms).min(MAX_HEARTBEAT_INTERVAL);
                             }
                             for s in hb.services.iter().filter(|s| s.service == self.shared.service) {
+                                announced = announced.max(s.revision);
                                 self.shared.confirm(s.revision);
                             }
                         }
@@ -355,6 +364,41 @@ impl SyncClient {
                 }
             }
         }
+    }
+
+    /// Ends a stream on which a message could not be received (larger than
+    /// [`MAX_MESSAGE_BYTES`], or a server that could not encode it). The stream cannot go
+    /// on past it, and reconnecting at once would receive the same message again: the end
+    /// counts as a failed attempt, so the reconnects back off. When a heartbeat announced a
+    /// revision newer than the applied one, that revision is what did not arrive: it is
+    /// NACKed with the reason, which a server records and never sends to this instance
+    /// again.
+    fn undeliverable(&self, tx: &mpsc::Sender<AgentMessage>, announced: u64, status: &Status) -> Ended {
+        let error = format!(
+            "a message from the server could not be received (this agent receives at most {MAX_MESSAGE_BYTES} \
+             bytes): {}",
+            status.message()
+        );
+        let applied = self.shared.current.load().revision;
+        tracing::warn!(
+            environment = %self.shared.environment,
+            service = %self.shared.service,
+            announced,
+            applied,
+            error = %error,
+            "levee sync message could not be received; keeping the last good configuration"
+        );
+        if announced > applied {
+            self.shared.set_nack(announced, error.clone());
+            let nack = Nack {
+                service: self.shared.service.clone(),
+                revision: announced,
+                nonce: 0,
+                error_detail: error.clone(),
+            };
+            let _ = tx.try_send(AgentMessage { kind: Some(agent_message::Kind::Nack(nack)) });
+        }
+        Ended::Dropped { received: false, error }
     }
 
     /// Sends a status report now when the applied revision or its source changed since the
@@ -475,6 +519,12 @@ impl SyncClient {
         });
         (answers, task)
     }
+}
+
+/// Whether `status` says a message was too large to receive or to send (tonic's limits on
+/// either side), rather than that the stream failed.
+fn undeliverable(status: &Status) -> bool {
+    matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted)
 }
 
 fn ended_by(status: Status, received: bool) -> Ended {

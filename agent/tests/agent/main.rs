@@ -7,6 +7,7 @@
 mod admission;
 mod architecture;
 mod clients;
+mod delivery;
 mod local_refusals;
 mod support;
 

@@ -4,7 +4,7 @@
 use levee_agent::policy::{FieldError, ValidationErrors};
 
 use super::{Forbidden, ProfileUndo};
-use crate::db::MutateError;
+use crate::db::{MutateError, Unreadable};
 
 /// What an action refers to that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -122,6 +122,9 @@ pub enum ChangeError {
         /// The profile and the flag paths the write would undo.
         undo: ProfileUndo,
     },
+    /// A stored revision the change needs does not decode with this version.
+    #[error(transparent)]
+    Unreadable(#[from] Unreadable),
     /// The database failed; the cause is for the log only.
     #[error("storage failed")]
     Storage(#[source] anyhow::Error),

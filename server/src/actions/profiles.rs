@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use levee_agent::policy::{
     BreakerOverride, BreakerOverrideState, FaultAction, FaultRule, FieldError, Flag, FlagType, LeverOverride,
-    ServiceConfig, StalePolicy, Timestamp, ValidationErrors, check_name,
+    StalePolicy, Timestamp, ValidationErrors, check_name,
 };
 use serde::{Deserialize, Serialize};
 
@@ -499,8 +499,7 @@ impl ProfileSpec {
                 ));
                 continue;
             }
-            let cfg: ServiceConfig =
-                serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+            let cfg = snap.config()?;
             let mut parts = Parts::from_config(cfg, environment.allow_faults);
             match apply_to(&mut parts, svc, "check", "check", far, &path) {
                 Ok(_) => {}

@@ -138,8 +138,7 @@ impl Actions {
         let (Some(snap), Some(_)) = (snap, self.store.service(env, svc).await?) else {
             return Err(ChangeError::NotFound(Missing::Service { env: env.into(), service: svc.into() }));
         };
-        let cfg: ServiceConfig =
-            serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+        let cfg = snap.config()?;
         let json = match kind {
             "flag" => cfg.flags.get(target).map(|f| json!(f).to_string()),
             _ => Some(json!(cfg.policy).to_string()),
@@ -173,8 +172,7 @@ impl Actions {
                 let snap = self.store.latest_snapshot(env, service).await?.ok_or_else(|| {
                     ChangeError::NotFound(Missing::Service { env: env.into(), service: service.clone() })
                 })?;
-                let cfg: ServiceConfig =
-                    serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
+                let cfg = snap.config()?;
                 ServiceConfig { policy: (**policy).clone(), ..cfg }
                     .validate()
                     .map_err(ChangeError::Invalid)?;

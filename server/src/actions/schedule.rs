@@ -80,10 +80,7 @@ impl Actions {
         let snap = self.store.latest_snapshot(env, svc).await?;
         let svc_row = self.store.service(env, svc).await?;
         match (snap, svc_row) {
-            (Some(s), Some(_)) => {
-                let cfg = serde_json::from_str(&s.body).map_err(|e| ChangeError::Storage(e.into()))?;
-                Ok((s.revision, cfg))
-            }
+            (Some(s), Some(_)) => Ok((s.revision, s.config()?)),
             _ => Err(ChangeError::NotFound(Missing::Service { env: env.into(), service: svc.into() })),
         }
     }
@@ -362,16 +359,14 @@ impl Actions {
                     let (written, before, after) = if c.kind == "flag" {
                         let before = cfg.flags.get(&c.target).map(|f| f.value.clone()).unwrap_or(Value::Null);
                         let w = self.set_flag_value(&by, &reason, &at, &c.target, payload, None).await?;
-                        let cfg: ServiceConfig = serde_json::from_str(&w.snapshot.body)
-                            .map_err(|e| ChangeError::Storage(e.into()))?;
+                        let cfg = w.snapshot.config()?;
                         (w, before, cfg.flags.get(&c.target).map(|f| json!(f).to_string()))
                     } else {
                         let policy: Policy =
                             serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
                         let before = json!(cfg.policy);
                         let w = self.update_policy(&by, &reason, &at, policy).await?;
-                        let cfg: ServiceConfig = serde_json::from_str(&w.snapshot.body)
-                            .map_err(|e| ChangeError::Storage(e.into()))?;
+                        let cfg = w.snapshot.config()?;
                         (w, before, Some(json!(cfg.policy).to_string()))
                     };
                     let mut outcome = format!("applied as revision {}", written.snapshot.revision);

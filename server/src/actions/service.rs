@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use levee_agent::policy::{Flag, Policy, ServiceConfig, ValidationErrors, canonical_json};
+use levee_agent::policy::{Flag, Policy, ValidationErrors, canonical_json};
 
 use super::profiles::overriding;
 use super::{
@@ -263,8 +263,7 @@ impl Actions {
         audit.service = Some(at.service.clone());
         audit.before = last.as_ref().map(|s| s.body.clone());
         if let (Some(active), Some(last)) = (self.store.active_profile(&at.env).await?, &last) {
-            let cfg: ServiceConfig =
-                serde_json::from_str(&last.body).map_err(|e| ChangeError::Storage(e.into()))?;
+            let cfg = last.config()?;
             let undo = profile_undo(&active, &at.service, &cfg.flags, None);
             match overriding(undo, &at.env, reason, override_profile) {
                 Ok(r) => audit.reason = r.as_str().to_string(),
@@ -298,9 +297,7 @@ impl Actions {
         let snap = self.store.latest_snapshot(&at.env, &at.service).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
         })?;
-        let cfg: ServiceConfig =
-            serde_json::from_str(&snap.body).map_err(|e| ChangeError::Storage(e.into()))?;
-        Ok(cfg.flags)
+        Ok(snap.config()?.flags)
     }
 
     /// Makes the content of revision `to` of `at`'s service current again, as a new
@@ -324,8 +321,7 @@ impl Actions {
                 revision: to,
             })
         })?;
-        let config: ServiceConfig =
-            serde_json::from_str(&old.body).map_err(|e| ChangeError::Storage(e.into()))?;
+        let config = old.config()?;
         let target = format!("revision {to}");
         let flags_gate =
             self.gate_flags(by, at, &config.flags, &format!("flags of {} (rollback)", at.service)).await?;
@@ -381,11 +377,7 @@ impl Actions {
             return Ok(FlagsGate { unchecked: None });
         }
         let current = match self.store.latest_snapshot(&at.env, &at.service).await? {
-            Some(row) => {
-                serde_json::from_str::<ServiceConfig>(&row.body)
-                    .map_err(|e| ChangeError::Storage(e.into()))?
-                    .flags
-            }
+            Some(row) => row.config()?.flags,
             None => BTreeMap::new(),
         };
         if current != *new {

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::actions::{BadInput, ChangeError, CreateError, Forbidden, ProfileUndo, ReasonError, TokenError};
 use crate::auth::LoginError;
+use crate::db::Unreadable;
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -63,6 +64,9 @@ pub enum ApiError {
         /// The profile and what the write would undo.
         undo: ProfileUndo,
     },
+    /// 409: a stored revision does not decode with this server version.
+    #[error("{0}; if it is the current revision, roll back to one that reads (POST .../rollback)")]
+    Unreadable(Unreadable),
     /// 413: body larger than the limit.
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge {
@@ -159,6 +163,7 @@ impl ApiError {
                 }
             }
             PolicyError::Invalid(v) => ApiError::invalid(v),
+            PolicyError::Refused(e) => ApiError::invalid_field(e),
         }
     }
 
@@ -169,9 +174,10 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict { .. } | ApiError::AlreadyExists(_) | ApiError::ProfileWouldUndo { .. } => {
-                StatusCode::CONFLICT
-            }
+            ApiError::Conflict { .. }
+            | ApiError::AlreadyExists(_)
+            | ApiError::ProfileWouldUndo { .. }
+            | ApiError::Unreadable(_) => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
@@ -192,6 +198,7 @@ impl ApiError {
             ApiError::Conflict { .. } => "revision-conflict",
             ApiError::AlreadyExists(_) => "already-exists",
             ApiError::ProfileWouldUndo { .. } => "profile-would-undo",
+            ApiError::Unreadable(_) => "revision-unreadable",
             ApiError::TooLarge { .. } => "body-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::PreconditionRequired(_) => "precondition-required",
@@ -250,8 +257,15 @@ impl From<ChangeError> for ApiError {
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
             | ChangeError::SelfApproval { .. }) => ApiError::Forbidden(e.to_string()),
+            ChangeError::Unreadable(u) => ApiError::Unreadable(u),
             ChangeError::Storage(cause) => ApiError::storage(cause),
         }
+    }
+}
+
+impl From<Unreadable> for ApiError {
+    fn from(e: Unreadable) -> Self {
+        ApiError::Unreadable(e)
     }
 }
 

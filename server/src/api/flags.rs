@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use levee_agent::policy::{Flag, FlagType, Rollout, ServiceConfig, StalePolicy, Timestamp};
+use levee_agent::policy::{Flag, FlagType, Rollout, StalePolicy, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::services::{if_match, write_response};
@@ -78,8 +78,7 @@ async fn current_flags(s: &AppState, env: &str, svc: &str) -> ApiResult<BTreeMap
         .latest_snapshot(env, svc)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
-    let cfg: ServiceConfig = serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))?;
-    Ok(cfg.flags)
+    Ok(snap.config()?.flags)
 }
 
 /// Flags of a service.

@@ -68,7 +68,7 @@ async fn current(s: &AppState, env: &str, svc: &str) -> ApiResult<ServiceConfig>
         .latest_snapshot(env, svc)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
-    serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))
+    Ok(snap.config()?)
 }
 
 /// Breaker overrides of a service.

@@ -220,8 +220,7 @@ pub async fn plan(
                             r.name
                         ))
                     })?;
-                    let cfg: ServiceConfig =
-                        serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))?;
+                    let cfg = snap.config()?;
                     // What the write would store: a flag under a temporary value keeps it
                     // (`over_temporary`, the rule the write applies).
                     let mut restores = BTreeMap::new();

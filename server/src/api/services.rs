@@ -425,7 +425,7 @@ pub async fn get_lint(
 }
 
 fn snapshot_doc(snap: SnapshotRow) -> ApiResult<SnapshotDocument> {
-    let config: ServiceConfig = serde_json::from_str(&snap.body).map_err(|e| ApiError::Internal(e.into()))?;
+    let config = snap.config()?;
     Ok(SnapshotDocument {
         environment: snap.environment,
         service: snap.service,
@@ -504,11 +504,9 @@ pub async fn diff_revision(
     let old_body = if against == 0 {
         serde_json::to_value(ServiceConfig::default()).map_err(|e| ApiError::Internal(e.into()))?
     } else {
-        let old = revision_or_404(&s, &env, &svc, against).await?;
-        serde_json::from_str(&old.body).map_err(|e| ApiError::Internal(e.into()))?
+        revision_or_404(&s, &env, &svc, against).await?.value()?
     };
-    let new_body: serde_json::Value =
-        serde_json::from_str(&new.body).map_err(|e| ApiError::Internal(e.into()))?;
+    let new_body = new.value()?;
     Ok(Json(RevisionDiff { from: against, to: rev, changes: json_diff(&old_body, &new_body) }))
 }
 

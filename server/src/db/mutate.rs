@@ -5,8 +5,8 @@ use std::convert::Infallible;
 use std::fmt::Display;
 
 use levee_agent::policy::{
-    BreakerOverride, FaultRule, Flag, LeverOverride, Policy, ServiceConfig, ValidationErrors, canonical_json,
-    content_hash,
+    BreakerOverride, FaultRule, Flag, LeverOverride, Policy, SCHEMA_VERSION, ServiceConfig, ValidationErrors,
+    accept, canonical_json, content_hash,
 };
 use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
@@ -250,7 +250,8 @@ pub enum MutateError<E = Infallible> {
     /// The edit refused (bad target, missing entry…).
     #[error("{0}")]
     Refused(E),
-    /// The resulting configuration does not validate.
+    /// The resulting configuration does not validate, or is one agents would refuse
+    /// (`levee_agent::policy::accept`: over the size or depth budget).
     #[error("{0}")]
     Invalid(ValidationErrors),
     /// The database failed; the cause is for the log.
@@ -851,7 +852,8 @@ impl Store {
     }
 
     /// The one path that writes a revision, from `start`: applies `edit` to the parts,
-    /// validates the whole configuration, and — unless `skip_unchanged` finds the same hash
+    /// validates the whole configuration and refuses bytes agents would not accept
+    /// (`levee_agent::policy::accept`), and — unless `skip_unchanged` finds the same hash
     /// as the newest revision, which rolls back and returns `None` — stores the changed
     /// parts, the snapshot with its hash, the audit row and, on PostgreSQL, a NOTIFY that
     /// is delivered after the commit. A refused edit or an invalid result leaves the parts
@@ -884,6 +886,13 @@ impl Store {
             return Err(MutateError::Invalid(v));
         }
         let body = canonical_json(&cfg);
+        // The exact bytes agents will receive, judged by the agents' own rule (size and
+        // depth budgets, decoding, validation): a revision an agent of this version would
+        // reject is never stored. `validate()` above already named every bad field it sees.
+        if let Err(e) = accept(SCHEMA_VERSION, &body) {
+            *seen = Some(old);
+            return Err(MutateError::Invalid(ValidationErrors(e.field_errors())));
+        }
         let hash = content_hash(&body);
         let body = String::from_utf8(body).map_err(|e| MutateError::Db(e.into()))?;
 

@@ -1,6 +1,7 @@
 //! Row types of the store and their decoding from `AnyRow`.
 
 use anyhow::anyhow;
+use levee_agent::policy::ServiceConfig;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -221,7 +222,41 @@ pub struct SnapshotRow {
     pub created_at: i64,
 }
 
+/// A stored revision this server cannot read: its body does not decode as this version's
+/// configuration (written by another version, or by hand). Pages and endpoints show it as
+/// such — never a 500 — and a rollback to a revision that reads replaces it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("revision {revision} of {environment}/{service} cannot be read by this server: {reason}")]
+pub struct Unreadable {
+    pub environment: String,
+    pub service: String,
+    pub revision: u64,
+    /// Where and why decoding stopped.
+    pub reason: String,
+}
+
 impl SnapshotRow {
+    /// The configuration this revision holds.
+    ///
+    /// # Errors
+    /// [`Unreadable`] when the body does not decode (with the path where it stopped).
+    pub fn config(&self) -> Result<ServiceConfig, Unreadable> {
+        levee_agent::policy::decode_json::<ServiceConfig>(self.body.as_bytes()).map_err(|e| Unreadable {
+            environment: self.environment.clone(),
+            service: self.service.clone(),
+            revision: self.revision,
+            reason: e.to_string(),
+        })
+    }
+
+    /// [`SnapshotRow::config`] as a JSON value (what diffs compare).
+    ///
+    /// # Errors
+    /// As [`SnapshotRow::config`].
+    pub fn value(&self) -> Result<serde_json::Value, Unreadable> {
+        self.config().map(|c| serde_json::to_value(c).unwrap_or(serde_json::Value::Null))
+    }
+
     pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
         let rev: i64 = r.try_get("revision")?;
         Ok(SnapshotRow {

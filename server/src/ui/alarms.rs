@@ -508,6 +508,12 @@ pub async fn for_environment(s: &AppState, env: &str) -> Result<Alarms, super::e
             Ok(facts) => out.extend_prefixed(&r.name, for_service(&facts)),
             // Deleted meanwhile.
             Err(super::error::UiError::NotFound(_)) => {}
+            Err(super::error::UiError::Unreadable(u)) => out.push(
+                Severity::Bad,
+                format!("{}: revision {} cannot be read by this server ({})", r.name, u.revision, u.reason),
+                format!("{}/history", service_url(env, &r.name)),
+                "roll back",
+            ),
             Err(e @ super::error::UiError::Internal(_)) => return Err(e),
             Err(e) => out.push(
                 Severity::Bad,

@@ -9,6 +9,7 @@ use tower_http::csrf::ProtectionError;
 use super::page::Layout;
 use crate::actions::{ChangeError, Forbidden};
 use crate::auth::LoginError;
+use crate::db::Unreadable;
 
 /// Why a UI request did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,10 @@ pub enum UiError {
     /// The service changed between reading and writing.
     #[error("{0}")]
     Conflict(String),
+    /// A stored revision does not decode with this server version: shown as such, with
+    /// the service's history, where a rollback to a revision that reads is offered.
+    #[error("{0}")]
+    Unreadable(Unreadable),
     /// Too many failed logins (`auth::LoginLimiter`).
     #[error("{0}")]
     TooManyRequests(String),
@@ -48,6 +53,12 @@ pub enum UiError {
 impl From<anyhow::Error> for UiError {
     fn from(e: anyhow::Error) -> Self {
         UiError::Internal(e)
+    }
+}
+
+impl From<Unreadable> for UiError {
+    fn from(e: Unreadable) -> Self {
+        UiError::Unreadable(e)
     }
 }
 
@@ -74,6 +85,7 @@ impl From<ChangeError> for UiError {
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
             | ChangeError::SelfApproval { .. }) => UiError::Forbidden(e.to_string()),
+            ChangeError::Unreadable(u) => UiError::Unreadable(u),
             ChangeError::Storage(cause) => UiError::Internal(cause),
             e @ (ChangeError::Invalid(_) | ChangeError::InvalidField(_)) => {
                 UiError::BadRequest(e.to_string())
@@ -124,6 +136,8 @@ struct ErrorPage {
     status: u16,
     title: &'static str,
     message: String,
+    /// Where to go from here (address, words), besides the environments.
+    next: Option<(String, String)>,
 }
 
 impl UiError {
@@ -133,7 +147,7 @@ impl UiError {
             UiError::Forbidden(_) | UiError::BadCsrfToken => StatusCode::FORBIDDEN,
             UiError::NotFound(_) => StatusCode::NOT_FOUND,
             UiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            UiError::Conflict(_) => StatusCode::CONFLICT,
+            UiError::Conflict(_) | UiError::Unreadable(_) => StatusCode::CONFLICT,
             UiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             UiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -160,6 +174,7 @@ impl IntoResponse for UiError {
             UiError::NotFound(_) => "Not found",
             UiError::BadRequest(_) => "Cannot do that",
             UiError::Conflict(_) => "Changed meanwhile",
+            UiError::Unreadable(_) => "This revision cannot be read",
             UiError::TooManyRequests(_) => "Too many attempts",
             _ => "Something went wrong",
         };
@@ -167,16 +182,33 @@ impl IntoResponse for UiError {
             UiError::Internal(_) => {
                 "the server could not answer this request; the cause is in the server log".to_string()
             }
+            UiError::Unreadable(u) => format!(
+                "{u}. It was written by another version of Levee, or outside Levee; agents refuse it too and \
+                 keep their last good configuration. Nothing is lost: every revision is kept. If it is the \
+                 current revision, roll back to one that reads."
+            ),
             other => other.to_string(),
         };
-        error_page(status, title, message)
+        let next = match &self {
+            UiError::Unreadable(u) => Some((
+                format!("{}/history", super::page::service_url(&u.environment, &u.service)),
+                format!("History of {}: roll back to a revision that reads", u.service),
+            )),
+            _ => None,
+        };
+        error_page(status, title, message, next)
     }
 }
 
 /// Renders the error page directly (not through [`Page`], whose own failure renders an
 /// error page), falling back to plain text.
-fn error_page(status: StatusCode, title: &'static str, message: String) -> Response {
-    let page = ErrorPage { layout: Layout::default(), status: status.as_u16(), title, message };
+fn error_page(
+    status: StatusCode,
+    title: &'static str,
+    message: String,
+    next: Option<(String, String)>,
+) -> Response {
+    let page = ErrorPage { layout: Layout::default(), status: status.as_u16(), title, message, next };
     match page.render() {
         Ok(html) => (status, Html(html)).into_response(),
         Err(_) => (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], title).into_response(),
@@ -197,6 +229,7 @@ pub fn cross_site(err: ProtectionError) -> Response {
         "this form was sent from another site (cross-origin request); Levee only accepts forms sent from \
          its own pages. Nothing was changed."
             .into(),
+        None,
     )
 }
 
@@ -232,5 +265,6 @@ pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
              (a reload, a bookmark, Back) shows nothing and changes nothing. Open {back} to see the current state \
              and act from there."
         ),
+        None,
     )
 }

@@ -14,6 +14,7 @@ use super::error::UiError;
 use super::page::{Layout, Page, When, service_url, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ServiceAt};
+use crate::db::Unreadable;
 use crate::diff::json_diff;
 use crate::web::{AppState, RequestId};
 
@@ -29,6 +30,9 @@ struct RevisionView {
     current: bool,
     /// What this revision changed from the one before it.
     diff: Vec<DiffRow>,
+    /// Why this server cannot read the revision (then there is no diff, and no rollback
+    /// to it); `None` when it reads.
+    unreadable: Option<String>,
 }
 
 #[derive(Template)]
@@ -43,8 +47,15 @@ struct HistoryPage {
     revisions: Vec<RevisionView>,
 }
 
-async fn body(s: &AppState, env: &str, svc: &str, revision: u64) -> Result<Option<Value>, UiError> {
-    Ok(s.store.revision(env, svc, revision).await?.and_then(|r| serde_json::from_str(&r.body).ok()))
+/// Revision `revision`'s configuration as JSON: `None` when it was never stored, an
+/// [`Unreadable`] when it does not decode with this version.
+async fn body(
+    s: &AppState,
+    env: &str,
+    svc: &str,
+    revision: u64,
+) -> Result<Option<Result<Value, Unreadable>>, UiError> {
+    Ok(s.store.revision(env, svc, revision).await?.map(|r| r.value()))
 }
 
 /// `GET …/history`: the newest revisions, each with what it changed.
@@ -61,11 +72,16 @@ pub async fn page(
     let metas = s.store.revisions(&env, &svc, HISTORY_PAGE_REVISIONS).await?;
     let mut revisions = Vec::with_capacity(metas.len());
     for m in metas {
-        let this = body(&s, &env, &svc, m.revision).await?.unwrap_or(Value::Null);
-        let before = if m.revision > 1 {
-            body(&s, &env, &svc, m.revision - 1).await?.unwrap_or(Value::Null)
-        } else {
-            Value::Null
+        let (this, unreadable) = match body(&s, &env, &svc, m.revision).await? {
+            Some(Ok(v)) => (Some(v), None),
+            Some(Err(u)) => (None, Some(u.reason)),
+            None => (Some(Value::Null), None),
+        };
+        let before = match this {
+            Some(_) if m.revision > 1 => {
+                body(&s, &env, &svc, m.revision - 1).await?.and_then(Result::ok).unwrap_or(Value::Null)
+            }
+            _ => Value::Null,
         };
         revisions.push(RevisionView {
             revision: m.revision,
@@ -74,7 +90,8 @@ pub async fn page(
             reason: m.reason,
             hash: m.hash,
             current: m.revision == row.revision,
-            diff: diff_rows(json_diff(&before, &this)),
+            diff: this.map(|this| diff_rows(json_diff(&before, &this))).unwrap_or_default(),
+            unreadable,
         });
     }
     let page = HistoryPage {
@@ -131,8 +148,8 @@ async fn rollback_page(
         .ok_or_else(|| UiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
     let target = body(s, env, svc, f.to)
         .await?
-        .ok_or_else(|| UiError::NotFound(format!("no revision {} of service {svc:?}", f.to)))?;
-    let now = body(s, env, svc, row.revision).await?.unwrap_or(Value::Null);
+        .ok_or_else(|| UiError::NotFound(format!("no revision {} of service {svc:?}", f.to)))??;
+    let now = body(s, env, svc, row.revision).await?.and_then(Result::ok).unwrap_or(Value::Null);
     let note = (f.revision != row.revision).then(|| {
         format!(
             "The service changed since you opened its history (you saw revision {}, it is now at {}): the diff \

@@ -46,8 +46,7 @@ pub async fn load(s: &AppState, env: &str, svc: &str) -> Result<Loaded, UiError>
     let not_found = || UiError::NotFound(format!("no service {svc:?} in environment {env:?}"));
     let row = s.store.service(env, svc).await?.ok_or_else(not_found)?;
     let snap = s.store.latest_snapshot(env, svc).await?.ok_or_else(not_found)?;
-    let config = serde_json::from_str(&snap.body)
-        .map_err(|e| UiError::Internal(anyhow::anyhow!("stored snapshot does not decode: {e}")))?;
+    let config = snap.config()?;
     Ok(Loaded { row, config })
 }
 

@@ -26,16 +26,25 @@ impl TestApp {
 
     /// Spawns on the given database; None when PostgreSQL is not available here.
     pub async fn spawn_on(db: Db) -> Option<TestApp> {
+        Self::spawn_on_with(db, |_| {}).await
+    }
+
+    /// [`TestApp::spawn_on`] with settings changed by `tune` before the server starts.
+    pub async fn spawn_on_with(db: Db, tune: impl FnOnce(&mut Settings)) -> Option<TestApp> {
         let url = match db {
             Db::Sqlite => None,
             Db::Postgres => Some(postgres_url().await?),
         };
-        Some(Self::spawn_with(url).await)
+        Some(Self::spawn_tuned(url, tune).await)
     }
 
     /// Spawns a server on `database_url` (None = its own SQLite file). Several servers on
     /// one PostgreSQL URL are replicas of one control plane.
     pub async fn spawn_with(database_url: Option<String>) -> TestApp {
+        Self::spawn_tuned(database_url, |_| {}).await
+    }
+
+    async fn spawn_tuned(database_url: Option<String>, tune: impl FnOnce(&mut Settings)) -> TestApp {
         if std::env::var("TEST_LOG").is_ok() {
             let filter = std::env::var("TEST_LOG").unwrap_or_default();
             let _ = tracing_subscriber::fmt()
@@ -50,6 +59,7 @@ impl TestApp {
         settings.admin_password = Some(Secret::new(ADMIN_PASSWORD));
         settings.jwt_secret = Some(Secret::new(JWT_SECRET));
         settings.max_body_bytes = 64 * 1024;
+        tune(&mut settings);
         let server = Server::start(settings, None).await.expect("server starts");
         let base = format!("http://{}", server.http_addr);
         let grpc = format!("http://{}", server.grpc_addr);
@@ -147,6 +157,31 @@ impl TestApp {
             )
             .await;
         assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+
+    /// Stores `body` as the next revision of prod/checkout straight into the database, as
+    /// a server of another version could have; returns the revision.
+    pub async fn store_raw_revision(&self, body: &str) -> u64 {
+        let pool = self.store().pool();
+        let row = sqlx::query(
+            "UPDATE services SET revision = revision + 1 WHERE environment = 'prod' AND name = 'checkout' \
+             RETURNING revision",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        let revision: i64 = sqlx::Row::try_get(&row, "revision").unwrap();
+        sqlx::query(
+            "INSERT INTO revisions (environment, service, revision, hash, body, created_at, actor, reason) \
+             VALUES ('prod', 'checkout', $1, $2, $3, 0, 'test', 'raw')",
+        )
+        .bind(revision)
+        .bind(levee_agent::policy::content_hash(body.as_bytes()))
+        .bind(body)
+        .execute(pool)
+        .await
+        .unwrap();
+        revision as u64
     }
 
     /// Mints an agent token for environment `prod` and the given services.

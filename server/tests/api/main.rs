@@ -4,6 +4,7 @@
 #[allow(dead_code, unused_macros)]
 #[macro_use]
 mod backends;
+mod accept;
 mod apply;
 mod audit_values;
 mod auth;

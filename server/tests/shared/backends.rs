@@ -91,4 +91,30 @@ macro_rules! on_both_backends {
             }
         }
     };
+    // With settings changed before the server starts: `async fn name(app) with |s| …; { … }`
+    // (the test binary's `TestApp` has `spawn_on_with(Db, impl FnOnce(&mut Settings))`).
+    ($(#[$meta:meta])* async fn $name:ident($app:ident) with $tune:expr; $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn body($app: crate::helpers::TestApp) $body
+
+            #[tokio::test]
+            async fn sqlite() {
+                let app = crate::helpers::TestApp::spawn_on_with(crate::backends::Db::Sqlite, $tune).await;
+                body(app.expect("SQLite is always available")).await;
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(app) =
+                    crate::helpers::TestApp::spawn_on_with(crate::backends::Db::Postgres, $tune).await
+                {
+                    body(app).await;
+                }
+            }
+        }
+    };
 }
