@@ -20,8 +20,10 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:8081";
 /// Default data directory.
 pub const DEFAULT_DATA_DIR: &str = "levee-data";
-/// Default request body limit.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Default request body limit: twice the snapshot budget, so a whole-service write of a
+/// snapshot at its budget (with its reason, formatted) gets through; the budget itself is
+/// checked on every write whatever this limit is.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 2 * levee_agent::policy::defaults::MAX_SNAPSHOT_BYTES;
 
 /// A secret string that never prints.
 #[derive(Clone, Default, PartialEq, Eq)]

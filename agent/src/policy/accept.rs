@@ -324,6 +324,42 @@ mod tests {
         assert_eq!(scan(br#"{"a": "unterminated"#, 64).deepest, 1);
     }
 
+    /// docs/sync-protocol.md states every budget with the constant's own value.
+    #[test]
+    fn the_budgets_table_of_the_protocol_doc_is_the_constants() {
+        use crate::policy::defaults as d;
+        let doc = include_str!("../../../docs/sync-protocol.md");
+        let expected = [
+            ("MAX_SNAPSHOT_BYTES", d::MAX_SNAPSHOT_BYTES),
+            ("MAX_BODY_DEPTH", d::MAX_BODY_DEPTH),
+            ("MAX_FLAG_VALUE_DEPTH", d::MAX_FLAG_VALUE_DEPTH),
+            ("MAX_FLAG_VALUE_BYTES", d::MAX_FLAG_VALUE_BYTES),
+            ("MAX_FLAGS", d::MAX_FLAGS),
+            ("MAX_DEPENDENCIES", d::MAX_DEPENDENCIES),
+            ("MAX_OPERATIONS", d::MAX_OPERATIONS),
+            ("MAX_ROUTES", d::MAX_ROUTES),
+            ("MAX_MATRIX_ROWS", d::MAX_MATRIX_ROWS),
+            ("MAX_FAULTS", d::MAX_FAULTS),
+            ("MAX_BREAKER_OVERRIDES", d::MAX_BREAKER_OVERRIDES),
+            ("MAX_MESSAGE_BYTES", d::MAX_MESSAGE_BYTES),
+        ];
+        let rows: Vec<(String, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let name = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+                let value = cells.get(3)?;
+                name.starts_with("MAX_").then(|| (name.to_string(), value.to_string()))
+            })
+            .collect();
+        assert_eq!(rows.len(), expected.len(), "{rows:?}");
+        for (name, value) in expected {
+            let row =
+                rows.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} not in the table"));
+            assert_eq!(row.1, value.to_string(), "{name}");
+        }
+    }
+
     /// A body that is not UTF-8 is malformed, not a panic and not "no rules".
     #[test]
     fn a_body_that_is_not_utf8_is_malformed() {

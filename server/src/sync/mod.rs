@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
+use levee_agent::policy::defaults::MAX_MESSAGE_BYTES;
 use levee_agent::proto::levee_sync_server::{LeveeSync, LeveeSyncServer};
 use levee_agent::proto::{AgentMessage, ServerMessage, agent_message};
 use tokio::sync::{mpsc, watch};
@@ -128,7 +129,11 @@ impl SyncService {
 
     /// Wraps it in the tonic server type.
     pub fn into_server(self) -> LeveeSyncServer<SyncService> {
+        // Stated, and the agents' own: a snapshot under the budget of `policy::accept` is
+        // far below it, and `Session::offer` never sends a larger message.
         LeveeSyncServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// Agent streams open on this replica now.

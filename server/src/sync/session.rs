@@ -8,9 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use levee_agent::policy::SCHEMA_VERSION;
+use levee_agent::policy::defaults::MAX_MESSAGE_BYTES;
 use levee_agent::proto::{
     AgentMessage, GoAway, Heartbeat, ServerMessage, ServiceRevision, Snapshot, agent_message, server_message,
 };
+use prost::Message;
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -96,8 +98,42 @@ impl Session {
                 created_at_ms: snap.created_at,
             })),
         };
+        // A message the agent could not receive would end its stream, and every reconnect
+        // would bring it again: it is not sent, and the server records the NACK the agent
+        // cannot send (stored before the budget of `policy::accept` held, or by another
+        // version). Old agents receive at most this too (tonic's default).
+        let size = msg.encoded_len();
+        if size > MAX_MESSAGE_BYTES {
+            let detail = format!(
+                "not sent: the snapshot message is {size} bytes, over the {MAX_MESSAGE_BYTES} bytes an agent \
+                 receives (recorded by the server for this agent)"
+            );
+            self.nacked(&snap.service, snap.revision, detail);
+            return Ok(());
+        }
         metrics::counter!("levee_server_snapshots_sent_total").increment(1);
         self.tx.send(Ok(msg)).await.map_err(|_| ())
+    }
+
+    /// Records that this agent will not apply `revision` of `service`, and why (`detail`,
+    /// already bounded and escaped): never sent to it again, shown per revision.
+    fn nacked(&mut self, service: &str, revision: u64, detail: String) {
+        let Some(st) = self.services.get_mut(service) else { return };
+        st.nacked.insert(revision);
+        metrics::counter!("levee_server_nacks_total").increment(1);
+        tracing::warn!(
+            environment = %self.env, service = %service, instance = %self.instance,
+            revision, detail = ?detail, "agent rejected a snapshot"
+        );
+        self.inner.fleet.send(FleetEvent::Nack(NackRow {
+            environment: self.env.clone(),
+            service: service.to_string(),
+            instance_id: self.instance.clone(),
+            revision,
+            error_detail: detail,
+            at: now_ms(),
+        }));
+        self.upsert(service, true);
     }
 
     fn handle(&mut self, msg: AgentMessage) {
@@ -133,25 +169,9 @@ impl Session {
                 }
             }
             Some(agent_message::Kind::Nack(nack)) => {
-                if let Some(st) = self.services.get_mut(&nack.service) {
-                    st.nacked.insert(nack.revision);
-                    metrics::counter!("levee_server_nacks_total").increment(1);
-                    // One line whatever the agent wrote: escaped, bounded, and a quoted field.
-                    let detail = agent_text::text(&nack.error_detail, agent_text::MAX_DETAIL_CHARS);
-                    tracing::warn!(
-                        environment = %self.env, service = %nack.service, instance = %self.instance,
-                        revision = nack.revision, detail = ?detail, "agent rejected a snapshot"
-                    );
-                    self.inner.fleet.send(FleetEvent::Nack(NackRow {
-                        environment: self.env.clone(),
-                        service: nack.service.clone(),
-                        instance_id: self.instance.clone(),
-                        revision: nack.revision,
-                        error_detail: detail,
-                        at: now_ms(),
-                    }));
-                    self.upsert(&nack.service, true);
-                }
+                // One line whatever the agent wrote: escaped, bounded, and a quoted field.
+                let detail = agent_text::text(&nack.error_detail, agent_text::MAX_DETAIL_CHARS);
+                self.nacked(&nack.service, nack.revision, detail);
             }
             Some(agent_message::Kind::Status(report)) => {
                 if let Some(st) = self.services.get_mut(&report.service) {

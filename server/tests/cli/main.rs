@@ -777,3 +777,31 @@ async fn apply_output_json_gives_the_whole_plan_and_the_results() {
     );
     assert_eq!(doc["plan"], Value::Null);
 }
+
+/// CD-3: `levee get` and `levee flip` on a service whose current revision no longer
+/// decodes (stored by another version) say which revision cannot be read and that a
+/// rollback replaces it, exit 1, and never report a server error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cd_3_get_and_flip_of_an_undecodable_revision_say_so() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
+    let revision = app
+        .store_raw_revision(&format!(r#"{{"flags": {{"d": {{"type": "json", "value": {deep}}}}}}}"#))
+        .await;
+    let home = tempfile::tempdir().unwrap();
+    for args in [
+        &["get", "prod/checkout"][..],
+        &["get", "prod"][..],
+        &["flip", "prod/checkout", "recommendations.enabled", "false", "--reason", "incident"][..],
+    ] {
+        let r = levee(&app, home.path(), None, args).await;
+        assert_eq!(r.code, 1, "{args:?}: {r:?}");
+        assert!(
+            r.stderr.contains(&format!("revision {revision} of prod/checkout cannot be read")),
+            "{args:?}: {r:?}"
+        );
+        assert!(r.stderr.contains("roll back"), "{args:?}: {r:?}");
+        assert!(!r.stderr.contains("internal") && !r.stderr.contains("500"), "{args:?}: {r:?}");
+    }
+}

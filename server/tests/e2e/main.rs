@@ -21,6 +21,7 @@ mod bootstrap;
 mod control_plane;
 mod crash;
 mod db_outage;
+mod delivery;
 mod haproxy;
 mod http_fallback;
 mod kill_switch;

@@ -15,3 +15,4 @@ mod pages;
 mod profiles;
 mod review;
 mod security;
+mod unreadable;
