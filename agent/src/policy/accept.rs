@@ -209,7 +209,7 @@ fn path(open: &[(u8, Step)], text: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::defaults::{MAX_FLAG_VALUE_DEPTH, MAX_MESSAGE_BYTES};
+    use crate::policy::defaults::MAX_FLAG_VALUE_DEPTH;
     use crate::policy::{decode_json, decode_policy};
 
     fn nested(levels: usize) -> String {
@@ -232,9 +232,7 @@ mod tests {
     /// fits a message with room for the envelope.
     #[test]
     fn budgets_are_inside_the_decoder_and_the_transport() {
-        assert!(MAX_FLAG_VALUE_DEPTH + 3 <= MAX_BODY_DEPTH);
-        assert!(MAX_BODY_DEPTH < 128, "serde_json refuses nesting past 128 levels");
-        assert!(MAX_SNAPSHOT_BYTES * 2 <= MAX_MESSAGE_BYTES);
+        // The relations themselves are compile-time assertions in `defaults.rs`.
         accept(SCHEMA_VERSION, json_flag(&nested(MAX_FLAG_VALUE_DEPTH)).as_bytes()).unwrap();
     }
 

@@ -164,3 +164,9 @@ pub const MAX_BODY_DEPTH: usize = 64;
 /// body plus a few hundred bytes, well under this once the body is under
 /// [`MAX_SNAPSHOT_BYTES`].
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+// The budgets keep their room, whatever they are changed to.
+const _: () =
+    assert!(MAX_FLAG_VALUE_DEPTH + 3 <= MAX_BODY_DEPTH, "a flag value at its limit fits the body's");
+const _: () = assert!(MAX_BODY_DEPTH < 128, "serde_json refuses nesting past 128 levels");
+const _: () = assert!(2 * MAX_SNAPSHOT_BYTES <= MAX_MESSAGE_BYTES, "a snapshot at its budget fits a message");

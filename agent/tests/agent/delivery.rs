@@ -90,7 +90,7 @@ async fn cd_2_a_message_over_the_transport_limit_is_nacked_and_counted_as_a_fail
     let mut settings = support::settings();
     settings.http_fallback = Some(format!("http://{http}"));
     settings.http_fallback_after = 2;
-    let a = Agent::builder(&server.url(), TOKEN, ENV, SERVICE)
+    let a = Agent::builder(server.url(), TOKEN, ENV, SERVICE)
         .cache_dir(dir.path())
         .sync_settings(settings.clone())
         .build()
