@@ -1,6 +1,6 @@
 //! The shape of the server crate, checked on its source: which top-level module may use
 //! which (a table, acyclic), and which modules know nothing about HTTP. ARCHITECTURE.md
-//! states the same directions as invariants under each module.
+//! draws the same directions and states them as "knows nothing about" invariants.
 //!
 //! A module's dependencies are the `crate::<module>` paths (also inside `use` groups,
 //! attributes and macros) and `super::` paths that climb to the crate root, read from

@@ -1,5 +1,5 @@
 //! The direction of dependencies between the agent's top-level modules (ARCHITECTURE.md,
-//! "Architecture invariants"): no module imports another that imports it back, and the
+//! the agent's layers and "Invariants"): no module imports another that imports it back, and the
 //! leaves stay leaves.
 //!
 //! The graph comes from the source: every `crate::<module>` path (also inside
