@@ -123,6 +123,11 @@ pub struct Principal {
     /// The user this caller is (a session of that user, through the UI or the API);
     /// `None` for an API token, whatever its name.
     pub user: Option<String>,
+    /// The person behind this caller: the user of a session; for an API token, the person
+    /// it acts for (`TokenRow::person`). What four-eyes compares, never the actor's name.
+    pub person: String,
+    /// The API token this caller uses (its id); `None` for a session.
+    pub token: Option<String>,
 }
 
 /// An authenticated agent.
@@ -379,6 +384,8 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
                 Some(u) if claims.epoch.unwrap_or(0) != u.session_epoch => Err(AuthError::Revoked),
                 Some(u) => Ok(Principal {
                     user: Some(u.username.clone()),
+                    person: u.username.clone(),
+                    token: None,
                     actor: u.username,
                     role: u.role,
                     jti: claims.jti,
@@ -392,6 +399,8 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
                 Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Api => Ok(Principal {
                     actor: format!("token:{}", t.name),
                     role: t.role.unwrap_or(Role::Viewer),
+                    person: t.person(),
+                    token: Some(t.id.clone()),
                     jti: t.id,
                     user: None,
                 }),

@@ -226,6 +226,7 @@ impl Actions {
             created_at: now,
             expires_at: now + new.ttl.as_millis() as i64,
             revoked_at: None,
+            person: Some(by.person()),
         };
         let token = self.keys.mint(&row)?;
         let mut audit = audit_row(by, reason, Action::TokenCreate, format!("token {}", row.name));

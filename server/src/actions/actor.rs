@@ -50,6 +50,13 @@ pub struct Actor {
     /// API token, the server (a scheduled change runs under its author's name, not as
     /// them) and a local admin. What "oneself" means, never compared by name.
     pub user: Option<String>,
+    /// The person behind this actor: a session's user, the person an API token acts for
+    /// (through any chain of tokens minted by tokens). `None` for the server and a local
+    /// admin, who are who their name says. Four-eyes compares this, never names.
+    pub person: Option<String>,
+    /// The API token this actor uses (its id), so a change scheduled through it runs with
+    /// the token's role at run time; `None` otherwise.
+    pub token: Option<String>,
 }
 
 impl Actor {
@@ -62,18 +69,23 @@ impl Actor {
             request_id: request_id.into(),
             approval: super::Approval::None,
             user: principal.user.clone(),
+            person: Some(principal.person.clone()),
+            token: principal.token.clone(),
         }
     }
 
-    /// The server acting on its own (recorded as `levee` via `server`).
+    /// The server acting on its own (recorded as `levee` via `server`): its upkeep
+    /// (expiries), which no approval rule gates.
     pub fn server() -> Actor {
         Actor {
             name: "levee".into(),
             role: Role::Admin,
             via: Via::Server,
             request_id: String::new(),
-            approval: super::Approval::None,
+            approval: super::Approval::Upkeep,
             user: None,
+            person: None,
+            token: None,
         }
     }
 
@@ -87,7 +99,20 @@ impl Actor {
             request_id: String::new(),
             approval: super::Approval::None,
             user: None,
+            person: None,
+            token: None,
         }
+    }
+
+    /// The person behind this actor ([`Actor::person`]), else its name.
+    pub fn person(&self) -> String {
+        self.person.clone().unwrap_or_else(|| self.name.clone())
+    }
+
+    /// Whether this actor is `person` (or, without a person, has that name): what
+    /// "oneself" means for four-eyes.
+    pub fn is(&self, person: &str) -> bool {
+        self.person() == person
     }
 
     /// Refuses unless this actor's role is at least the one `action` needs.

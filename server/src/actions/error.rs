@@ -105,9 +105,21 @@ pub enum ChangeError {
          /api/v1/environments/{env}/change-requests), or break-glass with a reason"
     )]
     ApprovalRequired { env: String, kind: String },
+    /// An approved change request whose target changed since it was proposed (a flag, a
+    /// policy, or the definition of the profile it applies): the approval does not cover
+    /// what would now be applied, so it is void and the request ends as `conflict`.
+    #[error(
+        "change request {id} was approved for {what} as it was when proposed; it has changed since, so \
+         the approval is void and nothing was applied: propose the change again"
+    )]
+    ApprovalVoid { id: i64, what: String },
     /// Only the proposer edits a change request.
     #[error("only {proposer} (who proposed change request {id}) may edit it")]
     NotProposer { id: i64, proposer: String },
+    /// The user or token that scheduled a change can no longer act (disabled, deleted,
+    /// revoked, expired): the change is not applied when it comes due.
+    #[error("its author can no longer make changes ({what}): not applied")]
+    AuthorGone { what: String },
     /// The proposer of a change request cannot approve it.
     #[error("you proposed change request {id}: someone else must approve it")]
     SelfApproval { id: i64 },
@@ -179,9 +191,24 @@ pub enum CreateError {
     /// The new service's configuration does not validate; every bad field, with its path.
     #[error("{0}")]
     Invalid(ValidationErrors),
+    /// Refused as a change would be: what the new service sets needs an approved change
+    /// request in its environment ([`ChangeError::ApprovalRequired`], or break-glass
+    /// without a reason).
+    #[error(transparent)]
+    Refused(Box<ChangeError>),
     /// The database failed; the cause is for the log only.
     #[error("storage failed")]
     Storage(#[source] anyhow::Error),
+}
+
+impl From<ChangeError> for CreateError {
+    fn from(e: ChangeError) -> Self {
+        match e {
+            ChangeError::Forbidden(f) => CreateError::Forbidden(f),
+            ChangeError::Storage(e) => CreateError::Storage(e),
+            e => CreateError::Refused(Box::new(e)),
+        }
+    }
 }
 
 impl From<anyhow::Error> for CreateError {

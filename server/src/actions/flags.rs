@@ -25,7 +25,6 @@ impl Actions {
         flag.validate().map_err(ChangeError::Invalid)?;
         expires_in_future("expires_at", flag.expires_at)?;
         let target = format!("flag {key}");
-        self.gate(by, &at.env, "flag", &target).await?;
         let key = key.as_str().to_string();
         self.write(by, reason, Action::FlagSet, at, &target, Subject::Flag(key.clone()), move |p| {
             let diff = AuditDiff::of(p.flags.get(&key), Some(&flag));
@@ -54,7 +53,6 @@ impl Actions {
     ) -> Result<Written, ChangeError> {
         expires_in_future("expires_at", expires_at)?;
         let target = format!("flag {key}");
-        self.gate(by, &at.env, "flag", &target).await?;
         self.write(by, reason, Action::FlagSet, at, &target, Subject::Flag(key.to_string()), |p| {
             let flag = p.flags.get_mut(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })
@@ -87,7 +85,6 @@ impl Actions {
         key: &str,
     ) -> Result<Written, ChangeError> {
         let target = format!("flag {key}");
-        self.gate(by, &at.env, "flag", &target).await?;
         self.write(by, reason, Action::FlagDelete, at, &target, Subject::Flag(key.to_string()), |p| {
             let old = p.flags.remove(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })

@@ -156,9 +156,15 @@ impl Actions {
         // An edit may itself say what a temporary flag goes back to (an apply over a flip:
         // `flags::over_temporary`) by changing its entry in `restores`; that wins over the
         // memory from before.
+        // Four-eyes by what the write changes, whatever action carries it: the rules in
+        // force now, against the parts this transaction replaces.
+        let rules = self.four_eyes(by, &at.env).await?;
+        let mut bypass = None;
         let edit = |p: &mut Parts| {
+            let old = p.clone();
             let (flags, restores) = (p.flags.clone(), p.restores.clone());
             let diff = edit(p)?;
+            bypass = rules.admit(&requests::kinds_changed(Some(&old), Some(p)))?;
             let mut memory = restores.clone();
             for (k, v) in std::mem::take(&mut p.restores) {
                 if restores.get(&k) != Some(&v) {
@@ -169,7 +175,17 @@ impl Actions {
             Ok(diff)
         };
         let committed = self.store.mutate(change, &by.audit_ctx(reason), edit).await?;
-        Ok(self.publish(committed).await)
+        let bypass = bypass.filter(|_| committed.changed);
+        let written = self.publish(committed).await;
+        if let Some(b) = bypass {
+            // The change is committed and published: a failure to audit it is logged, not
+            // answered as if the change had not been made.
+            let rev = Some(written.snapshot.revision);
+            if let Err(e) = self.record_bypass(by, &at.env, Some(&at.service), target, &b, rev).await {
+                tracing::error!(error = %e, environment = %at.env, service = %at.service, "auditing a break-glass change");
+            }
+        }
+        Ok(written)
     }
 
     /// Publishes a new revision to this replica's agent streams (once, after commit), and

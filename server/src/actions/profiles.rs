@@ -579,6 +579,20 @@ impl Actions {
         name: &str,
         expires_at: Timestamp,
     ) -> Result<ActivationRow, ChangeError> {
+        self.apply_profile_as(by, reason, env, name, expires_at, None).await
+    }
+
+    /// [`Actions::apply_profile`] of the profile at `version` (`None`: whatever is
+    /// stored): [`ChangeError::Conflict`] when it is at another one, nothing applied.
+    pub(super) async fn apply_profile_as(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        env: &str,
+        name: &str,
+        expires_at: Timestamp,
+        version: Option<u64>,
+    ) -> Result<ActivationRow, ChangeError> {
         by.may(Action::ProfileApply)?;
         self.gate(by, env, "profile", &format!("profile {name}")).await?;
         in_future("expires_at", expires_at)?;
@@ -594,7 +608,27 @@ impl Actions {
         let profile = self.store.profile(env, name).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Profile { env: env.to_string(), name: name.to_string() })
         })?;
+        if let Some(v) = version
+            && profile.version != v
+        {
+            return Err(ChangeError::Conflict { expected: v, current: profile.version });
+        }
         let profile = Profile::of(profile)?;
+        // What the application changes decides the approval it needs (a profile that sets
+        // flags needs what a flag change needs), refused here before anything is recorded;
+        // each service's write checks it again against what it replaces.
+        let mut changed = Vec::new();
+        for (svc, spec) in &profile.spec.services {
+            if let Some(snap) = self.store.latest_snapshot(env, svc).await? {
+                let old = Parts::from_config(snap.config()?, false);
+                let mut new = old.clone();
+                if apply_to(&mut new, spec, name, reason.as_str(), expires_at, svc).is_ok() {
+                    changed.extend(super::requests::kinds_changed(Some(&old), Some(&new)));
+                }
+            }
+        }
+        changed.dedup();
+        self.four_eyes(by, env).await?.admit(&changed)?;
         let mut row = ActivationRow {
             id: 0,
             environment: env.to_string(),
@@ -724,6 +758,9 @@ impl Actions {
         let json = if a.saved.is_empty() { &claimed.saved } else { &a.saved };
         let saved: BTreeMap<String, Saved> = serde_json::from_str(json).unwrap_or_default();
         let target = format!("profile {}", a.profile);
+        // Putting back what the profile replaced is upkeep, not a change of its own: it
+        // restores only entries nobody changed since, to what they were before.
+        let by = &Actor { approval: super::Approval::Upkeep, ..by.clone() };
         for (svc, s) in &saved {
             let at = ServiceAt::new(&a.environment, svc.clone(), None);
             let subject = Subject::Entries(s.entries());

@@ -1,26 +1,34 @@
-//! Four-eyes: per environment an admin chooses which kinds of change — `policy` (policy
-//! edits, whole-service applies, rollbacks), `flag` (flag values), `profile` (profile
-//! applications) — need an approved change request.
+//! Four-eyes: per environment an admin chooses which kinds of change — `policy` (a
+//! service's policy), `flag` (a service's flags), `profile` (applying an emergency profile)
+//! — need an approved change request.
 //!
-//! While a kind needs approval, the direct action is refused ([`ChangeError::ApprovalRequired`])
+//! A rule covers what a write *changes*, whatever action or object carries it: every write
+//! of a service's configuration compares its parts before and after ([`kinds_changed`],
+//! called by `Actions::write` and by service creation and deletion), so a whole-service
+//! apply, a rollback, an emergency profile or a delete-and-create that changes a flag needs
+//! what a flip needs. A change of a gated kind is refused ([`ChangeError::ApprovalRequired`])
 //! unless it is the application of an approved request, or break-glass: the actor gives a
 //! reason for bypassing review ([`Approval::BreakGlass`]), and the change is applied at once
 //! and audited twice — as itself and as `approval.bypass` with outcome `bypass`, which the
-//! audit page highlights.
+//! audit page highlights. Only the server's upkeep ([`Approval::Upkeep`]: expiries, putting
+//! back what an emergency profile replaced) is not a change of its own.
 //!
-//! A request records the change and what its target looked like when it was proposed. The
-//! proposer cannot approve it; an approval names the version approved, and any edit makes a
-//! new version and voids the approval; applying requires the approved version and an
-//! unchanged target (else the request ends as `conflict`), so what is applied is exactly
-//! what was reviewed.
+//! A request records the change and what its target looked like when it was proposed (for
+//! a profile, the version and hash of its definition). The proposer — the person behind
+//! whatever session or token proposed it — cannot approve it; an approval names the version
+//! approved, and any edit makes a new version and voids the approval; applying requires the
+//! approved version and an unchanged target (a flag, policy or profile edited since voids
+//! the approval: the request ends as `conflict`, [`ChangeError::ApprovalVoid`]), so what is
+//! applied is exactly what was reviewed.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
 use serde_json::{Value, json};
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, RequestRow, now_ms};
+use crate::db::{AuditRow, Parts, RequestRow, now_ms};
 
 /// The kinds of change that can require approval.
 pub const APPROVAL_KINDS: [&str; 3] = ["policy", "flag", "profile"];
@@ -35,6 +43,68 @@ pub enum Approval {
     Request(i64),
     /// Break-glass: applied at once without review, for this reason (audited as a bypass).
     BreakGlass(String),
+    /// The server's own upkeep: an expiry, or putting back what an emergency profile
+    /// replaced (its revert, by hand or at its end). It restores what was there before the
+    /// change that passed the rules, so it is not a change of its own kind.
+    Upkeep,
+}
+
+/// The kinds of approval rule a write of a service from `before` to `after` falls under
+/// (`None`: the service does not exist on that side, as for a creation or a deletion):
+/// `policy` when the policy differs, `flag` when any flag is added, removed or changed. The
+/// one statement of "a rule covers what a write changes".
+pub(super) fn kinds_changed(before: Option<&Parts>, after: Option<&Parts>) -> Vec<&'static str> {
+    let empty = BTreeMap::new();
+    let mut kinds = Vec::new();
+    if before.map(|p| &p.policy) != after.map(|p| &p.policy) {
+        kinds.push("policy");
+    }
+    if before.map_or(&empty, |p| &p.flags) != after.map_or(&empty, |p| &p.flags) {
+        kinds.push("flag");
+    }
+    kinds
+}
+
+/// The approval rules of an environment as they apply to one actor's change.
+#[derive(Clone, Debug)]
+pub(super) struct FourEyes {
+    env: String,
+    /// The kinds that need approval there; empty when this change is exempt (an approved
+    /// request's application, the server's upkeep).
+    kinds: Vec<String>,
+    approval: Approval,
+}
+
+/// A change applied by break-glass: the gated kinds it changed and the reason given.
+#[derive(Clone, Debug)]
+pub(super) struct Bypass {
+    kinds: Vec<String>,
+    why: Reason,
+}
+
+impl FourEyes {
+    /// How a change of `changed` kinds passes: `None` when none of them needs approval,
+    /// the [`Bypass`] to audit when the actor breaks the glass.
+    ///
+    /// # Errors
+    /// [`ChangeError::ApprovalRequired`] naming the first gated kind;
+    /// [`ChangeError::InvalidField`] on `break_glass` without a reason.
+    pub(super) fn admit(&self, changed: &[&str]) -> Result<Option<Bypass>, ChangeError> {
+        let gated: Vec<String> =
+            changed.iter().filter(|k| self.kinds.iter().any(|g| g == *k)).map(|k| k.to_string()).collect();
+        let Some(first) = gated.first() else { return Ok(None) };
+        let Approval::BreakGlass(why) = &self.approval else {
+            return Err(ChangeError::ApprovalRequired { env: self.env.clone(), kind: first.clone() });
+        };
+        let why = Reason::parse(why).map_err(|e| {
+            ChangeError::InvalidField(FieldError {
+                path: "break_glass".into(),
+                value: String::new(),
+                message: format!("break-glass needs a reason: {e}"),
+            })
+        })?;
+        Ok(Some(Bypass { kinds: gated, why }))
+    }
 }
 
 /// A proposed change.
@@ -49,8 +119,40 @@ pub enum Proposal {
 }
 
 impl Actions {
-    /// Refuses `by`'s change of `kind` in `env` when that kind needs approval there, unless
-    /// it applies an approved request or breaks the glass (audited as `approval.bypass`).
+    /// The approval rules of `env` as they apply to `by`'s change, read now.
+    pub(super) async fn four_eyes(&self, by: &Actor, env: &str) -> Result<FourEyes, ChangeError> {
+        let exempt = matches!(by.approval, Approval::Request(_) | Approval::Upkeep);
+        let kinds = if exempt { Vec::new() } else { self.store.approval_kinds(env).await? };
+        Ok(FourEyes { env: env.to_string(), kinds, approval: by.approval.clone() })
+    }
+
+    /// Audits a change applied by break-glass as `approval.bypass` (outcome `bypass`),
+    /// naming the kinds it changed; `revision` is the revision it made, if any.
+    pub(super) async fn record_bypass(
+        &self,
+        by: &Actor,
+        env: &str,
+        service: Option<&str>,
+        target: &str,
+        b: &Bypass,
+        revision: Option<u64>,
+    ) -> Result<(), ChangeError> {
+        let kinds = b.kinds.join(", ");
+        let mut audit = audit_row(by, &b.why, Action::ApprovalBypass, format!("{kinds}: {target}"));
+        audit.environment = Some(env.to_string());
+        audit.service = service.map(str::to_string);
+        audit.outcome = "bypass".into();
+        audit.revision = revision.map(|r| r as i64);
+        self.store.append_audit(&audit).await?;
+        tracing::warn!(actor = %by.name, environment = env, kinds, target, "break-glass: change applied without approval");
+        Ok(())
+    }
+
+    /// Refuses `by`'s action of `kind` in `env` when that kind needs approval there, unless
+    /// it applies an approved request or breaks the glass (audited as `approval.bypass`):
+    /// for what is gated as an action rather than by the content it changes (applying a
+    /// profile, scheduling or moving a change). What the action then writes is checked
+    /// again by content ([`kinds_changed`]).
     pub(super) async fn gate(
         &self,
         by: &Actor,
@@ -58,34 +160,10 @@ impl Actions {
         kind: &str,
         target: &str,
     ) -> Result<(), ChangeError> {
-        if !self.gated(by, env, kind).await? {
-            return Ok(());
+        if let Some(b) = self.four_eyes(by, env).await?.admit(&[kind])? {
+            self.record_bypass(by, env, None, target, &b, None).await?;
         }
-        let Approval::BreakGlass(why) = &by.approval else {
-            return Err(ChangeError::ApprovalRequired { env: env.to_string(), kind: kind.to_string() });
-        };
-        let why = Reason::parse(why).map_err(|e| {
-            ChangeError::InvalidField(FieldError {
-                path: "break_glass".into(),
-                value: String::new(),
-                message: format!("break-glass needs a reason: {e}"),
-            })
-        })?;
-        let mut audit = audit_row(by, &why, Action::ApprovalBypass, format!("{kind}: {target}"));
-        audit.environment = Some(env.to_string());
-        audit.outcome = "bypass".into();
-        self.store.append_audit(&audit).await?;
-        tracing::warn!(actor = %by.name, environment = env, kind, target, "break-glass: change applied without approval");
         Ok(())
-    }
-
-    /// Whether `by`'s change of `kind` in `env` must pass [`Actions::gate`]: the kind needs
-    /// approval there and the change is neither the server's own nor an approved request's.
-    pub(super) async fn gated(&self, by: &Actor, env: &str, kind: &str) -> Result<bool, ChangeError> {
-        if by.via == super::Via::Server || matches!(by.approval, Approval::Request(_)) {
-            return Ok(false);
-        }
-        Ok(self.store.approval_kinds(env).await?.iter().any(|k| k == kind))
     }
 
     /// Sets the kinds of change that need approval in `env` (admin; audited as
@@ -133,7 +211,14 @@ impl Actions {
         service: Option<&str>,
         target: &str,
     ) -> Result<(Option<String>, Option<u64>), ChangeError> {
-        let Some(svc) = service else { return Ok((None, None)) };
+        let Some(svc) = service else {
+            // A profile is applied as its definition is at apply time: the approval binds to
+            // the definition reviewed, by version and hash.
+            let row = self.store.profile(env, target).await?.ok_or_else(|| {
+                ChangeError::NotFound(Missing::Profile { env: env.into(), name: target.into() })
+            })?;
+            return Ok((Some(profile_content(&row)), None));
+        };
         let snap = self.store.latest_snapshot(env, svc).await?;
         let (Some(snap), Some(_)) = (snap, self.store.service(env, svc).await?) else {
             return Err(ChangeError::NotFound(Missing::Service { env: env.into(), service: svc.into() }));
@@ -226,6 +311,7 @@ impl Actions {
             version: 1,
             state: "open".into(),
             proposed_by: by.name.clone(),
+            proposed_person: Some(by.person()),
             proposed_at: now_ms(),
             reason: reason.as_str().into(),
             ..Default::default()
@@ -279,7 +365,7 @@ impl Actions {
             .await?
             .filter(|r| r.state == "open" || r.state == "approved")
             .ok_or_else(|| Self::request_missing(id))?;
-        if old.proposed_by != by.name {
+        if old.proposed_by != by.name && !by.is(&proposer(&old)) {
             return Err(ChangeError::NotProposer { id, proposer: old.proposed_by });
         }
         let (kind, service, target, payload) = self.check_proposal(&old.environment, &p).await?;
@@ -337,7 +423,8 @@ impl Actions {
             .filter(|r| r.state == "open")
             .ok_or_else(|| Self::request_missing(id))?;
         by.may(underlying_kind(&old.kind))?;
-        if old.proposed_by == by.name {
+        // The person, not the name: a token the proposer minted is the proposer too.
+        if old.proposed_by == by.name || by.is(&proposer(&old)) {
             return Err(ChangeError::SelfApproval { id });
         }
         if old.version != version {
@@ -408,20 +495,25 @@ impl Actions {
         let env = old.environment.clone();
         let (now, rev) = self.target_now(&env, &old.kind, old.service.as_deref(), &old.target).await?;
         if now != old.expected {
-            let outcome = format!(
-                "{} changed since the request was proposed (at revision {}, now {}): not applied",
-                describe_request(&old),
-                old.base_revision.unwrap_or(0),
-                rev.unwrap_or(0)
-            );
-            let next = RequestRow { state: "conflict".into(), outcome: Some(outcome), ..old.clone() };
+            let outcome = match old.kind.as_str() {
+                "profile" => format!(
+                    "{} was edited since the request was proposed: the approval is void, not applied",
+                    describe_request(&old)
+                ),
+                _ => format!(
+                    "{} changed since the request was proposed (at revision {}, now {}): the approval is \
+                     void, not applied",
+                    describe_request(&old),
+                    old.base_revision.unwrap_or(0),
+                    rev.unwrap_or(0)
+                ),
+            };
+            let next = RequestRow { state: "conflict".into(), outcome: Some(outcome.clone()), ..old.clone() };
             let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
             audit.outcome = "conflict".into();
+            audit.detail = Some(outcome);
             self.transition(&old, next, audit).await?;
-            return Err(ChangeError::Conflict {
-                expected: old.base_revision.unwrap_or(0),
-                current: rev.unwrap_or(0),
-            });
+            return Err(ChangeError::ApprovalVoid { id, what: describe_request(&old) });
         }
         let applier = Actor { approval: Approval::Request(id), ..by.clone() };
         let why = Reason::by_server(format!(
@@ -450,7 +542,17 @@ impl Actions {
             _ => {
                 let ms = payload["expires_in_ms"].as_i64().unwrap_or(0);
                 let until = Timestamp::from_unix_ms(now_ms().saturating_add(ms));
-                self.apply_profile(&applier, &why, &env, &old.target, until).await?;
+                let version = old
+                    .expected
+                    .as_deref()
+                    .and_then(|e| serde_json::from_str::<Value>(e).ok())
+                    .and_then(|e| e["version"].as_u64());
+                let applied = self.apply_profile_as(&applier, &why, &env, &old.target, until, version).await;
+                if let Err(ChangeError::Conflict { .. }) = applied {
+                    // Edited between the check above and the application.
+                    return Err(ChangeError::ApprovalVoid { id, what: describe_request(&old) });
+                }
+                applied?;
                 None
             }
         };
@@ -471,6 +573,11 @@ impl Actions {
     }
 }
 
+/// The person who proposed `r` (`proposed_by` for a request from before it was recorded).
+fn proposer(r: &RequestRow) -> String {
+    r.proposed_person.clone().unwrap_or_else(|| r.proposed_by.clone())
+}
+
 /// The action a proposal would take.
 fn underlying(p: &Proposal) -> Action {
     match p {
@@ -488,6 +595,12 @@ fn underlying_kind(kind: &str) -> Action {
     }
 }
 
+/// What a profile request binds to: the version and content hash of the definition.
+fn profile_content(row: &crate::db::ProfileRow) -> String {
+    json!({"version": row.version, "hash": levee_agent::policy::content_hash(row.body.as_bytes())})
+        .to_string()
+}
+
 /// What a request targets, in words: `flag KEY of SERVICE`, `policy of SERVICE`, `profile NAME`.
 pub fn describe_request(r: &RequestRow) -> String {
     let svc = r.service.as_deref().unwrap_or_default();
@@ -499,7 +612,8 @@ pub fn describe_request(r: &RequestRow) -> String {
 }
 
 /// The target of a request before and after it, as JSON, for the reviewer's diff: the flag
-/// or policy as it was when proposed and as it would be; a profile's application.
+/// or policy as it was when proposed and as it would be; a profile's application (the
+/// profile, the version of its definition the approval binds to, how long it stays).
 pub fn request_sides(r: &RequestRow) -> (Value, Value) {
     let before: Value =
         r.expected.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or(Value::Null);
@@ -512,7 +626,10 @@ pub fn request_sides(r: &RequestRow) -> (Value, Value) {
             }
             (before, after)
         }
-        "profile" => (Value::Null, json!({"profile": r.target, "expires_in_ms": payload["expires_in_ms"]})),
+        "profile" => (
+            json!({}),
+            json!({"profile": r.target, "version": before["version"], "expires_in_ms": payload["expires_in_ms"]}),
+        ),
         _ => (before, payload),
     }
 }

@@ -3,7 +3,10 @@
 //!
 //! A change is stored (it survives a restart) with what its target looked like when it was
 //! scheduled. When it is due, one replica claims it ([`Store::claim_change`], a conditional
-//! UPDATE) with a lease of [`SCHEDULE_LEASE`], and runs it as its author (via `server`): if
+//! UPDATE) with a lease of [`SCHEDULE_LEASE`], and runs it as its author (via `server`) as
+//! the author is then — a user's or an API token's current role, nothing at all when the
+//! user is disabled or the token revoked — under the approval rules in force then (a change
+//! scheduled with break-glass passes them as a bypass, audited at run time): if
 //! the target changed since it was scheduled, the change is not applied and its conflict is
 //! recorded and audited instead; otherwise it is applied through the ordinary action (so the
 //! audit log lists it as that action, applied). A revert is itself a scheduled change,
@@ -112,6 +115,12 @@ impl Actions {
             state: "pending".into(),
             created_by: by.name.clone(),
             created_role: by.role.as_str().into(),
+            created_user: by.user.clone(),
+            created_token: by.token.clone(),
+            break_glass: match &by.approval {
+                super::Approval::BreakGlass(why) => Some(why.clone()),
+                _ => None,
+            },
             created_at: now_ms(),
             reason: reason.as_str().into(),
             ..Default::default()
@@ -178,39 +187,86 @@ impl Actions {
         Ok(row)
     }
 
-    /// Moves pending change `id` to `run_at` (and `revert_at`), audited as
-    /// `schedule.update`; or cancels it when `run_at` is `None` (`schedule.cancel`).
+    /// Moves pending change `id` to `run_at`, audited as `schedule.update`; or cancels it
+    /// when `run_at` is `None` (`schedule.cancel`). `revert_at` says what becomes of its
+    /// automatic revert (a profile's expiry): `None` keeps it, `Some(None)` drops it (not for
+    /// a profile, which needs an end), `Some(Some(t))` moves it to `t`. The audit row records
+    /// both times before and after.
+    ///
+    /// Moving a change is a change too: where its kind needs approval it is refused like
+    /// the change itself (or audited as a bypass); the rules are applied again when it runs.
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::ScheduledChange`] when there is no pending change `id`;
-    /// [`ChangeError::InvalidField`] on the times.
+    /// [`ChangeError::InvalidField`] on the times (a kept revert that would come before
+    /// the new `run_at` names `revert_at`); [`ChangeError::ApprovalRequired`].
     pub async fn reschedule_change(
         &self,
         by: &Actor,
         reason: &Reason,
         id: i64,
         run_at: Option<Timestamp>,
-        revert_at: Option<Timestamp>,
+        revert_at: Option<Option<Timestamp>>,
     ) -> Result<ScheduledRow, ChangeError> {
         let action = if run_at.is_some() { Action::ScheduleUpdate } else { Action::ScheduleCancel };
         by.may(action)?;
         let missing = || ChangeError::NotFound(Missing::ScheduledChange { id });
         let c = self.store.scheduled(id).await?.filter(|c| c.state == "pending").ok_or_else(missing)?;
+        let target = format!("{} (scheduled change {id})", describe(&c));
+        // What it reverts at now: a profile's end is its expiry, in its payload.
+        let mut payload: Value = serde_json::from_str(&c.payload).unwrap_or(Value::Null);
+        let old_revert = if c.kind == "profile" {
+            payload["expires_at"].as_str().and_then(Timestamp::parse)
+        } else {
+            c.revert_at.map(Timestamp::from_unix_ms)
+        };
+        let new_revert = match revert_at {
+            None => old_revert,
+            Some(t) => t,
+        };
+        let mut new_payload = None;
         if let Some(at) = run_at {
+            self.gate(by, &c.environment, &c.kind, &target).await?;
             in_future("run_at", at)?;
-            if let Some(r) = revert_at
-                && r <= at
+            match new_revert {
+                Some(r) if r <= at => {
+                    let message = if revert_at.is_none() {
+                        format!(
+                            "the change's revert at {r} would come before its new run_at; give a later \
+                             revert_at{}",
+                            if c.kind == "profile" { "" } else { ", or null to drop the revert" }
+                        )
+                    } else {
+                        "must be after run_at".to_string()
+                    };
+                    return Err(bad("revert_at", r.to_string(), message));
+                }
+                None if c.kind == "profile" => {
+                    return Err(bad(
+                        "revert_at",
+                        "null",
+                        "a profile needs an end: give revert_at (its expiry)",
+                    ));
+                }
+                _ => {}
+            }
+            if c.kind == "profile"
+                && let Some(r) = new_revert
+                && new_revert != old_revert
             {
-                return Err(bad("revert_at", r.to_string(), "must be after run_at"));
+                payload["expires_at"] = json!(r);
+                new_payload = Some(payload.to_string());
             }
         }
-        let mut audit = audit_row(by, reason, action, format!("{} (scheduled change {id})", describe(&c)));
+        let mut audit = audit_row(by, reason, action, target);
         audit.environment = Some(c.environment.clone());
         audit.service = c.service.clone();
-        audit.before = Some(json!({"run_at": Timestamp::from_unix_ms(c.run_at)}).to_string());
-        audit.after = run_at.map(|t| json!({"run_at": t, "revert_at": revert_at}).to_string());
-        let revert = if c.kind == "profile" { None } else { revert_at.map(|t| t.unix_ms()) };
-        if !self.store.reschedule(id, run_at.map(|t| t.unix_ms()), revert, &audit).await? {
+        audit.before =
+            Some(json!({"run_at": Timestamp::from_unix_ms(c.run_at), "revert_at": old_revert}).to_string());
+        audit.after = run_at.map(|t| json!({"run_at": t, "revert_at": new_revert}).to_string());
+        let revert = if c.kind == "profile" { None } else { new_revert.map(|t| t.unix_ms()) };
+        let (run_ms, payload) = (run_at.map(|t| t.unix_ms()), new_payload.as_deref());
+        if !self.store.reschedule(id, run_ms, revert, payload, &audit).await? {
             return Err(missing());
         }
         self.store.scheduled(id).await?.ok_or_else(missing)
@@ -269,6 +325,8 @@ impl Actions {
             state: "pending".into(),
             created_by: c.created_by.clone(),
             created_role: c.created_role.clone(),
+            created_user: c.created_user.clone(),
+            created_token: c.created_token.clone(),
             created_at: now_ms(),
             reason: format!("revert of scheduled change {}: {}", c.id, c.reason),
             ..Default::default()
@@ -317,15 +375,16 @@ impl Actions {
     async fn run_change(&self, claimed: &Claimed) -> Ran {
         let c = &claimed.change;
         let dead = claimed.reclaimed_from.as_deref();
-        let by = Actor {
-            name: c.created_by.clone(),
-            role: Role::parse(&c.created_role).unwrap_or(Role::Viewer),
-            via: super::Via::Server,
-            request_id: format!("scheduled-{}", c.id),
-            approval: super::Approval::None,
-            user: None,
-        };
         let reason = Reason::by_server(format!("{} (scheduled change {})", c.reason, c.id));
+        let by = match self.author_now(c).await {
+            Ok(by) => by,
+            Err(e) => {
+                let by = self.author(c, Role::Viewer);
+                let ran = Ran::failed(&e);
+                self.audit_run(&by, &reason, c, &ran).await;
+                return ran;
+            }
+        };
         let conflict = |what: String, rev: u64| {
             let base = c.base_revision.unwrap_or(0);
             format!(
@@ -418,25 +477,82 @@ impl Actions {
         if ran.state != "applied" || dead.is_some() {
             // Not applied: audited as what happened, never as applied. A takeover is
             // audited too (once: only one run claims it), whatever its outcome.
-            let mut audit: AuditRow = audit_row(
-                &by,
-                &reason,
-                Action::ScheduleRun,
-                format!("{} (scheduled change {})", describe(c), c.id),
-            );
-            audit.environment = Some(c.environment.clone());
-            audit.service = c.service.clone();
-            audit.outcome = if ran.state == "applied" { "ok".into() } else { ran.state.to_string() };
-            // The scheduled change is the target: its state as this run claimed it and as
-            // the run left it; what happened, in words, is the detail.
-            audit.before = Some(json!({"state": c.state}).to_string());
-            audit.after = Some(json!({"state": ran.state}).to_string());
-            audit.detail = Some(ran.outcome.clone());
-            if let Err(e) = self.store.append_audit(&audit).await {
-                tracing::error!(error = ?e, id = c.id, "auditing a scheduled change that did not apply");
-            }
+            self.audit_run(&by, &reason, c, &ran).await;
         }
         ran
+    }
+
+    async fn audit_run(&self, by: &Actor, reason: &Reason, c: &ScheduledRow, ran: &Ran) {
+        let mut audit: AuditRow = audit_row(
+            by,
+            reason,
+            Action::ScheduleRun,
+            format!("{} (scheduled change {})", describe(c), c.id),
+        );
+        audit.environment = Some(c.environment.clone());
+        audit.service = c.service.clone();
+        audit.outcome = if ran.state == "applied" { "ok".into() } else { ran.state.to_string() };
+        // The scheduled change is the target: its state as this run claimed it and as
+        // the run left it; what happened, in words, is the detail.
+        audit.before = Some(json!({"state": c.state}).to_string());
+        audit.after = Some(json!({"state": ran.state}).to_string());
+        audit.detail = Some(ran.outcome.clone());
+        if let Err(e) = self.store.append_audit(&audit).await {
+            tracing::error!(error = ?e, id = c.id, "auditing a scheduled change that did not apply");
+        }
+    }
+
+    /// The author of `c` acting with `role`, via `server`, with the break-glass reason it
+    /// was scheduled with, if any.
+    fn author(&self, c: &ScheduledRow, role: Role) -> Actor {
+        Actor {
+            name: c.created_by.clone(),
+            role,
+            via: super::Via::Server,
+            request_id: format!("scheduled-{}", c.id),
+            approval: match &c.break_glass {
+                Some(why) => super::Approval::BreakGlass(why.clone()),
+                None => super::Approval::None,
+            },
+            user: None,
+            person: c.created_user.clone(),
+            token: c.created_token.clone(),
+        }
+    }
+
+    /// The author of `c` as they are now: a user's role now (a disabled or deleted user
+    /// runs nothing), an API token's role now (a revoked or expired token runs nothing),
+    /// else the role recorded when it was scheduled. The automatic revert of an applied
+    /// change is upkeep: it puts back what the change replaced, and only if nobody changed
+    /// it since, so it runs whatever became of its author.
+    async fn author_now(&self, c: &ScheduledRow) -> Result<Actor, ChangeError> {
+        let scheduled = Role::parse(&c.created_role).unwrap_or(Role::Viewer);
+        if c.reverts.is_some() {
+            return Ok(Actor { approval: super::Approval::Upkeep, ..self.author(c, scheduled) });
+        }
+        let role = if let Some(u) = &c.created_user {
+            match self.store.user(u).await? {
+                Some(u) if !u.disabled => u.role,
+                _ => {
+                    return Err(ChangeError::AuthorGone { what: format!("user {u} is disabled or deleted") });
+                }
+            }
+        } else if let Some(t) = &c.created_token {
+            match self.store.token(t).await? {
+                Some(t) if t.revoked_at.is_none() && t.expires_at > now_ms() => {
+                    t.role.unwrap_or(Role::Viewer)
+                }
+                Some(t) => {
+                    return Err(ChangeError::AuthorGone {
+                        what: format!("token {} is revoked or expired", t.name),
+                    });
+                }
+                None => return Err(ChangeError::AuthorGone { what: "its token no longer exists".into() }),
+            }
+        } else {
+            scheduled
+        };
+        Ok(self.author(c, role))
     }
 }
 

@@ -115,6 +115,19 @@ impl Actions {
         }
         let diff = AuditDiff { after: String::from_utf8(canonical_json(&config)).ok(), ..Default::default() };
         let name = new.name.as_str();
+        // A new service sets a policy and its flags where there were none: the same rules
+        // as changing them, or deleting a service and creating it again would pass any.
+        let admitted =
+            self.four_eyes(by, env).await?.admit(&super::requests::kinds_changed(None, Some(&parts)));
+        let bypass = match admitted {
+            Ok(b) => b,
+            Err(e) => {
+                let mut audit = super::audit_row(by, reason, Action::ServiceCreate, name.to_string());
+                audit.environment = Some(env.to_string());
+                audit.service = Some(name.to_string());
+                return Err(self.refuse_audited(audit, e).await.into());
+            }
+        };
         let change = Change {
             env,
             service: name,
@@ -124,7 +137,16 @@ impl Actions {
             expected: None,
         };
         match self.store.create_service(change, &new.description, parts, diff, &by.audit_ctx(reason)).await {
-            Ok(Some(c)) => Ok(self.publish(c).await),
+            Ok(Some(c)) => {
+                let written = self.publish(c).await;
+                if let Some(b) = bypass {
+                    let rev = Some(written.snapshot.revision);
+                    if let Err(e) = self.record_bypass(by, env, Some(name), name, &b, rev).await {
+                        tracing::error!(error = %e, environment = env, service = name, "auditing a break-glass change");
+                    }
+                }
+                Ok(written)
+            }
             Ok(None) => Err(CreateError::AlreadyExists(Existing::Service {
                 env: env.to_string(),
                 name: name.to_string(),
@@ -152,7 +174,6 @@ impl Actions {
         policy: Policy,
     ) -> Result<Written, ChangeError> {
         by.may(Action::PolicyUpdate)?;
-        self.gate(by, &at.env, "policy", &format!("policy of {}", at.service)).await?;
         policy.validate().map_err(|v| ChangeError::Invalid(under("policy", v)))?;
         self.write(by, reason, Action::PolicyUpdate, at, "policy", Subject::Policy, move |p| {
             let diff = AuditDiff::of(Some(&p.policy), Some(&policy));
@@ -185,13 +206,11 @@ impl Actions {
         override_profile: Option<&Reason>,
     ) -> Result<Written, ChangeError> {
         by.may(Action::ServiceApply)?;
-        self.gate(by, &at.env, "policy", &format!("service {}", at.service)).await?;
         let Declared { description, policy, flags } = declared;
         super::flags::all_expire_in_future(&flags)?;
         let current = self.store.service(&at.env, &at.service).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Service { env: at.env.clone(), service: at.service.clone() })
         })?;
-        let flags_gate = self.gate_flags(by, at, &flags, &format!("flags of service {}", at.service)).await?;
         let active = self.store.active_profile(&at.env).await?;
         let undo = |stored: &BTreeMap<String, Flag>, flags: &BTreeMap<String, Flag>| {
             active.as_ref().and_then(|a| profile_undo(a, &at.service, stored, Some(flags)))
@@ -207,7 +226,6 @@ impl Actions {
         };
         let mut written = self
             .write(by, &reason, Action::ServiceApply, at, "policy and flags", Subject::Declared, |p| {
-                flags_gate.check(&p.flags, &flags)?;
                 if override_profile.is_none() {
                     overriding(undo(&p.flags, &flags), &at.env, &reason, None)?;
                 }
@@ -262,22 +280,26 @@ impl Actions {
         audit.environment = Some(at.env.clone());
         audit.service = Some(at.service.clone());
         audit.before = last.as_ref().map(|s| s.body.clone());
+        // Deleting removes the policy and the flags new instances would receive: gated as
+        // changing them.
+        let stored = match &last {
+            Some(last) => Some(Parts::from_config(last.config()?, false)),
+            None => None,
+        };
+        let bypass = match self
+            .four_eyes(by, &at.env)
+            .await?
+            .admit(&super::requests::kinds_changed(stored.as_ref(), None))
+        {
+            Ok(b) => b,
+            Err(e) => return Err(self.refuse_audited(audit, e).await),
+        };
         if let (Some(active), Some(last)) = (self.store.active_profile(&at.env).await?, &last) {
             let cfg = last.config()?;
             let undo = profile_undo(&active, &at.service, &cfg.flags, None);
             match overriding(undo, &at.env, reason, override_profile) {
                 Ok(r) => audit.reason = r.as_str().to_string(),
-                Err(e) => {
-                    // Refused: audited like a refused write, the service unchanged.
-                    let refused = AuditRow {
-                        outcome: "rejected".into(),
-                        after: audit.before.clone(),
-                        detail: Some(e.to_string()),
-                        ..audit
-                    };
-                    self.store.append_audit(&refused).await?;
-                    return Err(e);
-                }
+                Err(e) => return Err(self.refuse_audited(audit, e).await),
             }
         }
         self.store.delete_service(&at.env, &at.service, at.base, &audit).await.map_err(|e| match e {
@@ -289,7 +311,29 @@ impl Actions {
             e @ (MutateError::NoEnvironment(_) | MutateError::Invalid(_) | MutateError::Refused(_)) => {
                 ChangeError::Storage(anyhow::anyhow!("deleting a service: {e}"))
             }
-        })
+        })?;
+        if let Some(b) = bypass
+            && let Err(e) = self.record_bypass(by, &at.env, Some(&at.service), &at.service, &b, None).await
+        {
+            tracing::error!(error = %e, environment = %at.env, service = %at.service, "auditing a break-glass change");
+        }
+        Ok(())
+    }
+
+    /// Audits `audit` (a creation or deletion as it would have been) as refused by `e`,
+    /// the service unchanged, and returns `e`.
+    async fn refuse_audited(&self, audit: AuditRow, e: ChangeError) -> ChangeError {
+        let refused = AuditRow {
+            outcome: "rejected".into(),
+            after: audit.before.clone(),
+            before: audit.before.clone(),
+            detail: Some(e.to_string()),
+            ..audit
+        };
+        if let Err(a) = self.store.append_audit(&refused).await {
+            tracing::error!(error = ?a, "could not audit a refused change");
+        }
+        e
     }
 
     /// The flags of `at`'s service as stored now.
@@ -313,7 +357,6 @@ impl Actions {
         to: u64,
     ) -> Result<Written, ChangeError> {
         by.may(Action::Rollback)?;
-        self.gate(by, &at.env, "policy", &format!("rollback of {}", at.service)).await?;
         let old = self.store.revision(&at.env, &at.service, to).await?.ok_or_else(|| {
             ChangeError::NotFound(Missing::Revision {
                 env: at.env.clone(),
@@ -323,68 +366,12 @@ impl Actions {
         })?;
         let config = old.config()?;
         let target = format!("revision {to}");
-        let flags_gate =
-            self.gate_flags(by, at, &config.flags, &format!("flags of {} (rollback)", at.service)).await?;
         self.write(by, reason, Action::Rollback, at, &target, Subject::Config, move |p| {
-            flags_gate.check(&p.flags, &config.flags)?;
             let before = p.config();
             *p = Parts::from_config(config, p.faults_allowed);
             Ok(AuditDiff::of(Some(&before), Some(&p.config())))
         })
         .await
-    }
-}
-
-/// What is left to check, inside the write, of the `flag` approval rule for a change that
-/// replaces a service's flags wholesale (apply, rollback): [`Actions::gate_flags`] gates
-/// the change when the flags it read differ from the new ones; if they did not, but the
-/// kind needs approval, the flags must still be unchanged in the revision being replaced,
-/// or someone changed them meanwhile and this write would undo that without approval.
-#[derive(Clone, Debug)]
-struct FlagsGate {
-    /// Set when the kind needs approval and the gate was not passed (flags looked equal).
-    unchecked: Option<(String, String)>,
-}
-
-impl FlagsGate {
-    fn check(
-        &self,
-        current: &BTreeMap<String, Flag>,
-        new: &BTreeMap<String, Flag>,
-    ) -> Result<(), ChangeError> {
-        match &self.unchecked {
-            Some((env, kind)) if current != new => {
-                Err(ChangeError::ApprovalRequired { env: env.clone(), kind: kind.clone() })
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Actions {
-    /// Applies the `flag` approval rule to a change that sets a service's flags to `new`
-    /// along with other things: a write that changes a flag is a flag change, whatever
-    /// route it takes (`levee apply`, a rollback), so it needs what a flip needs.
-    async fn gate_flags(
-        &self,
-        by: &Actor,
-        at: &ServiceAt,
-        new: &BTreeMap<String, Flag>,
-        target: &str,
-    ) -> Result<FlagsGate, ChangeError> {
-        const KIND: &str = "flag";
-        if !self.gated(by, &at.env, KIND).await? {
-            return Ok(FlagsGate { unchecked: None });
-        }
-        let current = match self.store.latest_snapshot(&at.env, &at.service).await? {
-            Some(row) => row.config()?.flags,
-            None => BTreeMap::new(),
-        };
-        if current != *new {
-            self.gate(by, &at.env, KIND, target).await?;
-            return Ok(FlagsGate { unchecked: None });
-        }
-        Ok(FlagsGate { unchecked: Some((at.env.clone(), KIND.to_string())) })
     }
 }
 

@@ -64,6 +64,10 @@ pub enum ApiError {
         /// The profile and what the write would undo.
         undo: ProfileUndo,
     },
+    /// 409: an approved change request's target changed since it was proposed; the approval
+    /// is void and nothing was applied.
+    #[error("{0}")]
+    ApprovalVoid(String),
     /// 409: a stored revision does not decode with this server version.
     #[error("{0}; if it is the current revision, roll back to one that reads (POST .../rollback)")]
     Unreadable(Unreadable),
@@ -177,6 +181,7 @@ impl ApiError {
             ApiError::Conflict { .. }
             | ApiError::AlreadyExists(_)
             | ApiError::ProfileWouldUndo { .. }
+            | ApiError::ApprovalVoid(_)
             | ApiError::Unreadable(_) => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -198,6 +203,7 @@ impl ApiError {
             ApiError::Conflict { .. } => "revision-conflict",
             ApiError::AlreadyExists(_) => "already-exists",
             ApiError::ProfileWouldUndo { .. } => "profile-would-undo",
+            ApiError::ApprovalVoid(_) => "approval-void",
             ApiError::Unreadable(_) => "revision-unreadable",
             ApiError::TooLarge { .. } => "body-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
@@ -250,12 +256,14 @@ impl From<ChangeError> for ApiError {
             ChangeError::InvalidField(f) => ApiError::invalid_field(f),
             e @ ChangeError::FaultsNotAllowed { .. } => ApiError::Forbidden(e.to_string()),
             e @ ChangeError::ProfileActive { .. } => ApiError::AlreadyExists(e.to_string()),
+            e @ ChangeError::ApprovalVoid { .. } => ApiError::ApprovalVoid(e.to_string()),
             ChangeError::ProfileWouldUndo { env, undo } => {
                 let detail = ChangeError::ProfileWouldUndo { env, undo: undo.clone() }.to_string();
                 ApiError::ProfileWouldUndo { detail, undo }
             }
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
+            | ChangeError::AuthorGone { .. }
             | ChangeError::SelfApproval { .. }) => ApiError::Forbidden(e.to_string()),
             ChangeError::Unreadable(u) => ApiError::Unreadable(u),
             ChangeError::Storage(cause) => ApiError::storage(cause),
@@ -276,6 +284,7 @@ impl From<CreateError> for ApiError {
             CreateError::NotFound(m) => ApiError::NotFound(m.to_string()),
             CreateError::AlreadyExists(x) => ApiError::AlreadyExists(x.to_string()),
             CreateError::Invalid(v) => ApiError::invalid(v),
+            CreateError::Refused(e) => (*e).into(),
             CreateError::Storage(cause) => ApiError::storage(cause),
         }
     }

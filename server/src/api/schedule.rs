@@ -43,6 +43,9 @@ pub struct ScheduledView {
     /// `pending`, `running`, `applied`, `conflict`, `failed` or `cancelled`.
     pub state: String,
     pub created_by: String,
+    /// The break-glass reason it was scheduled with, if any: when it runs where its kind
+    /// needs approval, it is applied as a bypass (audited then) instead of refused.
+    pub break_glass: Option<String>,
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
@@ -79,6 +82,7 @@ impl From<ScheduledRow> for ScheduledView {
             base_revision: c.base_revision,
             state: c.state,
             created_by: c.created_by,
+            break_glass: c.break_glass,
             created_at: c.created_at,
             reason: c.reason,
             outcome: c.outcome,
@@ -127,8 +131,12 @@ pub struct NewScheduled {
 #[serde(deny_unknown_fields)]
 pub struct Reschedule {
     pub run_at: Timestamp,
-    #[serde(default)]
-    pub revert_at: Option<Timestamp>,
+    /// The change's automatic revert (a profile's expiry): left out, it is kept as it is
+    /// (422 if it would then come before `run_at`); a time moves it; `null` drops it (not
+    /// for a profile, which needs an end).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub revert_at: Option<Option<Timestamp>>,
     /// Why, recorded in the audit log; required.
     pub reason: String,
 }
@@ -139,6 +147,13 @@ pub struct Reschedule {
 pub struct ListQuery {
     /// Only the changes of this service.
     pub service: Option<String>,
+}
+
+/// A field that is present, `null` included (`Some(None)`); absent is `None` (`default`).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 fn need<T>(v: Option<T>, field: &str, kind: &str) -> ApiResult<T> {
@@ -215,10 +230,13 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(c.into())))
 }
 
-/// Moves a pending change to another time (operator): the old time no longer exists.
+/// Moves a pending change to another time (operator): the old time no longer exists; its
+/// revert is kept unless `revert_at` says otherwise. Where the change's kind needs approval,
+/// moving it does too (403, or `X-Levee-Break-Glass`).
 #[utoipa::path(patch, path = "/api/v1/environments/{env}/scheduled-changes/{id}", tag = "schedule",
     request_body = Reschedule, params(("env" = String, Path), ("id" = i64, Path)),
-    responses((status = 200, body = ScheduledView), (status = 404, body = super::Problem)))]
+    responses((status = 200, body = ScheduledView), (status = 404, body = super::Problem),
+              (status = 422, body = super::Problem)))]
 pub async fn reschedule(
     State(s): State<AppState>,
     auth: Auth,

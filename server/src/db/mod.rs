@@ -370,8 +370,8 @@ impl Store {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "INSERT INTO tokens (id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "INSERT INTO tokens (id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at, \
+             person) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&t.id)
         .bind(t.kind.as_str())
@@ -383,6 +383,7 @@ impl Store {
         .bind(t.created_at)
         .bind(t.expires_at)
         .bind(t.revoked_at)
+        .bind(t.person.clone())
         .execute(&mut *tx)
         .await?;
         mutate::insert_audit(&mut tx, audit).await?;
@@ -394,8 +395,8 @@ impl Store {
     pub async fn token(&self, id: &str) -> anyhow::Result<Option<TokenRow>> {
         let _t = timed("token");
         let row = sqlx::query(
-            "SELECT id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at \
-             FROM tokens WHERE id = $1",
+            "SELECT id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at, \
+             person FROM tokens WHERE id = $1",
         )
         .bind(id).fetch_optional(&self.pool).await?;
         row.map(|r| TokenRow::from_row(&r)).transpose()
@@ -433,8 +434,8 @@ impl Store {
     /// Lists tokens, newest first.
     pub async fn tokens(&self) -> anyhow::Result<Vec<TokenRow>> {
         let rows = sqlx::query(
-            "SELECT id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at \
-             FROM tokens ORDER BY created_at DESC",
+            "SELECT id, kind, name, role, environment, services, created_by, created_at, expires_at, revoked_at, \
+             person FROM tokens ORDER BY created_at DESC",
         )
         .fetch_all(&self.pool).await?;
         rows.iter().map(TokenRow::from_row).collect()

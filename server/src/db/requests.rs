@@ -27,6 +27,9 @@ pub struct RequestRow {
     /// `open`, `approved`, `applied`, `rejected` or `conflict`.
     pub state: String,
     pub proposed_by: String,
+    /// The person behind the proposer (`Actor::person`); `None` on requests proposed before
+    /// it was recorded (`proposed_by` stands in).
+    pub proposed_person: Option<String>,
     pub proposed_at: i64,
     pub reason: String,
     pub approved_by: Option<String>,
@@ -45,7 +48,7 @@ macro_rules! request_columns {
     () => {
         "id, environment, service, kind, target, payload, expected, base_revision, version, state, \
      proposed_by, proposed_at, reason, approved_by, approved_at, approved_version, decided_reason, applied_by, \
-     applied_at, revision, outcome"
+     applied_at, revision, outcome, proposed_person"
     };
 }
 
@@ -74,6 +77,7 @@ impl RequestRow {
             applied_at: r.try_get("applied_at")?,
             revision: u(r.try_get("revision")?),
             outcome: r.try_get("outcome")?,
+            proposed_person: r.try_get("proposed_person")?,
         })
     }
 }
@@ -122,8 +126,8 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query(
             "INSERT INTO change_requests (environment, service, kind, target, payload, expected, base_revision, \
-             version, state, proposed_by, proposed_at, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 1, 'open', $8, $9, $10) RETURNING id",
+             version, state, proposed_by, proposed_at, reason, proposed_person) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 1, 'open', $8, $9, $10, $11) RETURNING id",
         )
         .bind(&r.environment)
         .bind(r.service.clone())
@@ -135,6 +139,7 @@ impl Store {
         .bind(&r.proposed_by)
         .bind(r.proposed_at)
         .bind(&r.reason)
+        .bind(r.proposed_person.clone())
         .fetch_one(&mut *tx)
         .await?
         .try_get("id")?;

@@ -124,9 +124,19 @@ pub struct TokenRow {
     #[serde(with = "levee_agent::policy::rfc3339::option")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub revoked_at: Option<i64>,
+    /// The person an API token acts for: the user who minted it, or the person behind the
+    /// token that did. Nobody approves a change request they proposed through any session
+    /// or token of theirs. `null` for tokens minted before it was recorded (their
+    /// `created_by` stands in).
+    pub person: Option<String>,
 }
 
 impl TokenRow {
+    /// The person this token acts for ([`TokenRow::person`], else its `created_by`).
+    pub fn person(&self) -> String {
+        self.person.clone().unwrap_or_else(|| self.created_by.clone())
+    }
+
     pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
         let kind: String = r.try_get("kind")?;
         let role: Option<String> = r.try_get("role")?;
@@ -146,6 +156,7 @@ impl TokenRow {
             created_at: r.try_get("created_at")?,
             expires_at: r.try_get("expires_at")?,
             revoked_at: r.try_get("revoked_at")?,
+            person: r.try_get("person")?,
         })
     }
 }

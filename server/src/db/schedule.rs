@@ -33,8 +33,16 @@ pub struct ScheduledRow {
     /// `pending`, `running`, `applied`, `conflict`, `failed` or `cancelled`.
     pub state: String,
     pub created_by: String,
-    /// The role of its author, which the change is applied with.
+    /// The role of its author when it was scheduled; a change scheduled by a user or an API
+    /// token runs with that user's or token's role at run time instead.
     pub created_role: String,
+    /// The user who scheduled it (a session of that user).
+    pub created_user: Option<String>,
+    /// The API token it was scheduled through (its id).
+    pub created_token: Option<String>,
+    /// The break-glass reason it was scheduled with: the approval rules in force when it
+    /// runs let it through as a bypass (audited then) instead of refusing it.
+    pub break_glass: Option<String>,
     pub created_at: i64,
     pub reason: String,
     /// The replica that claimed it last (its run id, see `Actions::replica`).
@@ -53,7 +61,7 @@ macro_rules! scheduled_columns {
     () => {
         "id, environment, service, kind, target, payload, expected, base_revision, run_at, revert_at, \
      reverts, state, created_by, created_role, created_at, reason, claimed_by, claim_expires_at, finished_at, \
-     outcome, revision"
+     outcome, revision, created_user, created_token, break_glass"
     };
 }
 
@@ -90,6 +98,9 @@ impl ScheduledRow {
             finished_at: r.try_get("finished_at")?,
             outcome: r.try_get("outcome")?,
             revision: r.try_get::<Option<i64>, _>("revision")?.map(|v| v as u64),
+            created_user: r.try_get("created_user")?,
+            created_token: r.try_get("created_token")?,
+            break_glass: r.try_get("break_glass")?,
         })
     }
 }
@@ -102,8 +113,10 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query(
             "INSERT INTO scheduled_changes (environment, service, kind, target, payload, expected, base_revision, \
-             run_at, revert_at, reverts, state, created_by, created_role, created_at, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12, $13, $14) RETURNING id",
+             run_at, revert_at, reverts, state, created_by, created_role, created_at, reason, created_user, \
+             created_token, break_glass) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12, $13, $14, $15, $16, $17) \
+             RETURNING id",
         )
         .bind(&c.environment)
         .bind(c.service.clone())
@@ -119,6 +132,9 @@ impl Store {
         .bind(&c.created_role)
         .bind(c.created_at)
         .bind(&c.reason)
+        .bind(c.created_user.clone())
+        .bind(c.created_token.clone())
+        .bind(c.break_glass.clone())
         .fetch_one(&mut *tx)
         .await?
         .try_get("id")?;
@@ -270,29 +286,31 @@ impl Store {
         Ok(res.rows_affected() == 1)
     }
 
-    /// Moves pending change `id` to `run_at` (and `revert_at`), or cancels it (`run_at`
-    /// `None`), with its audit row, in one transaction: the old job no longer exists. `false`
-    /// when it is not pending any more (nothing is written).
+    /// Moves pending change `id` to `run_at` with `revert_at` (and `payload`, when given:
+    /// a profile's expiry is in it), or cancels it (`run_at` `None`), with its audit row,
+    /// in one transaction: the old job no longer exists. `false` when it is not pending any
+    /// more (nothing is written).
     pub async fn reschedule(
         &self,
         id: i64,
         run_at: Option<i64>,
         revert_at: Option<i64>,
+        payload: Option<&str>,
         audit: &AuditRow,
     ) -> anyhow::Result<bool> {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let res = match run_at {
-            Some(at) => {
-                sqlx::query(
-                    "UPDATE scheduled_changes SET run_at = $1, revert_at = $2 WHERE id = $3 AND state = 'pending'",
-                )
-                .bind(at)
-                .bind(revert_at)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?
-            }
+            Some(at) => sqlx::query(
+                "UPDATE scheduled_changes SET run_at = $1, revert_at = $2, payload = COALESCE($3, payload) \
+                     WHERE id = $4 AND state = 'pending'",
+            )
+            .bind(at)
+            .bind(revert_at)
+            .bind(payload.map(str::to_string))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?,
             None => {
                 sqlx::query(
                     "UPDATE scheduled_changes SET state = 'cancelled', finished_at = $1, outcome = $2 \

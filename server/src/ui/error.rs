@@ -79,11 +79,12 @@ impl From<ChangeError> for UiError {
                  and repeat the action if it is still needed."
             )),
             e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
-            e @ (ChangeError::ProfileActive { .. } | ChangeError::ProfileWouldUndo { .. }) => {
-                UiError::Conflict(e.to_string())
-            }
+            e @ (ChangeError::ProfileActive { .. }
+            | ChangeError::ProfileWouldUndo { .. }
+            | ChangeError::ApprovalVoid { .. }) => UiError::Conflict(e.to_string()),
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
+            | ChangeError::AuthorGone { .. }
             | ChangeError::SelfApproval { .. }) => UiError::Forbidden(e.to_string()),
             ChangeError::Unreadable(u) => UiError::Unreadable(u),
             ChangeError::Storage(cause) => UiError::Internal(cause),
@@ -102,6 +103,7 @@ impl From<crate::actions::CreateError> for UiError {
             E::NotFound(m) => UiError::NotFound(m.to_string()),
             E::AlreadyExists(x) => UiError::Conflict(x.to_string()),
             e @ E::Invalid(_) => UiError::BadRequest(e.to_string()),
+            E::Refused(e) => (*e).into(),
             E::Storage(cause) => UiError::Internal(cause),
         }
     }

@@ -188,6 +188,7 @@ fn says(e: ChangeError) -> Result<String, UiError> {
         ChangeError::Invalid(v) => Ok(v.0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")),
         e @ (ChangeError::InvalidField(_)
         | ChangeError::ProfileActive { .. }
+        | ChangeError::ApprovalRequired { .. }
         | ChangeError::Conflict { .. }) => Ok(e.to_string()),
         e => Err(e.into()),
     }

@@ -134,12 +134,14 @@ async fn four_eyes(app: TestApp) {
         .await;
     assert_eq!(s, StatusCode::OK, "{w}");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=2", None).await;
-    assert_eq!(audit[0]["action"], "flag.set", "{audit}");
+    // The bypass is recorded once the change it bypassed is made, naming its revision.
+    assert_eq!(audit[1]["action"], "flag.set", "{audit}");
     assert_eq!(
-        (&audit[1]["action"], &audit[1]["outcome"], &audit[1]["reason"]),
+        (&audit[0]["action"], &audit[0]["outcome"], &audit[0]["reason"]),
         (&json!("approval.bypass"), &json!("bypass"), &json!("checkout is down, no reviewer awake")),
         "{audit}"
     );
+    assert_eq!(audit[0]["revision"], audit[1]["revision"], "{audit}");
 }
 
 #[tokio::test]
@@ -254,8 +256,8 @@ async fn a_flag_approval_rule_covers_apply_and_rollback_not_only_flips(app) {
     let (s, _, b) = put(off, &[("x-levee-break-glass", "checkout is down")]).await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=2", None).await;
-    assert_eq!(audit[0]["action"], "service.apply", "{audit}");
-    assert_eq!((&audit[1]["action"], &audit[1]["outcome"]), (&json!("approval.bypass"), &json!("bypass")), "{audit}");
+    assert_eq!(audit[1]["action"], "service.apply", "{audit}");
+    assert_eq!((&audit[0]["action"], &audit[0]["outcome"]), (&json!("approval.bypass"), &json!("bypass")), "{audit}");
     let (_, _, flag) = app.call(Method::GET, FLAG, None).await;
     assert_eq!(flag["value"], json!(false), "{flag}");
 

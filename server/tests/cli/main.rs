@@ -628,12 +628,14 @@ async fn break_glass_applies_where_approval_is_required_and_is_audited_as_a_bypa
         levee(&app, home.path(), None, &[&flip[..], &["--break-glass", "checkout is down"]].concat()).await;
     assert_eq!(r.code, 0, "{r:?}");
     let (_, _, audit) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=2", None).await;
-    assert_eq!(audit[0]["action"], "flag.set", "{audit}");
+    // The bypass is recorded once the change it bypassed is made, naming its revision.
+    assert_eq!(audit[1]["action"], "flag.set", "{audit}");
     assert_eq!(
-        (&audit[1]["action"], &audit[1]["reason"], &audit[1]["via"]),
+        (&audit[0]["action"], &audit[0]["reason"], &audit[0]["via"]),
         (&json!("approval.bypass"), &json!("checkout is down"), &json!("cli")),
         "{audit}"
     );
+    assert_eq!(audit[0]["revision"], audit[1]["revision"], "{audit}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
