@@ -89,7 +89,8 @@ pub const ADMISSION_IN_FLIGHT: &str = "levee_admission_in_flight";
 pub const ADMISSION_QUEUE_LENGTH: &str = "levee_admission_queue_length";
 /// Histogram, seconds: how long admitted requests waited in the queue.
 pub const ADMISSION_QUEUE_DELAY: &str = "levee_admission_queue_delay_seconds";
-/// Gauge: 1 while the admission queue is overloaded (non-empty for a CoDel interval).
+/// Gauge: 1 while the admission queue is overloaded (CoDel: non-empty for an interval, or a
+/// waiter dropped within the last interval).
 pub const ADMISSION_OVERLOADED: &str = "levee_admission_overloaded";
 /// Counter: inbound requests rejected, labelled `route`, `criticality` and `reason`
 /// (`limit`, `queue_full`, `displaced`, `queue_timeout`, `deadline`, `operator`,

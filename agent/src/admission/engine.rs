@@ -610,7 +610,8 @@ impl Admission {
             None // others wait: no overtaking them
         };
         if let Some((in_flight, seq)) = acquired {
-            let measured = (seq % core.limiter.sample_stride() == 0).then(|| (entry.clone(), Instant::now()));
+            let measured =
+                (seq & (core.limiter.sample_stride() - 1) == 0).then(|| (entry.clone(), Instant::now()));
             return Start::Admitted(AdmissionPermit::counted(
                 owner(),
                 measured,

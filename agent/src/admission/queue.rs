@@ -250,8 +250,12 @@ impl Queue {
                 Some(ci) => {
                     let victim = self.classes[ci].pop_front().expect("class is not empty");
                     Self::reject(core, victim, Reason::Displaced);
+                    self.codel.dropped(now);
                 }
-                None => return Self::reject(core, w, Reason::QueueFull),
+                None => {
+                    self.codel.dropped(now);
+                    return Self::reject(core, w, Reason::QueueFull);
+                }
             }
         }
         if self.len() == 0 {
@@ -270,6 +274,7 @@ impl Queue {
                 } else if now.saturating_duration_since(w.enqueued) >= timeout {
                     let w = self.classes[ci].pop_front().expect("front exists");
                     Self::reject(core, w, Reason::QueueTimeout);
+                    self.codel.dropped(now);
                 } else {
                     break;
                 }

@@ -52,7 +52,8 @@ pub struct AdmissionStatus {
     pub in_flight: u32,
     /// Requests waiting in the queue now.
     pub queued: u32,
-    /// Local overload: the queue has not been empty for a CoDel interval. Reported, never
+    /// Local overload: requests wait, and the queue has not been empty for a CoDel interval
+    /// or dropped a waiter within the last one ([`CoDel`](super::CoDel)). Reported, never
     /// a reason to fail readiness (an orchestrator restarting an overloaded instance moves
     /// its load onto the others).
     pub overloaded: bool,

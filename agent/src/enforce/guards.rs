@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -327,9 +328,28 @@ impl DepState {
     /// The call counters labelled with `operation`, for an operation without guards of
     /// its own (see [`OperationCalls`]).
     pub(crate) fn operation_calls(&self, operation: &str) -> &CallCounters {
-        self.op_calls.get(&self.name, operation)
+        self.operation_calls_at(self.operation_slot(operation))
+    }
+
+    /// Where the counters of `operation` are in its table, registering it on first sight.
+    #[inline]
+    pub(crate) fn operation_slot(&self, operation: &str) -> OperationSlot {
+        self.op_calls.find(&self.name, operation)
+    }
+
+    /// The counters [`operation_slot`](Self::operation_slot) found.
+    #[inline]
+    pub(crate) fn operation_calls_at(&self, slot: OperationSlot) -> &CallCounters {
+        self.op_calls.at(&self.name, slot)
     }
 }
+
+/// Where an operation's counters are in an [`OperationCalls`] table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OperationSlot(u32);
+
+/// [`OperationSlot`] of the shared [`OTHER_OPERATION`] counters.
+const OTHER_SLOT: u32 = u32::MAX;
 
 /// An operation's name and its call counters.
 type NamedCounters = (Box<str>, CallCounters);
@@ -338,9 +358,14 @@ type NamedCounters = (Box<str>, CallCounters);
 /// registered: a fixed open-addressed table of [`MAX_LABELLED_OPERATIONS`] write-once
 /// slots, probed from an FNV-1a hash of the name. A name is registered on its first call
 /// (one allocation); past the table's size, names share [`OTHER_OPERATION`].
+///
+/// The slot found last is remembered (`hint`): a dependency called with one operation
+/// again and again (the usual case) finds it with one comparison of the name, without
+/// hashing it (a hash costs a multiplication per byte of the name, in sequence).
 pub(crate) struct OperationCalls {
     slots: Box<[OnceLock<NamedCounters>]>,
     other: OnceLock<CallCounters>,
+    hint: AtomicU32,
 }
 
 impl OperationCalls {
@@ -348,10 +373,24 @@ impl OperationCalls {
         Self {
             slots: (0..MAX_LABELLED_OPERATIONS).map(|_| OnceLock::new()).collect(),
             other: OnceLock::new(),
+            hint: AtomicU32::new(0),
         }
     }
 
-    fn get(&self, dependency: &str, operation: &str) -> &CallCounters {
+    /// The slot of `operation`, registered in it on first sight.
+    #[inline]
+    fn find(&self, dependency: &str, operation: &str) -> OperationSlot {
+        let hint = self.hint.load(Ordering::Relaxed);
+        // A hint is only a place to look first: the name found there is compared.
+        if let Some((name, _)) = self.slots.get(hint as usize).and_then(OnceLock::get)
+            && **name == *operation
+        {
+            return OperationSlot(hint);
+        }
+        self.probe(dependency, operation)
+    }
+
+    fn probe(&self, dependency: &str, operation: &str) -> OperationSlot {
         let n = self.slots.len();
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for b in operation.bytes() {
@@ -359,16 +398,27 @@ impl OperationCalls {
         }
         let start = (hash % n as u64) as usize;
         for i in 0..n {
-            let slot = &self.slots[(start + i) % n];
+            let at = (start + i) % n;
             // Slots are written once and never emptied: a name is always found at the
             // first slot of its probe sequence holding it, and never registered twice.
-            let (name, counters) = slot
+            let (name, _) = self.slots[at]
                 .get_or_init(|| (operation.into(), CallCounters::new(&Labels::new(dependency, operation))));
             if **name == *operation {
-                return counters;
+                let at = at as u32;
+                self.hint.store(at, Ordering::Relaxed);
+                return OperationSlot(at);
             }
         }
-        self.other.get_or_init(|| CallCounters::new(&Labels::new(dependency, OTHER_OPERATION)))
+        OperationSlot(OTHER_SLOT)
+    }
+
+    /// The counters at `slot` (found by [`find`](Self::find)).
+    #[inline]
+    fn at(&self, dependency: &str, slot: OperationSlot) -> &CallCounters {
+        match self.slots.get(slot.0 as usize).and_then(OnceLock::get) {
+            Some((_, counters)) => counters,
+            None => self.other.get_or_init(|| CallCounters::new(&Labels::new(dependency, OTHER_OPERATION))),
+        }
     }
 }
 

@@ -82,7 +82,30 @@ pub(crate) struct DepView {
     pub(crate) faults_active: bool,
     pub(crate) state: Arc<DepState>,
     default_scope: Scope,
-    ops: HashMap<Box<str>, Scope>,
+    /// The scopes of the operations the policy names, found by name through `op_index`
+    /// once per call ([`ScopeAt`]) and by position after that.
+    ops: Vec<(Box<str>, Scope)>,
+    op_index: HashMap<Box<str>, u32>,
+}
+
+/// Where a call's [`Scope`] is in its [`DepView`]: looked up by name once per call, the
+/// later stages of the call go straight to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScopeAt {
+    /// The dependency's own (an operation without settings of its own).
+    Dependency,
+    /// `ops[i]`.
+    Op(u32),
+}
+
+/// Where a call's `levee_calls_total` counters are, found once per call (see
+/// [`DepView::calls_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallsAt {
+    /// The scope's own: an operation with settings of its own, or the dependency itself.
+    Scope,
+    /// The dependency's per-operation table (see [`guards::OperationCalls`]).
+    Operation(guards::OperationSlot),
 }
 
 impl DepView {
@@ -132,7 +155,7 @@ impl DepView {
                 o.circuit_breaker.as_ref().unwrap_or(&policy.circuit_breaker).slow_call_duration.is_some();
             let calls = Arc::ptr_eq(&guards, &dep_guards).then(|| state.operation_calls(op).clone());
             ops.insert(
-                op.as_str().into(),
+                op.as_str(),
                 Scope { calls, attempt_timeout: timeout, measure, idempotent: o.idempotent, guards },
             );
         }
@@ -176,6 +199,8 @@ impl DepView {
             }
         }
         let faults_active = !rules.is_empty();
+        let ops: Vec<(Box<str>, Scope)> = ops.into_iter().map(|(op, scope)| (op.into(), scope)).collect();
+        let op_index = ops.iter().enumerate().map(|(i, (op, _))| (op.clone(), i as u32)).collect();
         state.faults.update(rules, config.faults_allowed);
         state.throttle.update(&service_policy.client_throttle);
         let view = DepView {
@@ -193,6 +218,7 @@ impl DepView {
                 idempotent: None,
                 guards: dep_guards,
             },
+            op_index,
             ops,
             policy: Arc::new(policy),
             enabled,
@@ -200,24 +226,49 @@ impl DepView {
         (view, wake)
     }
 
-    /// The `levee_calls_total` counters of a call of `operation`: labelled with the
-    /// operation whenever one is given (the dependency's name for the dependency as a
-    /// whole), whether or not the policy configures it.
-    pub(crate) fn calls<'a>(&'a self, operation: &str, scope: &'a Scope) -> &'a guards::CallCounters {
-        if !std::ptr::eq(scope, &self.default_scope) || operation == &*self.name {
+    /// Where the `levee_calls_total` counters of a call of `operation` in scope `at` are:
+    /// labelled with the operation whenever one is given (the dependency's name for the
+    /// dependency as a whole), whether or not the policy configures it.
+    #[inline]
+    pub(crate) fn calls_at(&self, operation: &str, at: ScopeAt) -> CallsAt {
+        if at != ScopeAt::Dependency || operation == &*self.name {
             // A scope of its own is labelled with its operation already.
-            return scope.calls.as_ref().unwrap_or(&scope.guards.calls);
+            return CallsAt::Scope;
         }
-        self.state.operation_calls(operation)
+        CallsAt::Operation(self.state.operation_slot(operation))
+    }
+
+    /// The counters [`calls_at`](Self::calls_at) found, `scope` being the call's.
+    #[inline]
+    pub(crate) fn calls_by<'a>(&'a self, at: CallsAt, scope: &'a Scope) -> &'a guards::CallCounters {
+        match at {
+            CallsAt::Scope => scope.calls.as_ref().unwrap_or(&scope.guards.calls),
+            CallsAt::Operation(slot) => self.state.operation_calls_at(slot),
+        }
     }
 
     /// The scope of `operation`: its own when the policy names it, else the dependency's.
     #[inline]
     pub(crate) fn scope(&self, operation: &str) -> &Scope {
+        self.scope_by(self.scope_at(operation))
+    }
+
+    /// Where the scope of `operation` is (see [`scope`](Self::scope)).
+    #[inline]
+    pub(crate) fn scope_at(&self, operation: &str) -> ScopeAt {
         if self.ops.is_empty() {
-            return &self.default_scope;
+            return ScopeAt::Dependency;
         }
-        self.ops.get(operation).unwrap_or(&self.default_scope)
+        self.op_index.get(operation).map_or(ScopeAt::Dependency, |&i| ScopeAt::Op(i))
+    }
+
+    /// The scope [`scope_at`](Self::scope_at) found.
+    #[inline]
+    pub(crate) fn scope_by(&self, at: ScopeAt) -> &Scope {
+        match at {
+            ScopeAt::Dependency => &self.default_scope,
+            ScopeAt::Op(i) => self.ops.get(i as usize).map_or(&self.default_scope, |(_, s)| s),
+        }
     }
 
     /// The per-attempt timeout without a request deadline: the configured one, capped for
@@ -296,7 +347,7 @@ impl Registry<DepView> {
         for (_, slot) in self.all().iter() {
             let view = slot.load();
             view.default_scope.guards.publish_metrics();
-            for scope in view.ops.values() {
+            for (_, scope) in &view.ops {
                 if !Arc::ptr_eq(&scope.guards, &view.default_scope.guards) {
                     scope.guards.publish_metrics();
                 }
@@ -477,7 +528,11 @@ impl Dependency {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let view = self.slot.load_full();
+        // The view is borrowed for the call through an `arc-swap` guard, not cloned out of
+        // it: a clone and its drop are two read-modify-writes of a reference count every
+        // thread calling this dependency shares. (A thread holding many guards at once gets
+        // clones from `arc-swap` itself: never worse than cloning here.)
+        let view = self.slot.load();
         run::run(&view, operation, None, attempt, Judgement::classify).await
     }
 
@@ -497,7 +552,7 @@ impl Dependency {
         Fut: Future<Output = Result<T, E>>,
         J: Fn(&Result<T, E>) -> Judgement,
     {
-        let view = self.slot.load_full();
+        let view = self.slot.load();
         run::run(&view, operation, idempotent, attempt, judge).await
     }
 
@@ -522,7 +577,7 @@ impl Dependency {
         G: FnOnce(&CallError<E>) -> GFut,
         GFut: Future<Output = T>,
     {
-        let view = self.slot.load_full();
+        let view = self.slot.load();
         let level = view.policy.fallback;
         match run::run(&view, operation, None, attempt, Judgement::classify).await {
             Ok(value) => {
@@ -632,7 +687,7 @@ impl Dependency {
         Fut: Future<Output = Result<T, E>>,
     {
         assert!(!pool.detector.is_empty(), "call_balanced on an empty endpoint pool");
-        let view = self.slot.load_full();
+        let view = self.slot.load();
         pool.follow(&view.policy);
         let current = std::cell::Cell::new(0usize);
         let observe = |outcome: crate::breaker::Outcome| {

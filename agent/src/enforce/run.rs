@@ -12,7 +12,10 @@ use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
 use super::guards::CallOutcome;
-use super::{AttemptTimeout, CallError, DeadlineError, DepView, InjectedFault, Judgement, KillSwitched};
+use super::{
+    AttemptTimeout, CallError, CallsAt, DeadlineError, DepView, InjectedFault, Judgement, KillSwitched,
+    Scope, ScopeAt,
+};
 use crate::breaker::{BreakerOpen, DetachedBreakerPermit, Outcome};
 use crate::bulkhead::{BulkheadError, DetachedBulkheadPermit};
 use crate::deadline;
@@ -93,8 +96,10 @@ fn outcome_of(kind: ErrorKind) -> Outcome {
 /// templates starting with `GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE` or `TRACE` are;
 /// everything else (POST, PATCH, gRPC methods, bare names) is not.
 pub fn idempotent_by_name(operation: &str) -> bool {
-    let method = operation.split(' ').next().unwrap_or("");
-    matches!(method, "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE")
+    // The first word, compared in place: asked on every call, so no search for the space.
+    let name = operation.as_bytes();
+    let is = |method: &[u8]| name.starts_with(method) && name.get(method.len()).is_none_or(|&c| c == b' ');
+    is(b"GET") || is(b"HEAD") || is(b"OPTIONS") || is(b"PUT") || is(b"DELETE") || is(b"TRACE")
 }
 
 /// Runs one call through every enforcement stage, in order. This is the only place that
@@ -320,6 +325,10 @@ struct Core<V: Deref<Target = DepView>, Op: OperationName, A> {
     attempts: A,
     idempotent_hint: Option<bool>,
     replayable: bool,
+    /// Where the operation's scope and call counters are in the view: found by name once,
+    /// at the start (each lookup by name costs a hash of it).
+    scope_at: ScopeAt,
+    calls_at: CallsAt,
     ctx: Option<deadline::RequestContext>,
     /// The clock read at the start, reused by the first attempt when nothing waited.
     first_now: Option<Instant>,
@@ -340,7 +349,7 @@ impl<V: Deref<Target = DepView>, Op: OperationName, A> Drop for Core<V, Op, A> {
         if self.slot.is_none() && self.breaker.is_none() {
             return;
         }
-        let guards = &*self.view.scope(self.op.operation(&self.view.name)).guards;
+        let guards = &*self.view.scope_by(self.scope_at).guards;
         if let Some(p) = self.breaker.take() {
             drop(guards.breaker.reattach(p));
         }
@@ -372,6 +381,8 @@ where
                 attempts,
                 idempotent_hint,
                 replayable,
+                scope_at: ScopeAt::Dependency,
+                calls_at: CallsAt::Scope,
                 ctx: None,
                 first_now: None,
                 info: CallInfo {
@@ -400,8 +411,10 @@ where
     fn begin(&mut self) -> Begin<A::Error> {
         let view = &*self.view;
         let operation = self.op.operation(&view.name);
-        let scope = view.scope(operation);
-        let calls = view.calls(operation, scope);
+        self.scope_at = view.scope_at(operation);
+        self.calls_at = view.calls_at(operation, self.scope_at);
+        let scope = view.scope_by(self.scope_at);
+        let calls = view.calls_by(self.calls_at, scope);
         // 1. kill switch
         if !view.enabled {
             calls.count(CallOutcome::KillSwitched);
@@ -475,10 +488,12 @@ where
         }
     }
 
+    fn scope(&self) -> &Scope {
+        self.view.scope_by(self.scope_at)
+    }
+
     fn calls(&self) -> &super::guards::CallCounters {
-        let view = &*self.view;
-        let operation = self.op.operation(&view.name);
-        view.calls(operation, view.scope(operation))
+        self.view.calls_by(self.calls_at, self.scope())
     }
 
     /// Starts attempt `n + 1`: 5. client-side throttle, 6. circuit breaker, 7. per-attempt
@@ -488,8 +503,7 @@ where
         self.n += 1;
         let n = self.n;
         let view = &*self.view;
-        let operation = self.op.operation(&view.name);
-        let scope = view.scope(operation);
+        let scope = view.scope_by(self.scope_at);
         let guards = &*scope.guards;
         let throttle = &view.state.throttle;
         let ctx = self.ctx;
@@ -513,7 +527,7 @@ where
         // Dropping the permit unrecorded: the attempt never happened.
         let Ok(budget) = budget else { return Err(AttemptFailure::NoBudget) };
         let fault = if view.faults_active {
-            view.state.faults.decide(&view.name, operation)
+            view.state.faults.decide(&view.name, self.op.operation(&view.name))
         } else {
             FaultDecision::None
         };
@@ -563,8 +577,7 @@ where
     ) -> Result<A::Output, AttemptFailure<A::Output, A::Error>> {
         let elapsed = self.started.take().map(|s| s.elapsed()).unwrap_or(Duration::ZERO);
         let view = &*self.view;
-        let operation = self.op.operation(&view.name);
-        let guards = &*view.scope(operation).guards;
+        let guards = &*view.scope_by(self.scope_at).guards;
         let throttle = &view.state.throttle;
         let Some(detached) = self.breaker.take() else {
             unreachable!("an attempt runs with its breaker permit")
@@ -610,13 +623,11 @@ where
         last: AttemptFailure<A::Output, A::Error>,
     ) -> Result<Duration, Result<A::Output, CallError<A::Error>>> {
         let view = &*self.view;
-        let operation = self.op.operation(&view.name);
-        let scope = view.scope(operation);
-        let (reason, attempts) = match scope.guards.retrier.next_step(&self.info, self.n, &last) {
+        let (reason, attempts) = match self.scope().guards.retrier.next_step(&self.info, self.n, &last) {
             Decision::RetryAfter(delay) => return Ok(delay),
             Decision::Stop(reason) => (reason, self.n),
         };
-        let calls = view.calls(operation, scope);
+        let calls = self.calls();
         let deadline_stop = reason.is_deadline();
         let failed = |kind: ErrorKind| {
             if kind.is_local_refusal() { CallOutcome::RefusedLocally } else { CallOutcome::Failed }
@@ -652,9 +663,7 @@ where
     /// The call ends: the slot is given back.
     fn finish(&mut self) {
         if let Some(p) = self.slot.take() {
-            let view = &*self.view;
-            let guards = &*view.scope(self.op.operation(&view.name)).guards;
-            drop(guards.bulkhead.reattach(p));
+            drop(self.scope().guards.bulkhead.reattach(p));
         }
     }
 }
@@ -715,7 +724,7 @@ where
             };
             match result {
                 Ok(v) => {
-                    core.view.scope(core.op.operation(&core.view.name)).guards.retrier.budget().deposit();
+                    core.scope().guards.retrier.budget().deposit();
                     core.calls().count(CallOutcome::Ok);
                     core.finish();
                     this.stage.set(Stage::Done);

@@ -59,7 +59,7 @@ struct Bucket {
 /// Lock-free: the window is a ring of 20 atomic buckets, rotated by whichever call first
 /// notices a new period; the random draw is one atomic add. While the window holds no
 /// refusal (the usual state) the window is not consulted and the clock is not read: a
-/// call costs one atomic load, an answer one load and one add; the answers of that quiet
+/// call costs one atomic load, an answer two loads and a store (no locked instruction); the answers of that quiet
 /// time are moved into the window when the next refusal comes (spread evenly over the time
 /// since they were last moved, when that is longer than the window).
 pub struct AdaptiveThrottle {
@@ -295,7 +295,13 @@ impl AdaptiveThrottle {
     #[inline]
     pub fn record(&self, accepted: bool) {
         if accepted && self.refusal_period.load(Ordering::Relaxed) == QUIET {
-            self.quiet_accepts.fetch_add(1, Ordering::Relaxed);
+            // A load and a store, not a read-modify-write: this runs on every successful
+            // call, where a locked add costs more than the rest of the throttle, and the
+            // count is an estimate already (spread evenly over the quiet time). Two answers
+            // recorded at the same instant on two threads may count once; an undercount
+            // only makes the window remember fewer accepts when a refusal comes.
+            let q = self.quiet_accepts.load(Ordering::Relaxed);
+            self.quiet_accepts.store(q.saturating_add(1), Ordering::Relaxed);
             return;
         }
         self.record_slow(accepted);

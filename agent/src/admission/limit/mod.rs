@@ -21,7 +21,8 @@ use window::Window;
 
 use crate::policy::{self, LimitAlgorithm};
 
-/// Under a fixed limit, one admitted request in this many has its service time measured.
+/// Under a fixed limit, one admitted request in this many has its service time measured
+/// (a power of two, as every stride: see [`Limiter::sample_stride`]).
 pub(crate) const FIXED_SAMPLE_EVERY: u64 = 16;
 
 /// What one window of finished requests tells a limit algorithm.
@@ -169,7 +170,8 @@ impl Limiter {
 
     /// One admitted request in this many has its service time measured: the window's
     /// stride for an adaptive limit, [`FIXED_SAMPLE_EVERY`] for a fixed one (which only
-    /// needs the routes' expected service times).
+    /// needs the routes' expected service times). Always a power of two: a request is
+    /// measured when `seq & (stride - 1) == 0`.
     #[inline]
     pub(crate) fn sample_stride(&self) -> u64 {
         if self.adaptive.load(Ordering::Relaxed) { self.window.stride() } else { FIXED_SAMPLE_EVERY }

@@ -51,6 +51,30 @@ fn codel_is_overloaded_once_the_queue_stayed_non_empty_for_an_interval() {
     assert!(c.is_overloaded(t0 + 250 * MS));
 }
 
+/// Under a steady overload the short timeout empties the queue by itself; were an empty
+/// queue the end of the overload, waiters would get the whole interval again half of the
+/// time (docs/benchmarks.md, "Overload").
+#[test]
+fn codel_emptied_by_its_own_drops_stays_overloaded_until_an_interval_without_one() {
+    let t0 = Instant::now();
+    let mut c = CoDel::new(5 * MS, 100 * MS, t0);
+    c.observe(t0, 3);
+    assert!(c.is_overloaded(t0 + 100 * MS));
+    // Every waiter waited past the 5 ms target and was dropped: the queue is empty.
+    c.dropped(t0 + 105 * MS);
+    c.observe(t0 + 105 * MS, 0);
+    c.observe(t0 + 150 * MS, 2);
+    assert!(c.is_overloaded(t0 + 150 * MS), "emptied by drops, not by serving");
+    assert_eq!(c.timeout(t0 + 150 * MS), 5 * MS);
+    c.dropped(t0 + 160 * MS);
+    c.observe(t0 + 170 * MS, 0);
+    assert!(c.is_overloaded(t0 + 259 * MS));
+    // An interval without a drop, the queue emptied by serving meanwhile: over.
+    c.observe(t0 + 260 * MS, 0);
+    assert!(!c.is_overloaded(t0 + 260 * MS));
+    assert_eq!(c.timeout(t0 + 260 * MS), 100 * MS);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_queue_serves_fifo_normally_and_lifo_while_overloaded() {
     let a = engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 1}, "queue": {"max_len": 10}}"#);
