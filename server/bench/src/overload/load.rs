@@ -106,6 +106,8 @@ pub struct Generator {
     /// The deadline each request carries (`levee-deadline-ms`) and the client's give-up.
     pub budget: Duration,
     seed: u64,
+    /// Sent with every request, after Levee's own headers (`--header` of `--target`).
+    extra_headers: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Generator {
@@ -116,13 +118,25 @@ impl Generator {
         budget: Duration,
         seed: u64,
     ) -> Self {
+        Self::with_base(format!("http://{addr}"), targets, mix, budget, seed)
+    }
+
+    /// A generator against `base` (`http://host:port`, no trailing slash): the targets'
+    /// paths are appended to it.
+    pub fn with_base(base: String, targets: Vec<Target>, mix: Mix, budget: Duration, seed: u64) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(usize::MAX)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Self { client, base: format!("http://{addr}"), targets, mix, budget, seed }
+        Self { client, base, targets, mix, budget, seed, extra_headers: Vec::new() }
+    }
+
+    /// Sends `headers` with every request as well (authentication of a real service).
+    pub fn headers(mut self, headers: Vec<(http::HeaderName, http::HeaderValue)>) -> Self {
+        self.extra_headers = headers;
+        self
     }
 
     /// Sends the phases one after the other and returns every request, in send order.
@@ -181,6 +195,9 @@ impl Generator {
             .header(DEADLINE_MS_HEADER, left.as_millis().max(1).to_string());
         if target.send_criticality {
             req = req.header(CRITICALITY_HEADER, format_criticality(criticality));
+        }
+        for (name, value) in &self.extra_headers {
+            req = req.header(name, value);
         }
         let req = req.body(Empty::new()).expect("valid request");
         let call = async {

@@ -20,6 +20,8 @@ mod load;
 mod plot;
 mod service;
 mod stats;
+mod target;
+mod target_plot;
 
 use load::{Generator, Mix, Phase, Target};
 use service::{Pool, Protection, Server, protect, work_router};
@@ -59,8 +61,11 @@ pub struct Args {
     /// Run only these protections of the steps and recovery (names as in the summary,
     /// comma-separated, e.g. `levee,levee_fixed`): for experiments; `--check` needs them
     /// all.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "target")]
     only: Vec<String>,
+    /// Load to failure against a service of one's own (`--target URL` and its options).
+    #[command(flatten)]
+    target: target::TargetOpts,
 }
 
 /// The parts of `levee-bench overload`.
@@ -189,6 +194,9 @@ impl Args {
     }
 
     fn run(self) -> anyhow::Result<()> {
+        if self.target.target.is_some() {
+            return self.run_target();
+        }
         // The server and the generator get their own runtimes, so a busy server cannot
         // delay the generator's send times (and the reverse).
         let server_rt = tokio::runtime::Builder::new_multi_thread()
@@ -252,6 +260,32 @@ impl Args {
         println!("{out}");
         if self.check {
             check(&out, self.mode)?;
+        }
+        Ok(())
+    }
+
+    /// `--target URL`: the probe and the ramp against that service (module [`target`]).
+    fn run_target(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.mode == Mode::All, "--mode does not apply to --target (it runs its own ramp)");
+        let plan = self.target.plan(self.smoke, self.step_secs)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("client")
+            .enable_all()
+            .build()?;
+        println!(
+            "overload --target {} {}{}: deadline {:?}, mix CRITICAL/SHEDDABLE_PLUS/SHEDDABLE = {:?} per mille, at most {} rps",
+            plan.method, plan.base, plan.path, plan.deadline, plan.mix.0, plan.max_rps
+        );
+        let run = rt.block_on(target::run(&plan))?;
+        if let Some(path) = &self.plot {
+            target_plot::draw(path, &self.font, &plan, &run)?;
+            println!("plot written to {}", path.display());
+        }
+        let out = target::summary(&plan, &run);
+        println!("{out}");
+        if self.check {
+            target::check(&out)?;
         }
         Ok(())
     }

@@ -9,12 +9,18 @@ use plotters::style::FontStyle;
 
 use super::stats::Step;
 
+/// Registers the TrueType font at `font` as plotters' "sans-serif" (plotters needs one
+/// to write labels; the bench does not ship any).
+pub fn register_font(font: &Path) -> anyhow::Result<()> {
+    let bytes: &'static [u8] = Box::leak(std::fs::read(font)?.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow!("{} is not a usable TrueType font", font.display()))
+}
+
 /// Draws `results` into `path` (PNG, 1500×500: goodput, CRITICAL goodput, p99) with the TrueType font at `font` (plotters
 /// needs one to write labels; the bench does not ship any).
 pub fn draw(path: &Path, font: &Path, capacity: f64, results: &[(&str, Vec<Step>)]) -> anyhow::Result<()> {
-    let bytes: &'static [u8] = Box::leak(std::fs::read(font)?.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| anyhow!("{} is not a usable TrueType font", font.display()))?;
+    register_font(font)?;
     let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, rest) = root.split_horizontally(500);
