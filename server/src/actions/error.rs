@@ -105,14 +105,16 @@ pub enum ChangeError {
          /api/v1/environments/{env}/change-requests), or break-glass with a reason"
     )]
     ApprovalRequired { env: String, kind: String },
-    /// An approved change request whose target changed since it was proposed (a flag, a
-    /// policy, or the definition of the profile it applies): the approval does not cover
-    /// what would now be applied, so it is void and the request ends as `conflict`.
-    #[error(
-        "change request {id} was approved for {what} as it was when proposed; it has changed since, so \
-         the approval is void and nothing was applied: propose the change again"
-    )]
-    ApprovalVoid { id: i64, what: String },
+    /// An approved change request the approval no longer covers: its target changed since
+    /// it was proposed (a flag, a policy, or the definition of the profile it applies), or
+    /// its approver can no longer approve it. The request ends as `conflict`.
+    #[error("change request {id} ({what}) was not applied: {why}; propose the change again")]
+    ApprovalVoid {
+        id: i64,
+        what: String,
+        /// Why, as the request's `outcome` says it.
+        why: String,
+    },
     /// Only the proposer edits a change request.
     #[error("only {proposer} (who proposed change request {id}) may edit it")]
     NotProposer { id: i64, proposer: String },

@@ -492,28 +492,40 @@ impl Actions {
         if old.approved_version != Some(old.version) {
             return Err(Self::request_missing(id)); // cannot happen: an edit reopens it
         }
+        // An approval holds while its approver could still give it: a user disabled,
+        // deleted or demoted below the change's role since no longer approves it. (An
+        // approval through an API token is judged when given: its name is all that is kept.)
+        if let Some(approver) = old.approved_by.as_deref().filter(|a| !a.starts_with("token:")) {
+            let needed = underlying_kind(&old.kind).role();
+            match self.store.user(approver).await? {
+                Some(u) if !u.disabled && u.role >= needed => {}
+                _ => {
+                    let outcome = format!(
+                        "approved by {approver}, who can no longer approve it (disabled, deleted or below the {} \
+                         role): the approval is void",
+                        needed.as_str()
+                    );
+                    return Err(self.void(by, reason, &old, outcome).await?);
+                }
+            }
+        }
         let env = old.environment.clone();
         let (now, rev) = self.target_now(&env, &old.kind, old.service.as_deref(), &old.target).await?;
         if now != old.expected {
             let outcome = match old.kind.as_str() {
                 "profile" => format!(
-                    "{} was edited since the request was proposed: the approval is void, not applied",
+                    "{} was edited since the request was proposed: the approval is void",
                     describe_request(&old)
                 ),
                 _ => format!(
                     "{} changed since the request was proposed (at revision {}, now {}): the approval is \
-                     void, not applied",
+                     void",
                     describe_request(&old),
                     old.base_revision.unwrap_or(0),
                     rev.unwrap_or(0)
                 ),
             };
-            let next = RequestRow { state: "conflict".into(), outcome: Some(outcome.clone()), ..old.clone() };
-            let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
-            audit.outcome = "conflict".into();
-            audit.detail = Some(outcome);
-            self.transition(&old, next, audit).await?;
-            return Err(ChangeError::ApprovalVoid { id, what: describe_request(&old) });
+            return Err(self.void(by, reason, &old, outcome).await?);
         }
         let applier = Actor { approval: Approval::Request(id), ..by.clone() };
         let why = Reason::by_server(format!(
@@ -550,7 +562,11 @@ impl Actions {
                 let applied = self.apply_profile_as(&applier, &why, &env, &old.target, until, version).await;
                 if let Err(ChangeError::Conflict { .. }) = applied {
                     // Edited between the check above and the application.
-                    return Err(ChangeError::ApprovalVoid { id, what: describe_request(&old) });
+                    let outcome = format!(
+                        "{} was edited since the request was proposed: the approval is void",
+                        describe_request(&old)
+                    );
+                    return Err(self.void(by, reason, &old, outcome).await?);
                 }
                 applied?;
                 None
@@ -576,6 +592,26 @@ impl Actions {
 /// The person who proposed `r` (`proposed_by` for a request from before it was recorded).
 fn proposer(r: &RequestRow) -> String {
     r.proposed_person.clone().unwrap_or_else(|| r.proposed_by.clone())
+}
+
+impl Actions {
+    /// Ends approved request `old` as `conflict` because its approval no longer covers it
+    /// (`outcome` says why; audited as `request.apply` with outcome `conflict`), and returns
+    /// the error to answer.
+    async fn void(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        old: &RequestRow,
+        outcome: String,
+    ) -> Result<ChangeError, ChangeError> {
+        let next = RequestRow { state: "conflict".into(), outcome: Some(outcome.clone()), ..old.clone() };
+        let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
+        audit.outcome = "conflict".into();
+        audit.detail = Some(outcome.clone());
+        self.transition(old, next, audit).await?;
+        Ok(ChangeError::ApprovalVoid { id: old.id, what: describe_request(old), why: outcome })
+    }
 }
 
 /// The action a proposal would take.

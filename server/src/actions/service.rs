@@ -116,7 +116,14 @@ impl Actions {
         let diff = AuditDiff { after: String::from_utf8(canonical_json(&config)).ok(), ..Default::default() };
         let name = new.name.as_str();
         // A new service sets a policy and its flags where there were none: the same rules
-        // as changing them, or deleting a service and creating it again would pass any.
+        // as changing them, or deleting a service and creating it again would pass any. A
+        // name already taken is answered as such first, whatever the rules.
+        if self.store.service(env, name).await?.is_some() {
+            return Err(CreateError::AlreadyExists(Existing::Service {
+                env: env.to_string(),
+                name: name.to_string(),
+            }));
+        }
         let admitted =
             self.four_eyes(by, env).await?.admit(&super::requests::kinds_changed(None, Some(&parts)));
         let bypass = match admitted {
@@ -281,10 +288,15 @@ impl Actions {
         audit.service = Some(at.service.clone());
         audit.before = last.as_ref().map(|s| s.body.clone());
         // Deleting removes the policy and the flags new instances would receive: gated as
-        // changing them.
-        let stored = match &last {
-            Some(last) => Some(Parts::from_config(last.config()?, false)),
-            None => None,
+        // changing them (a service that is not there is not found, whatever the rules).
+        let stored = match (&last, self.store.service(&at.env, &at.service).await?) {
+            (Some(last), Some(_)) => Some(Parts::from_config(last.config()?, false)),
+            _ => {
+                return Err(ChangeError::NotFound(Missing::Service {
+                    env: at.env.clone(),
+                    service: at.service.clone(),
+                }));
+            }
         };
         let bypass = match self
             .four_eyes(by, &at.env)

@@ -21,8 +21,9 @@ use crate::web::{AppState, RequestId};
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRules {
-    /// Any of `policy` (policy edits, whole-service applies, rollbacks), `flag` (flag
-    /// values), `profile` (profile applications).
+    /// Any of `policy` (a service's policy), `flag` (a service's flags), `profile`
+    /// (applying an emergency profile). A rule covers what a write changes, whatever
+    /// endpoint carries it.
     pub kinds: Vec<String>,
 }
 
@@ -309,11 +310,13 @@ pub async fn reject(
 }
 
 /// Applies an approved request exactly as approved; a target changed since its proposal
-/// is a 409 and the request ends as `conflict`.
+/// (a flag, a policy, a profile's definition), or an approver since disabled or demoted, is
+/// a 409 `approval-void` and the request ends as `conflict`.
 #[utoipa::path(post, path = "/api/v1/environments/{env}/change-requests/{id}/apply", tag = "change-requests",
     request_body = DecideBody, params(("env" = String, Path), ("id" = i64, Path)),
     responses((status = 200, body = RequestView), (status = 404, body = super::Problem),
-              (status = 409, body = super::Problem)))]
+              (status = 409, body = super::Problem, description = "approval-void: what was approved \
+               changed since, or its approver can no longer approve it; nothing was applied")))]
 pub async fn apply(
     State(s): State<AppState>,
     auth: Auth,

@@ -82,6 +82,13 @@ async fn ap_1_deleting_and_creating_a_service_again_needs_the_approval_of_changi
     rules(&app, &["flag", "policy"]).await;
     let olivia = user(&app, "olivia", "operator").await;
     let glass = [("x-levee-break-glass", "migrating checkout"), ("if-match", "*")];
+    // What is not there, or already there, is answered as such whatever the rules.
+    let nope = format!("{ENV}/services/nope?reason=x");
+    let (s, h, b) = app.call_as(&olivia, Method::DELETE, &nope, None, &[("if-match", "*")]).await;
+    assert_problem(s, &h, &b, StatusCode::NOT_FOUND);
+    let taken = new_service(json!({}));
+    let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{ENV}/services"), Some(taken), &[]).await;
+    assert_problem(s, &h, &b, StatusCode::CONFLICT);
 
     // Deleting removes the policy and flags new instances receive: refused, audited.
     let del = format!("{SVC}?reason=recreate");
@@ -187,6 +194,21 @@ async fn ap_2_an_approval_binds_to_the_content_approved(app) {
     let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
     assert_problem(s, &h, &b, StatusCode::CONFLICT);
     assert_eq!(b["type"], "urn:levee:problem:approval-void", "{b}");
+    assert_eq!(flag_value(&app).await, json!(true));
+
+    // An approval holds while its approver could still give it: rita, demoted, no longer
+    // approves what she approved before.
+    let flag_request = json!({"kind": "flag", "service": "checkout", "flag": "recommendations.enabled",
+                              "value": false, "reason": "INC-10"});
+    let url = approved(&app, &olivia, &rita, flag_request).await;
+    let demote = json!({"role": "viewer", "reason": "moved teams"});
+    let (s, _, b) = app.call(Method::PATCH, "/api/v1/users/rita", Some(demote)).await;
+    assert!(s.is_success(), "{b}");
+    let (s, h, b) = app.call_as(&olivia, Method::POST, &format!("{url}/apply"), Some(json!({"reason": "go"})), &[]).await;
+    assert_problem(s, &h, &b, StatusCode::CONFLICT);
+    assert!(b["detail"].as_str().unwrap().contains("approved by rita, who can no longer approve it"), "{b}");
+    let (_, _, r) = app.call(Method::GET, &url, None).await;
+    assert_eq!(r["state"], "conflict", "{r}");
     assert_eq!(flag_value(&app).await, json!(true));
 }
 }
