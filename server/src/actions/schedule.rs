@@ -380,7 +380,10 @@ impl Actions {
             Ok(by) => by,
             Err(e) => {
                 let by = self.author(c, Role::Viewer);
-                let ran = Ran::failed(&e);
+                let mut ran = Ran::failed(&e);
+                if let Some(dead) = dead {
+                    ran.outcome = format!("taken over after the claim of {dead} expired: {}", ran.outcome);
+                }
                 self.audit_run(&by, &reason, c, &ran).await;
                 return ran;
             }

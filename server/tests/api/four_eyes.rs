@@ -299,10 +299,22 @@ async fn ap_4_scheduled_changes_are_checked_against_the_rules_and_role_when_they
     app.seed().await;
     let olivia = user(&app, "olivia", "operator").await;
 
-    // Scheduled before any rule existed; then flags come to need approval.
+    // Scheduled before any rule existed (a flip, a profile that sets a flag); then flags
+    // come to need approval.
     let (s, c) = schedule_flip(&app, &olivia, false, at(HOUR), None, &[]).await;
     assert_eq!(s, StatusCode::CREATED, "{c}");
+    define_profile(&app, json!({"recommendations.enabled": false})).await;
+    let body = json!({"kind": "profile", "profile": "recs-down", "run_at": at(HOUR / 2),
+                      "revert_at": at(HOUR / 2 + 60_000), "reason": "drill"});
+    let (s, _, p) = app.call_as(&olivia, Method::POST, SCHED, Some(body), &[]).await;
+    assert_eq!(s, StatusCode::CREATED, "{p}");
     rules(&app, &["flag"]).await;
+    assert_eq!(run_due(&app, at(HOUR / 2 + 1000)).await, 1);
+    let done = change(&app, &p).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(done["outcome"].as_str().unwrap().contains("flag changes in environment"), "{done}");
+    let (s, _, _) = app.call(Method::GET, &format!("{ENV}/active-profile"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the profile was not applied");
     // Moving it to "now" is a change too.
     let moved = json!({"run_at": at(1000), "reason": "sooner"});
     let (s, h, b) = app.call_as(&olivia, Method::PATCH, &format!("{SCHED}/{}", c["id"]), Some(moved), &[]).await;
