@@ -148,6 +148,30 @@ impl Actions {
         Ok(())
     }
 
+    /// Audits an action refused by [`Actions::gate`] for want of approval as the action it
+    /// attempted, outcome `rejected` and the refusal as `detail`, as a refused write is
+    /// (`Store::mutate`): a refused profile application during an incident is on the
+    /// record. A failure to audit is logged.
+    pub(super) async fn record_approval_refused(
+        &self,
+        by: &Actor,
+        env: &str,
+        service: Option<&str>,
+        action: Action,
+        target: &str,
+        refusal: &ChangeError,
+    ) {
+        tracing::warn!(actor = %by.name, environment = env, service, target, "refused: approval required");
+        let mut audit = audit_row(by, &Reason::by_server(String::new()), action, target.to_string());
+        audit.environment = Some(env.to_string());
+        audit.service = service.map(str::to_string);
+        audit.outcome = "rejected".into();
+        audit.detail = Some(refusal.to_string());
+        if let Err(e) = self.store.append_audit(&audit).await {
+            tracing::error!(error = %e, environment = env, "auditing a refusal for want of approval");
+        }
+    }
+
     /// Refuses `by`'s action of `kind` in `env` when that kind needs approval there, unless
     /// it applies an approved request or breaks the glass (audited as `approval.bypass`):
     /// for what is gated as an action rather than by the content it changes (applying a
@@ -160,7 +184,11 @@ impl Actions {
         kind: &str,
         target: &str,
     ) -> Result<(), ChangeError> {
-        if let Some(b) = self.four_eyes(by, env).await?.admit(&[kind])? {
+        let admitted = self.four_eyes(by, env).await?.admit(&[kind]);
+        if let Err(e @ ChangeError::ApprovalRequired { .. }) = &admitted {
+            self.record_approval_refused(by, env, None, underlying_kind(kind), target, e).await;
+        }
+        if let Some(b) = admitted? {
             self.record_bypass(by, env, None, target, &b, None).await?;
         }
         Ok(())

@@ -107,6 +107,8 @@ impl Actions {
             via: by.via.as_str().to_string(),
             request_id: by.request_id.clone(),
             action: AUDIT_REFUSED.to_string(),
+            environment: scope(target).0,
+            service: scope(target).1,
             target: target.to_string(),
             outcome: "forbidden".to_string(),
             detail: Some(format!(
@@ -129,6 +131,23 @@ impl Actions {
     }
 }
 
+/// The environment and service a refused request was about, read from its address
+/// (`METHOD /ui/environments/{env}/services/{svc}/…`, the same under `/api/v1`), so the
+/// audit log's environment and service filters find the refusal with the changes.
+fn scope(target: &str) -> (Option<String>, Option<String>) {
+    let path = target.split_once(' ').map_or(target, |(_, p)| p);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let rest = path.strip_prefix("/ui/").or_else(|| path.strip_prefix("/api/v1/")).unwrap_or_default();
+    let name = |s: Option<&str>| s.filter(|s| levee_agent::policy::check_name(s).is_ok()).map(String::from);
+    let mut parts = rest.split('/');
+    if parts.next() != Some("environments") {
+        return (None, None);
+    }
+    let env = name(parts.next());
+    let svc = if env.is_some() && parts.next() == Some("services") { name(parts.next()) } else { None };
+    (env, svc)
+}
+
 /// A login's audit row: the account is its target, which it does not change (no `before`
 /// or `after`); where it came from, and any wait it started, are its `detail`.
 fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, detail: String) -> AuditRow {
@@ -142,5 +161,20 @@ fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, detail: St
         outcome: outcome.to_string(),
         detail: Some(detail),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scope;
+
+    #[test]
+    fn a_refusal_is_filed_under_the_environment_and_service_it_was_about() {
+        let s = |e: &str, v: &str| (Some(e.to_string()), Some(v.to_string()));
+        assert_eq!(scope("POST /ui/environments/prod/services/checkout/flags/a.b"), s("prod", "checkout"));
+        assert_eq!(scope("PUT /api/v1/environments/prod/services/checkout"), s("prod", "checkout"));
+        assert_eq!(scope("POST /ui/environments/prod/profiles/x/apply"), (Some("prod".into()), None));
+        assert_eq!(scope("GET /ui/admin"), (None, None));
+        assert_eq!(scope("GET /ui/environments/%3Cb%3E/services/x"), (None, None), "only names are kept");
     }
 }

@@ -30,6 +30,9 @@ pub struct AuditQuery {
     pub before_id: Option<i64>,
     /// Most entries (default 100; the allowed range is in the 400 answer).
     pub limit: Option<i64>,
+    /// Only entries of this action (`flag.set`) or family of actions (`flag`: `flag.set`
+    /// and `flag.delete`; `auth`: every login row).
+    pub action: Option<String>,
 }
 
 /// Audit entries, newest first: who, when, from where, what, why and outcome; `before` and
@@ -51,6 +54,8 @@ pub async fn list(
         actor: q.actor,
         before_id: q.before_id,
         limit,
+        action: q.action,
+        exclude_action: None,
     };
     Ok(Json(s.store.audit(&f).await?))
 }

@@ -650,6 +650,7 @@ impl Store {
              WHERE ($1 IS NULL OR environment = $1) AND ($2 IS NULL OR service = $2) \
              AND ($3 IS NULL OR actor = $3) AND ($4 IS NULL OR at >= $4) AND ($5 IS NULL OR at <= $5) \
              AND ($6 IS NULL OR id < $6) \
+             AND ($8 IS NULL OR action = $8 OR action LIKE $8 || '.%') AND ($9 IS NULL OR action NOT LIKE $9) \
              ORDER BY id DESC LIMIT $7",
         )
         .bind(f.environment.clone())
@@ -659,6 +660,8 @@ impl Store {
         .bind(f.until)
         .bind(f.before_id)
         .bind(f.limit)
+        .bind(f.action.clone())
+        .bind(f.exclude_action.clone())
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(AuditRow::from_row).collect()

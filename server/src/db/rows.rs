@@ -408,6 +408,11 @@ pub struct AuditFilter {
     pub before_id: Option<i64>,
     /// Most rows returned.
     pub limit: i64,
+    /// Only rows of this action (`flag.set`) or family of actions (`flag`: `flag.set`,
+    /// `flag.delete`).
+    pub action: Option<String>,
+    /// Leave out rows whose action matches this SQL `LIKE` pattern (`auth.%`: the logins).
+    pub exclude_action: Option<String>,
 }
 
 /// The `source` of an agent whose stream is closed: the server no longer knows where its

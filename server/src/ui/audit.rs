@@ -1,4 +1,6 @@
-//! `GET /ui/audit`: the audit log, newest first, filtered by environment, service and actor.
+//! `GET /ui/audit`: the audit log, newest first, filtered by environment, service, actor
+//! and kind of action (changes only, without the logins that swamp it; refusals; one
+//! family such as `flag`).
 
 use askama::Template;
 use axum::extract::{Query, State};
@@ -9,6 +11,25 @@ use super::page::{Layout, Page, When, time};
 use super::session::UiUser;
 use crate::db::AuditFilter;
 use crate::web::AppState;
+
+/// The action filter's choices: (value, label). `changes` is every row but the logins
+/// (`auth.*`);
+/// any other value is an action or a family of actions (`flag`: `flag.set`, `flag.delete`).
+pub const ACTION_CHOICES: [(&str, &str); 13] = [
+    ("", "every action"),
+    ("changes", "changes (no logins)"),
+    ("access.refused", "refusals for a lack of role"),
+    ("flag", "flags"),
+    ("breaker", "breaker overrides"),
+    ("policy", "policy edits"),
+    ("service", "services (create, apply, rollback, delete)"),
+    ("profile", "emergency profiles"),
+    ("request", "change requests"),
+    ("approval", "approval rules and break-glass"),
+    ("schedule", "scheduled changes"),
+    ("fault", "fault injection"),
+    ("auth", "logins"),
+];
 
 /// Entries per page.
 pub const AUDIT_PAGE_SIZE: i64 = 100;
@@ -22,6 +43,9 @@ pub struct AuditQuery {
     service: String,
     #[serde(default)]
     actor: String,
+    /// One of [`ACTION_CHOICES`]' values; empty: every action.
+    #[serde(default)]
+    action: String,
     /// Page: entries older than this id.
     #[serde(default)]
     before_id: String,
@@ -51,6 +75,8 @@ struct AuditPage {
     environment: String,
     service: String,
     actor: String,
+    action: String,
+    actions: Vec<(&'static str, &'static str)>,
     entries: Vec<EntryView>,
     /// Query string of the next (older) page, when there may be one.
     older: Option<String>,
@@ -72,12 +98,27 @@ pub async fn page(
             b.parse::<i64>().map_err(|_| UiError::BadRequest(format!("before_id {b:?} is not a number")))?,
         ),
     };
+    let action = q.action.trim();
+    if !ACTION_CHOICES.iter().any(|(v, _)| *v == action) {
+        let allowed: Vec<&str> = ACTION_CHOICES.iter().skip(1).map(|(v, _)| *v).collect();
+        return Err(UiError::BadRequest(format!(
+            "action {action:?} is not one of: {} (or empty for every action)",
+            allowed.join(", ")
+        )));
+    }
+    let (action_filter, exclude_action) = match action {
+        "" => (None, None),
+        "changes" => (None, Some("auth.%".to_string())),
+        a => (Some(a.to_string()), None),
+    };
     let f = AuditFilter {
         environment: some(&q.environment),
         service: some(&q.service),
         actor: some(&q.actor),
         before_id,
         limit: AUDIT_PAGE_SIZE,
+        action: action_filter,
+        exclude_action,
         ..Default::default()
     };
     let rows = s.store.audit(&f).await?;
@@ -87,6 +128,7 @@ pub async fn page(
                 ("environment", q.environment.trim()),
                 ("service", q.service.trim()),
                 ("actor", q.actor.trim()),
+                ("action", action),
                 ("before_id", &last.id.to_string()),
             ])
             .map_err(|e| UiError::Internal(e.into()))?,
@@ -121,6 +163,8 @@ pub async fn page(
         environment: q.environment.trim().to_string(),
         service: q.service.trim().to_string(),
         actor: q.actor.trim().to_string(),
+        action: action.to_string(),
+        actions: ACTION_CHOICES.to_vec(),
         entries,
         older,
     }))

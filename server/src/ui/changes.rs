@@ -14,6 +14,10 @@
 //!
 //! A confirmation page changes nothing, so it is an address (`GET …/confirm?…`): the
 //! levers of an alarm link straight to it, and reloading it shows it again.
+//!
+//! Where the change needs an approved change request, the same page offers to propose it
+//! or to break the glass (see `approval.rs`), and a change refused for want of approval
+//! comes back to it with the reason kept.
 
 use std::time::Duration;
 
@@ -26,11 +30,12 @@ use levee_agent::policy::{
 };
 use serde::Deserialize;
 
+use super::approval::{self, Gate, Mode};
 use super::error::UiError;
 use super::page::{Layout, Page, duration, seg, service_url, time};
 use super::service::{load, state_label, switched_by, value_text};
 use super::session::{Posted, UiUser, reason};
-use crate::actions::{Action, NewOverride, ServiceAt, Written};
+use crate::actions::{Action, NewOverride, Proposal, ServiceAt, Written};
 use crate::web::{AppState, RequestId};
 
 #[derive(Template)]
@@ -52,6 +57,8 @@ struct ConfirmPage {
     button: String,
     reason: String,
     error: Option<String>,
+    /// Set when the change needs approval: what the form offers instead of the change.
+    gate: Option<Gate>,
 }
 
 struct Confirm {
@@ -61,6 +68,7 @@ struct Confirm {
     action: String,
     hidden: Vec<(&'static str, String)>,
     button: String,
+    gate: Option<Gate>,
 }
 
 impl Confirm {
@@ -78,6 +86,7 @@ impl Confirm {
             button: self.button,
             reason: reason.to_string(),
             error,
+            gate: self.gate,
         }
     }
 }
@@ -105,6 +114,20 @@ fn moved_on(seen: u64, current: u64) -> Option<String> {
 const PUSH_NOTE: &str = "The change becomes a new revision, is pushed to every connected agent of the service \
                          at once, and is recorded in the audit log with your name and reason.";
 
+/// Shows the confirmation page again, reason kept, after the change was refused for want
+/// of approval: with the ways on (propose, break-glass).
+fn needs_approval(
+    mut confirm: Confirm,
+    gate: Gate,
+    user: &UiUser,
+    env: &str,
+    svc: &str,
+    reason: &str,
+) -> Response {
+    confirm.gate = Some(gate);
+    Page::with_status(StatusCode::FORBIDDEN, confirm.page(user, env, svc, reason, None)).into_response()
+}
+
 /// Shows the confirmation page again with `error`, keeping the reason typed so far.
 fn refuse(confirm: Confirm, user: &UiUser, env: &str, svc: &str, reason: &str, error: String) -> Response {
     Page::with_status(StatusCode::BAD_REQUEST, confirm.page(user, env, svc, reason, Some(error)))
@@ -123,6 +146,9 @@ pub struct FlagChange {
     /// Why (confirmation step only).
     #[serde(default)]
     reason: String,
+    /// The change, its proposal, or break-glass (confirmation step only).
+    #[serde(default)]
+    mode: Mode,
 }
 
 /// Parses a value typed for a flag of type `kind`.
@@ -173,6 +199,7 @@ fn switch_effects(cfg: &ServiceConfig, key: &str, on: bool) -> Vec<String> {
 
 async fn flag_confirm(
     s: &AppState,
+    user: &UiUser,
     env: &str,
     svc: &str,
     key: &str,
@@ -216,6 +243,7 @@ async fn flag_confirm(
         action: format!("{}/flags/{}", service_url(env, svc), seg(key)),
         hidden: vec![("value", f.value.clone()), ("revision", current.to_string())],
         button: format!("Set {key} to {}", value_text(&shown)),
+        gate: approval::gate(s, user, env, "flag", true).await?,
     };
     Ok((confirm, current, new))
 }
@@ -229,7 +257,7 @@ pub async fn confirm_flag(
     Query(form): Query<FlagChange>,
 ) -> Result<Response, UiError> {
     user.require(Action::FlagSet)?;
-    let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
+    let (confirm, _, _) = flag_confirm(&s, &user, &env, &svc, &key, &form).await?;
     Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
 }
 
@@ -244,7 +272,7 @@ pub async fn apply_flag(
     let reason = match reason(&form.reason) {
         Ok(r) => r,
         Err(msg) => {
-            let (confirm, _, _) = flag_confirm(&s, &env, &svc, &key, &form).await?;
+            let (confirm, _, _) = flag_confirm(&s, &user, &env, &svc, &key, &form).await?;
             return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg));
         }
     };
@@ -257,8 +285,21 @@ pub async fn apply_flag(
         .ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
     let value =
         parse_value(kind, &form.value).map_err(|m| UiError::BadRequest(format!("flag {key}: {m}")))?;
+    if form.mode == Mode::Propose {
+        let p = Proposal::Flag { service: svc.clone(), key: key.clone(), value };
+        let r = s.actions.propose(&by, &reason, &env, p).await?;
+        return Ok(approval::proposed(&env, r.id));
+    }
+    let by = form.mode.actor(by, &reason);
     let at = ServiceAt::new(&env, &svc, Some(form.revision));
-    let w = s.actions.set_flag_value(&by, &reason, &at, &key, value, None).await?;
+    let w = match s.actions.set_flag_value(&by, &reason, &at, &key, value, None).await {
+        Ok(w) => w,
+        Err(e) => {
+            let gate = approval::refused(e, &user, true)?;
+            let (confirm, _, _) = flag_confirm(&s, &user, &env, &svc, &key, &form).await?;
+            return Ok(needs_approval(confirm, gate, &user, &env, &svc, &form.reason));
+        }
+    };
     tracing::info!(actor = %by.name, environment = %env, service = %svc, flag = %key, revision = w.snapshot.revision, "flag changed from the UI");
     Ok(after_change(&env, &svc, &w))
 }
@@ -280,6 +321,8 @@ pub struct OverrideChange {
     revision: u64,
     #[serde(default)]
     reason: String,
+    #[serde(default)]
+    mode: Mode,
 }
 
 struct OverrideRequest {
@@ -387,6 +430,7 @@ async fn override_confirm(
             ("revision", current.to_string()),
         ],
         button: format!("Force {name} {}", state_label(req.state)),
+        gate: None,
     };
     Ok((confirm, req))
 }
@@ -427,8 +471,15 @@ pub async fn apply_override(
             .map(|d| Timestamp::from_unix_ms(Timestamp::now().unix_ms() + d.as_millis() as i64)),
     };
     let breaker = breaker_name(&new.dependency, new.operation.as_deref());
+    let by = form.mode.actor(by, &reason);
     let at = ServiceAt::new(&env, &svc, Some(form.revision));
-    let w = s.actions.set_breaker_override(&by, &reason, &at, new).await?;
+    let w = match s.actions.set_breaker_override(&by, &reason, &at, new).await {
+        Ok(w) => w,
+        Err(e) => {
+            let gate = approval::refused(e, &user, false)?;
+            return Ok(needs_approval(confirm, gate, &user, &env, &svc, &form.reason));
+        }
+    };
     tracing::info!(actor = %by.name, environment = %env, service = %svc, %breaker, revision = w.snapshot.revision, "breaker override set from the UI");
     Ok(after_change(&env, &svc, &w))
 }
@@ -442,6 +493,8 @@ pub struct OverrideRemoval {
     revision: u64,
     #[serde(default)]
     reason: String,
+    #[serde(default)]
+    mode: Mode,
 }
 
 async fn removal_confirm(
@@ -480,6 +533,7 @@ async fn removal_confirm(
             ("revision", current.to_string()),
         ],
         button: format!("Remove the override of {name}"),
+        gate: None,
     })
 }
 
@@ -513,8 +567,16 @@ pub async fn apply_remove_override(
     };
     let op = Some(form.operation.trim()).filter(|o| !o.is_empty());
     let breaker = breaker_name(&form.dependency, op);
+    let by = form.mode.actor(by, &reason);
     let at = ServiceAt::new(&env, &svc, Some(form.revision));
-    let w = s.actions.remove_breaker_override(&by, &reason, &at, &form.dependency, op).await?;
+    let w = match s.actions.remove_breaker_override(&by, &reason, &at, &form.dependency, op).await {
+        Ok(w) => w,
+        Err(e) => {
+            let gate = approval::refused(e, &user, false)?;
+            let confirm = removal_confirm(&s, &env, &svc, &form).await?;
+            return Ok(needs_approval(confirm, gate, &user, &env, &svc, &form.reason));
+        }
+    };
     tracing::info!(actor = %by.name, environment = %env, service = %svc, %breaker, revision = w.snapshot.revision, "breaker override removed from the UI");
     Ok(after_change(&env, &svc, &w))
 }

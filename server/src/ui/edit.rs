@@ -148,6 +148,11 @@ pub struct Field {
     pub value: String,
     /// The error at this field, if any.
     pub error: Option<String>,
+    /// The values the field takes when it is an enumeration (a choice, not a text box;
+    /// from the model's schema, `schema.rs`).
+    pub choices: Vec<String>,
+    /// What the field means, in the model's words.
+    pub help: String,
 }
 
 /// Every scalar leaf under `pointer` in `policy`, in document order.
@@ -162,6 +167,11 @@ fn fields(policy: &Value, part: &Part) -> Vec<Field> {
 
 fn walk(policy: &Value, v: &Value, pointer: &str, label: &str, top_only: bool, out: &mut Vec<Field>) {
     let mut leaf = |kind: &'static str, value: String| {
+        let mut info = super::schema::field(pointer);
+        if !info.choices.is_empty() && !value.is_empty() && !info.choices.contains(&value) {
+            // A value the model no longer lists stays visible (and is refused at preview).
+            info.choices.insert(0, value.clone());
+        }
         out.push(Field {
             pointer: pointer.to_string(),
             path: dotted(pointer, policy),
@@ -169,6 +179,8 @@ fn walk(policy: &Value, v: &Value, pointer: &str, label: &str, top_only: bool, o
             kind,
             value,
             error: None,
+            choices: info.choices,
+            help: info.help,
         })
     };
     match v {

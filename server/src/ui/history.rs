@@ -15,7 +15,7 @@ use super::page::{Layout, Page, When, service_url, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ServiceAt};
 use crate::db::Unreadable;
-use crate::diff::json_diff;
+use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
 
 /// Revisions listed on the history page.
@@ -58,6 +58,24 @@ async fn body(
     Ok(s.store.revision(env, svc, revision).await?.map(|r| r.value()))
 }
 
+/// What a revision with nothing before it (the first) made: every leaf of `v` as added,
+/// by its path, as a change's diff lists them (an empty object or list is a leaf).
+fn created(v: &Value) -> Vec<DiffEntry> {
+    fn walk(path: String, v: &Value, out: &mut Vec<DiffEntry>) {
+        let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+        match v {
+            Value::Object(o) if !o.is_empty() => o.iter().for_each(|(k, v)| walk(join(k), v, out)),
+            Value::Array(a) if !a.is_empty() => {
+                a.iter().enumerate().for_each(|(i, v)| walk(format!("{path}[{i}]"), v, out))
+            }
+            _ => out.push(DiffEntry { path, op: "added", before: None, after: Some(v.clone()) }),
+        }
+    }
+    let mut out = Vec::new();
+    walk(String::new(), v, &mut out);
+    out
+}
+
 /// `GET …/history`: the newest revisions, each with what it changed.
 pub async fn page(
     State(s): State<AppState>,
@@ -78,10 +96,8 @@ pub async fn page(
             None => (Some(Value::Null), None),
         };
         let before = match this {
-            Some(_) if m.revision > 1 => {
-                body(&s, &env, &svc, m.revision - 1).await?.and_then(Result::ok).unwrap_or(Value::Null)
-            }
-            _ => Value::Null,
+            Some(_) if m.revision > 1 => body(&s, &env, &svc, m.revision - 1).await?.and_then(Result::ok),
+            _ => None,
         };
         revisions.push(RevisionView {
             revision: m.revision,
@@ -90,7 +106,12 @@ pub async fn page(
             reason: m.reason,
             hash: m.hash,
             current: m.revision == row.revision,
-            diff: this.map(|this| diff_rows(json_diff(&before, &this))).unwrap_or_default(),
+            diff: this
+                .map(|this| match &before {
+                    Some(before) => diff_rows(json_diff(before, &this)),
+                    None => diff_rows(created(&this)),
+                })
+                .unwrap_or_default(),
             unreadable,
         });
     }
@@ -208,4 +229,26 @@ pub async fn apply(
         format!("{}?unchanged=1", service_url(&env, &svc))
     };
     Ok(Redirect::to(&url).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_revision_lists_every_leaf_it_created() {
+        let v = serde_json::json!({"policy": {"dependencies": {"pay": {"attempt_timeout": "80ms"}}, "routes": []},
+            "flags": {"a": {"value": true}}, "faults": [{"id": "x"}]});
+        let paths: Vec<(String, String)> =
+            created(&v).into_iter().map(|e| (e.path, e.after.unwrap().to_string())).collect();
+        assert_eq!(
+            paths,
+            [
+                ("faults[0].id".to_string(), "\"x\"".to_string()),
+                ("flags.a.value".into(), "true".into()),
+                ("policy.dependencies.pay.attempt_timeout".into(), "\"80ms\"".into()),
+                ("policy.routes".into(), "[]".into()),
+            ]
+        );
+    }
 }

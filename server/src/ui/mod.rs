@@ -17,6 +17,7 @@
 mod admin;
 mod admission;
 mod alarms;
+mod approval;
 mod audit;
 mod changes;
 mod edit;
@@ -28,8 +29,10 @@ mod live;
 mod login;
 mod overview;
 mod page;
+mod profile_form;
 mod profiles;
 mod review;
+mod schema;
 mod service;
 mod session;
 mod status;
@@ -82,12 +85,14 @@ pub fn router(state: AppState) -> Router {
         .route(svc, get(service::page))
         .route("/ui/environments/{env}/profiles", get(profiles::page).post(profiles::save))
         .route("/ui/environments/{env}/profiles/revert", post(profiles::revert))
+        .route("/ui/environments/{env}/profiles/build", post(profiles::build))
         .route("/ui/environments/{env}/faults", get(faults::page).post(faults::create))
         .route("/ui/environments/{env}/faults/{svc}/{id}/end", post(faults::end))
         .route("/ui/environments/{env}/scheduled", get(review::scheduled).post(review::schedule))
         .route("/ui/environments/{env}/scheduled/{id}/cancel", post(review::cancel))
         .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))
         .route("/ui/environments/{env}/requests/{id}", post(review::decide))
+        .route("/ui/environments/{env}/approval-rules", get(approval::rules).post(approval::set_rules))
         .route("/ui/environments/{env}/profiles/{name}/confirm", get(profiles::confirm))
         .route("/ui/environments/{env}/profiles/{name}/apply", post(profiles::apply))
         .route(&format!("{svc}/flags/{{key}}/confirm"), get(changes::confirm_flag))

@@ -6,6 +6,9 @@
 //!
 //! `GET /ui/environments/{env}/requests`: change requests with the diff to review; approve
 //! (not one's own), reject, apply an approved one; a form to propose a flag value.
+//!
+//! Both forms name the flag by choosing it from the environment's flags (never typed by
+//! hand), and a refused form comes back as it was typed.
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
@@ -25,7 +28,7 @@ use crate::web::{AppState, RequestId};
 /// Query after a change: what was done.
 #[derive(Debug, Deserialize)]
 pub struct DoneQuery {
-    done: Option<String>,
+    pub(super) done: Option<String>,
 }
 
 fn says(e: ChangeError) -> Result<String, UiError> {
@@ -45,6 +48,42 @@ fn says(e: ChangeError) -> Result<String, UiError> {
 /// Reads a flag value typed in a form: JSON (`false`, `3`, `"text"`), else the text itself.
 fn typed_value(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|_| serde_json::Value::String(text.to_string()))
+}
+
+/// A flag of the environment as a form offers it: `service/key` (a service name has no
+/// `/`), in words with its type and value.
+pub(super) struct FlagChoice {
+    value: String,
+    label: String,
+    selected: bool,
+}
+
+/// Every flag of every service of `env`, `chosen` selected. A service whose revision does
+/// not read is left out (its page says why).
+async fn flag_choices(s: &AppState, env: &str, chosen: &str) -> Result<Vec<FlagChoice>, UiError> {
+    let mut out = Vec::new();
+    for row in s.store.services(env).await? {
+        let Some(snap) = s.store.latest_snapshot(env, &row.name).await? else { continue };
+        let Ok(cfg) = snap.config() else { continue };
+        for (key, f) in &cfg.flags {
+            let value = format!("{}/{key}", row.name);
+            let now: String = f.value.to_string().chars().take(40).collect();
+            out.push(FlagChoice {
+                label: format!("{}: {key} ({}, now {now})", row.name, f.kind.as_str()),
+                selected: value == chosen,
+                value,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The service and flag of a chosen `service/key`.
+fn flag_target(target: &str) -> Result<(String, String), String> {
+    target
+        .split_once('/')
+        .map(|(s, k)| (s.to_string(), k.to_string()))
+        .ok_or_else(|| "flag: choose one of the environment's flags".to_string())
 }
 
 /// Reads "in how long" (`30m`, `2h`) as a time from now.
@@ -100,6 +139,9 @@ struct ScheduledPage {
     csrf: String,
     can_operate: bool,
     changes: Vec<ScheduledView>,
+    flags: Vec<FlagChoice>,
+    /// The form as typed (shown again after a refusal).
+    form: ScheduleForm,
     notice: Option<String>,
     error: Option<String>,
 }
@@ -110,9 +152,11 @@ async fn scheduled_page(
     env: &str,
     notice: Option<String>,
     error: Option<String>,
+    form: ScheduleForm,
 ) -> Result<Response, UiError> {
     s.store.environment(env).await?.ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
     let changes = s.store.scheduled_changes(env, None).await?.iter().map(ScheduledView::of).collect();
+    let flags = flag_choices(s, env, &form.target).await?;
     let status = if error.is_some() { StatusCode::BAD_REQUEST } else { StatusCode::OK };
     let page = ScheduledPage {
         layout: user.layout(),
@@ -120,6 +164,8 @@ async fn scheduled_page(
         csrf: user.csrf.clone(),
         can_operate: user.principal.role >= Action::ScheduleCreate.role(),
         changes,
+        flags,
+        form,
         notice,
         error,
     };
@@ -133,16 +179,19 @@ pub async fn scheduled(
     Path(env): Path<String>,
     Query(q): Query<DoneQuery>,
 ) -> Result<Response, UiError> {
-    scheduled_page(&s, &user, &env, q.done, None).await
+    scheduled_page(&s, &user, &env, q.done, None, ScheduleForm::default()).await
 }
 
 /// Form scheduling a flag value.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct ScheduleForm {
-    service: String,
-    flag: String,
+    /// `service/key`.
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
     value: String,
     /// In how long (`30m`).
+    #[serde(default)]
     run_in: String,
     /// Revert after how long from now (`2h`); empty: never.
     #[serde(default)]
@@ -160,19 +209,16 @@ pub async fn schedule(
 ) -> Result<Response, UiError> {
     let by = user.actor(Action::ScheduleCreate, &rid)?;
     let parsed = (|| {
+        let (service, key) = flag_target(&form.target)?;
         let why = reason(&form.reason)?;
         let run_at = from_now("run in", &form.run_in)?.ok_or("run in: required (e.g. 30m)")?;
-        Ok::<_, String>((why, run_at, from_now("revert in", &form.revert_in)?))
+        Ok::<_, String>((service, key, why, run_at, from_now("revert in", &form.revert_in)?))
     })();
-    let (why, run_at, revert_at) = match parsed {
+    let (service, key, why, run_at, revert_at) = match parsed {
         Ok(p) => p,
-        Err(m) => return scheduled_page(&s, &user, &env, None, Some(m)).await,
+        Err(m) => return scheduled_page(&s, &user, &env, None, Some(m), form).await,
     };
-    let change = Planned::Flag {
-        service: form.service.trim().to_string(),
-        key: form.flag.trim().to_string(),
-        value: typed_value(&form.value),
-    };
+    let change = Planned::Flag { service, key, value: typed_value(&form.value) };
     let new = NewSchedule { env: env.clone(), change, run_at, revert_at };
     match s.actions.schedule_change(&by, &why, new).await {
         Ok(c) => {
@@ -180,7 +226,7 @@ pub async fn schedule(
             Ok(Redirect::to(&format!("/ui/environments/{}/scheduled?done={}", seg(&env), seg(&msg)))
                 .into_response())
         }
-        Err(e) => scheduled_page(&s, &user, &env, None, Some(says(e)?)).await,
+        Err(e) => scheduled_page(&s, &user, &env, None, Some(says(e)?), form).await,
     }
 }
 
@@ -201,7 +247,7 @@ pub async fn cancel(
     let by = user.actor(Action::ScheduleCancel, &rid)?;
     let why = match reason(&form.reason) {
         Ok(r) => r,
-        Err(m) => return scheduled_page(&s, &user, &env, None, Some(m)).await,
+        Err(m) => return scheduled_page(&s, &user, &env, None, Some(m), ScheduleForm::default()).await,
     };
     match s.store.scheduled(id).await? {
         Some(c) if c.environment == env => {}
@@ -213,7 +259,7 @@ pub async fn cancel(
             Ok(Redirect::to(&format!("/ui/environments/{}/scheduled?done={}", seg(&env), seg(&msg)))
                 .into_response())
         }
-        Err(e) => scheduled_page(&s, &user, &env, None, Some(says(e)?)).await,
+        Err(e) => scheduled_page(&s, &user, &env, None, Some(says(e)?), ScheduleForm::default()).await,
     }
 }
 
@@ -274,6 +320,9 @@ struct RequestsPage {
     can_operate: bool,
     kinds: Vec<String>,
     requests: Vec<RequestView>,
+    flags: Vec<FlagChoice>,
+    /// The proposal form as typed (shown again after a refusal).
+    form: ProposeForm,
     notice: Option<String>,
     error: Option<String>,
 }
@@ -284,6 +333,7 @@ async fn requests_page(
     env: &str,
     notice: Option<String>,
     error: Option<String>,
+    form: ProposeForm,
 ) -> Result<Response, UiError> {
     s.store.environment(env).await?.ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
     let requests = s.store.requests(env).await?.iter().map(|r| RequestView::of(r, user)).collect();
@@ -295,6 +345,8 @@ async fn requests_page(
         can_operate: user.principal.role >= Action::RequestCreate.role(),
         kinds: s.store.approval_kinds(env).await?,
         requests,
+        flags: flag_choices(s, env, &form.target).await?,
+        form,
         notice,
         error,
     };
@@ -308,14 +360,16 @@ pub async fn requests(
     Path(env): Path<String>,
     Query(q): Query<DoneQuery>,
 ) -> Result<Response, UiError> {
-    requests_page(&s, &user, &env, q.done, None).await
+    requests_page(&s, &user, &env, q.done, None, ProposeForm::default()).await
 }
 
 /// Form proposing a flag value.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct ProposeForm {
-    service: String,
-    flag: String,
+    /// `service/key`.
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
     value: String,
     #[serde(default)]
     reason: String,
@@ -329,18 +383,15 @@ pub async fn propose(
     Posted { user, form }: Posted<ProposeForm>,
 ) -> Result<Response, UiError> {
     let by = user.actor(Action::RequestCreate, &rid)?;
-    let why = match reason(&form.reason) {
-        Ok(r) => r,
-        Err(m) => return requests_page(&s, &user, &env, None, Some(m)).await,
+    let parsed = flag_target(&form.target).and_then(|t| Ok((t, reason(&form.reason)?)));
+    let ((service, key), why) = match parsed {
+        Ok(p) => p,
+        Err(m) => return requests_page(&s, &user, &env, None, Some(m), form).await,
     };
-    let p = Proposal::Flag {
-        service: form.service.trim().to_string(),
-        key: form.flag.trim().to_string(),
-        value: typed_value(&form.value),
-    };
+    let p = Proposal::Flag { service, key, value: typed_value(&form.value) };
     match s.actions.propose(&by, &why, &env, p).await {
         Ok(r) => done(&env, format!("Proposed change request {}", r.id)),
-        Err(e) => requests_page(&s, &user, &env, None, Some(says(e)?)).await,
+        Err(e) => requests_page(&s, &user, &env, None, Some(says(e)?), form).await,
     }
 }
 
@@ -378,7 +429,7 @@ pub async fn decide(
     let by = user.actor(action, &rid)?;
     let why = match reason(&form.reason) {
         Ok(r) => r,
-        Err(m) => return requests_page(&s, &user, &env, None, Some(m)).await,
+        Err(m) => return requests_page(&s, &user, &env, None, Some(m), ProposeForm::default()).await,
     };
     match s.store.request(id).await? {
         Some(r) if r.environment == env => {}
@@ -391,6 +442,6 @@ pub async fn decide(
     };
     match res {
         Ok(r) => done(&env, format!("Change request {id} is {}", r.state)),
-        Err(e) => requests_page(&s, &user, &env, None, Some(says(e)?)).await,
+        Err(e) => requests_page(&s, &user, &env, None, Some(says(e)?), ProposeForm::default()).await,
     }
 }

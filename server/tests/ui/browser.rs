@@ -467,6 +467,7 @@ const PAGES: &[(&str, &str)] = &[
     ("/ui/environments/{env}/faults", "/ui/environments/prod/faults"),
     ("/ui/environments/{env}/scheduled", "/ui/environments/prod/scheduled"),
     ("/ui/environments/{env}/requests", "/ui/environments/prod/requests"),
+    ("/ui/environments/{env}/approval-rules", "/ui/environments/prod/approval-rules"),
     (
         "/ui/environments/{env}/services/{svc}/policy/edit",
         "/ui/environments/prod/services/checkout/policy/edit",
@@ -614,9 +615,11 @@ async fn browser_an_admin_opens_every_page_and_disables_a_user() {
     c.close().await.unwrap();
 }
 
-/// An operator defines an emergency profile on the profiles page, applies it through its
-/// confirmation with a reason (the agent's kill switch goes off, the service page says so),
-/// and reverts it (the switch comes back on).
+/// An operator builds an emergency profile with the form on the profiles page (no JSON:
+/// a flag switched off, a breaker forced open, picked per service; a bad lever value is
+/// named and the form comes back as chosen), applies it through its confirmation with a
+/// reason (the agent's kill switch goes off, the service page says so), and reverts it
+/// (the switch comes back on). A starter profile fills the form from the services.
 #[tokio::test]
 async fn browser_an_operator_applies_and_reverts_an_emergency_profile() {
     let Some((_driver, c)) = browser().await else { return };
@@ -631,24 +634,54 @@ async fn browser_an_operator_applies_and_reverts_an_emergency_profile() {
 
     login(&c, &base, "olivia", PASSWORD).await;
     c.goto(&profiles).await.unwrap();
-    assert!(body(&c).await.contains("No profile is active in prod."));
+    let page = body(&c).await;
+    assert!(page.contains("No profile is active in prod."), "{page}");
+    assert!(!page.contains("payments.enabled"), "no example about a flag the environment lacks: {page}");
 
-    // Define it.
-    let create = "form[action='/ui/environments/prod/profiles']";
-    fill(&c, &format!("{create} input[name=name]"), "recs-down").await;
-    fill(
-        &c,
-        &format!("{create} textarea[name=definition]"),
-        r#"{"description": "recommendations down", "services": {"checkout": {"flags": {"recommendations.enabled": false}, "breakers": [{"dependency": "payments", "state": "forced_open"}]}}}"#,
-    )
-    .await;
-    fill(&c, &format!("{create} textarea[name=reason]"), "prepared for INC-9").await;
-    click(&c, &format!("{create} button[type=submit]")).await;
+    // A starter fills the form from the services as they are.
+    click(&c, "a.starter[href*='starter=dependencies-off']").await;
+    let chosen = wait_find(&c, "select[name='flag:checkout:recommendations.enabled']").await;
+    assert_eq!(chosen.prop("value").await.unwrap().as_deref(), Some("false"), "non-critical switched off");
+    let payments = wait_find(&c, "select[name='breaker:checkout:payments']").await;
+    assert_eq!(payments.prop("value").await.unwrap().as_deref(), Some(""), "left alone");
+
+    // Build it: the switch off, the payments breaker forced open; a bad shed value first.
+    c.goto(&profiles).await.unwrap();
+    let build = "form[action='/ui/environments/prod/profiles/build']";
+    fill(&c, &format!("{build} input[name=name]"), "recs-down").await;
+    fill(&c, &format!("{build} input[name=description]"), "recommendations down").await;
+    wait_find(&c, "select[name='flag:checkout:recommendations.enabled']")
+        .await
+        .select_by_value("false")
+        .await
+        .unwrap();
+    wait_find(&c, "select[name='breaker:checkout:payments']")
+        .await
+        .select_by_value("forced_open")
+        .await
+        .unwrap();
+    fill(&c, &format!("{build} input[name='shed:checkout']"), "150").await;
+    fill(&c, &format!("{build} textarea[name=reason]"), "prepared for INC-9").await;
+    click(&c, &format!("{build} button[type=submit]")).await;
+    let page = body(&c).await;
+    assert!(page.contains("checkout: shed: \"150\" is not a percentage from 0 to 100"), "{page}");
+    let kept = wait_find(&c, "select[name='breaker:checkout:payments']").await.prop("value").await.unwrap();
+    assert_eq!(kept.as_deref(), Some("forced_open"), "the form comes back as chosen");
+    fill(&c, &format!("{build} input[name='shed:checkout']"), "").await;
+    click(&c, &format!("{build} button[type=submit]")).await;
     let page = body(&c).await;
     assert!(page.contains("Saved profile recs-down as version 1"), "{page}");
     let profile = wait_find(&c, "#profile-recs-down").await.text().await.unwrap();
     assert!(profile.contains("checkout: flag recommendations.enabled = false"), "{profile}");
     assert!(profile.contains("checkout: breaker payments FORCED_OPEN"), "{profile}");
+    let (_, _, stored) = app.api(Method::GET, "/environments/prod/profiles/recs-down", None).await;
+    let stored = &stored["definition"];
+    assert_eq!(
+        stored["services"]["checkout"]["flags"],
+        json!({"recommendations.enabled": false}),
+        "{stored}"
+    );
+    assert_eq!(stored["description"], "recommendations down", "{stored}");
 
     // Apply: the confirmation says what it does and changes nothing yet.
     fill(&c, "#profile-recs-down input[name=for]", "2h").await;
@@ -717,8 +750,8 @@ async fn browser_an_operator_schedules_a_flag_value_and_sees_it_applied() {
     c.goto(&scheduled).await.unwrap();
     assert!(body(&c).await.contains("Nothing scheduled in prod."));
     let form = "form[action='/ui/environments/prod/scheduled']";
-    fill(&c, &format!("{form} input[name=service]"), "checkout").await;
-    fill(&c, &format!("{form} input[name=flag]"), "recommendations.enabled").await;
+    let target = format!("{form} select[name=target]");
+    wait_find(&c, &target).await.select_by_value("checkout/recommendations.enabled").await.unwrap();
     fill(&c, &format!("{form} input[name=value]"), "false").await;
     fill(&c, &format!("{form} input[name=run_in]"), "5s").await;
     fill(&c, &format!("{form} textarea[name=reason]"), "maintenance window").await;
@@ -750,21 +783,39 @@ async fn browser_an_operator_schedules_a_flag_value_and_sees_it_applied() {
     agent.shutdown().await;
 }
 
-/// Four eyes: with approval required for flags, olivia proposes a flip, cannot approve it
+/// An admin sets an approval rule on the approval-rules page (checkboxes and a reason,
+/// audited as `approval.rules`); an operator sees the rules but no form.
+async fn set_flag_approval_rule_in_the_ui(c: &Client, app: &TestApp) {
+    let base = &app.base;
+    login(c, base, "admin", crate::helpers::ADMIN_PASSWORD).await;
+    c.goto(&format!("{base}/ui/environments/prod/approval-rules")).await.unwrap();
+    let form = "form[action='/ui/environments/prod/approval-rules']";
+    wait_find(c, &format!("{form} input[name=flag]")).await.click().await.unwrap();
+    fill(c, &format!("{form} textarea[name=reason]"), "four eyes in prod").await;
+    click(c, &format!("{form} button[type=submit]")).await;
+    let page = body(c).await;
+    assert!(page.contains("Saved: flag changes need an approved change request"), "{page}");
+    let (s, _, rules) = app.api(Method::GET, "/environments/prod/approval-rules", None).await;
+    assert_eq!(s, StatusCode::OK, "{rules}");
+    assert_eq!(rules["kinds"], json!(["flag"]), "{rules}");
+    let (_, _, audit) = app.api(Method::GET, "/audit?environment=prod&action=approval.rules", None).await;
+    assert_eq!(
+        (audit[0]["actor"].as_str(), audit[0]["via"].as_str(), audit[0]["reason"].as_str()),
+        (Some("admin"), Some("ui"), Some("four eyes in prod")),
+        "{audit}"
+    );
+    c.delete_all_cookies().await.unwrap();
+}
+
+/// Four eyes: an admin requires approval for flags in the UI; olivia proposes a flip,
+/// choosing the flag from a list (a refused form comes back as typed), cannot approve it
 /// herself, rita approves it in her own session, olivia applies it and the flag changes.
 #[tokio::test]
 async fn browser_a_change_request_is_proposed_approved_by_another_user_and_applied() {
     let Some((_driver, c)) = browser().await else { return };
     let app = TestApp::spawn().await;
     app.seed().await;
-    let (s, _, b) = app
-        .api(
-            Method::PUT,
-            "/environments/prod/approval-rules",
-            Some(json!({"kinds": ["flag"], "reason": "four eyes in prod"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
+    set_flag_approval_rule_in_the_ui(&c, &app).await;
     app.user("olivia", "operator").await;
     app.user("rita", "operator").await;
     let cache = tempfile::tempdir().unwrap();
@@ -784,10 +835,19 @@ async fn browser_a_change_request_is_proposed_approved_by_another_user_and_appli
     let page = body(&c).await;
     assert!(page.contains("these changes need an approved request: flag"), "{page}");
     let form = "form[action='/ui/environments/prod/requests']";
-    fill(&c, &format!("{form} input[name=service]"), "checkout").await;
-    fill(&c, &format!("{form} input[name=flag]"), "recommendations.enabled").await;
-    fill(&c, &format!("{form} input[name=value]"), "false").await;
+    let target = format!("{form} select[name=target]");
+    wait_find(&c, &target).await.select_by_value("checkout/recommendations.enabled").await.unwrap();
+    // A value the flag's type refuses: the form comes back as it was typed.
+    fill(&c, &format!("{form} input[name=value]"), "maybe").await;
     fill(&c, &format!("{form} textarea[name=reason]"), "INC-5 recommendations down").await;
+    click(&c, &format!("{form} button[type=submit]")).await;
+    let page = body(&c).await;
+    assert!(page.contains("must be a bool value"), "{page}");
+    let chosen = wait_find(&c, &target).await.prop("value").await.unwrap();
+    assert_eq!(chosen.as_deref(), Some("checkout/recommendations.enabled"), "the flag stays chosen");
+    let reason = wait_find(&c, &format!("{form} textarea[name=reason]")).await.prop("value").await.unwrap();
+    assert_eq!(reason.as_deref(), Some("INC-5 recommendations down"), "the reason is kept");
+    fill(&c, &format!("{form} input[name=value]"), "false").await;
     click(&c, &format!("{form} button[type=submit]")).await;
     assert!(body(&c).await.contains("Proposed change request 1"));
     let card = wait_find(&c, "#request-1").await.text().await.unwrap();
@@ -833,4 +893,117 @@ async fn browser_a_change_request_is_proposed_approved_by_another_user_and_appli
     until("the agent to switch recommendations off", || async { (!switch.get()).then_some(()) }).await;
     c.close().await.unwrap();
     agent.shutdown().await;
+}
+
+/// Four eyes from the lever: under a flag approval rule, the kill switch's confirmation
+/// says the change needs approval and offers, with the reason typed once, to propose it
+/// (a change request pre-filled from the flip, on the landing page as waiting) or to break
+/// the glass (applied at once, audited as the flip and as `approval.bypass`). A flip
+/// confirmed just before the rule came in is refused onto the same page, reason kept,
+/// and the refusal is in the audit log.
+#[tokio::test]
+async fn browser_a_refused_flip_becomes_a_change_request_or_a_break_glass_change() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let base = app.base.clone();
+    let confirm_url = format!("{base}{SERVICE}/flags/recommendations.enabled/confirm?value=false&revision=1");
+
+    // The confirmation is open when the rule comes in: confirming is refused, not lost.
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&confirm_url).await.unwrap();
+    assert!(c.find(Locator::Id("approval-needed")).await.is_err(), "no rule yet: {}", body(&c).await);
+    fill(&c, "textarea[name=reason]", "INC-7 recommendations is failing").await;
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/approval-rules",
+            Some(json!({"kinds": ["flag"], "reason": "four eyes in prod"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    click(&c, "button.danger").await;
+    let gate = wait_find(&c, "#approval-needed").await.text().await.unwrap();
+    assert!(gate.contains("Not applied: flag changes in prod need an approved change request"), "{gate}");
+    let reason = wait_find(&c, "textarea[name=reason]").await.prop("value").await.unwrap();
+    assert_eq!(reason.as_deref(), Some("INC-7 recommendations is failing"), "the reason is kept");
+    assert!(!body(&c).await.contains("/api/v1"), "the page names no API path");
+    assert_eq!(app.kill_switch().await, true);
+    let (_, _, refused) =
+        app.api(Method::GET, "/audit?environment=prod&action=flag.set&actor=olivia", None).await;
+    assert_eq!(
+        (refused[0]["outcome"].as_str(), refused[0]["via"].as_str()),
+        (Some("rejected"), Some("ui")),
+        "the refusal is audited: {refused}"
+    );
+    let detail = refused[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("need an approved change request"), "{refused}");
+
+    // Propose it from there: a change request with the flip and the reason.
+    click(&c, "#approval-needed button[value=propose]").await;
+    let page = body(&c).await;
+    assert!(page.contains("Proposed change request 1"), "{page}");
+    let card = wait_find(&c, "#request-1").await.text().await.unwrap();
+    assert!(card.contains("flag recommendations.enabled of checkout") && card.contains("open"), "{card}");
+    assert!(card.contains("INC-7 recommendations is failing"), "{card}");
+    let (_, _, r) = app.api(Method::GET, "/environments/prod/change-requests/1", None).await;
+    assert_eq!((&r["proposed"], r["proposed_by"].as_str()), (&json!(false), Some("olivia")), "{r}");
+    assert_eq!(app.kill_switch().await, true, "proposing changes nothing");
+    c.goto(&format!("{base}/")).await.unwrap();
+    assert!(body(&c).await.contains("1 waiting"), "the landing page shows the request waiting");
+
+    // The lever again, now with the rule known up front: break the glass.
+    c.goto(&confirm_url).await.unwrap();
+    let gate = wait_find(&c, "#approval-needed").await.text().await.unwrap();
+    assert!(gate.contains("flag changes in prod need an approved change request"), "{gate}");
+    assert!(!gate.contains("Not applied"), "{gate}");
+    fill(&c, "textarea[name=reason]", "INC-7 cannot wait for review").await;
+    click(&c, "#approval-needed button[value=break_glass]").await;
+    let changed = changed_revision(&c).await;
+    assert_eq!(changed, 2);
+    assert_eq!(app.kill_switch().await, false);
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit[0]["action"].as_str(), audit[0]["via"].as_str(), audit[0]["reason"].as_str()),
+        (Some("flag.set"), Some("ui"), Some("INC-7 cannot wait for review"))
+    );
+    let (_, _, bypass) = app.api(Method::GET, "/audit?environment=prod&action=approval.bypass", None).await;
+    assert_eq!(
+        (bypass[0]["outcome"].as_str(), bypass[0]["actor"].as_str(), bypass[0]["reason"].as_str()),
+        (Some("bypass"), Some("olivia"), Some("INC-7 cannot wait for review")),
+        "{bypass}"
+    );
+    c.close().await.unwrap();
+}
+
+/// The service page shows the server's advice next to the policy's own lints: with a
+/// `payments` service that retries, checkout's retries on its `payments` dependency are
+/// retries on two layers of a chain.
+#[tokio::test]
+async fn browser_the_service_page_shows_the_servers_advice() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (s, _, b) = app
+        .api(
+            Method::POST,
+            "/environments/prod/services",
+            Some(json!({"name": "payments", "reason": "test",
+                "policy": {"dependencies": {"bank": {"retry": {"max_attempts": 3}}}}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    app.user("olivia", "operator").await;
+    login(&c, &app.base, "olivia", PASSWORD).await;
+    c.goto(&format!("{}{SERVICE}", app.base)).await.unwrap();
+    let advice = wait_find(&c, "#advice").await.text().await.unwrap();
+    assert!(advice.contains("dependencies.payments.retry"), "{advice}");
+    assert!(
+        advice
+            .contains("checkout retries payments (2 attempts) and payments retries its own dependencies too"),
+        "{advice}"
+    );
+    assert!(advice.contains("up to 6 calls"), "{advice}");
+    c.close().await.unwrap();
 }

@@ -132,6 +132,14 @@ async fn a_viewer_sees_profiles_but_cannot_change_them() {
         .post(PROFILES, &[("csrf", &csrf), ("name", "x"), ("definition", DEFINITION), ("reason", "r")])
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let built = [
+        ("csrf", csrf.as_str()),
+        ("name", "x"),
+        ("flag:checkout:recommendations.enabled", "false"),
+        ("reason", "r"),
+    ];
+    let r = b.post(&format!("{PROFILES}/build"), &built).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
     let r = b.post(&format!("{PROFILES}/revert"), &[("csrf", &csrf), ("reason", "r")]).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // Without the session's token, nothing happens either.

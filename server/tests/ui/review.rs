@@ -78,8 +78,7 @@ async fn a_change_request_is_proposed_and_approved_by_a_second_user_in_the_ui() 
             url,
             &[
                 ("csrf", &csrf),
-                ("service", "checkout"),
-                ("flag", "recommendations.enabled"),
+                ("target", "checkout/recommendations.enabled"),
                 ("value", "false"),
                 ("reason", "INC-5"),
             ],
@@ -131,8 +130,7 @@ async fn a_flag_value_is_scheduled_and_cancelled_in_the_ui() {
             url,
             &[
                 ("csrf", &csrf),
-                ("service", "checkout"),
-                ("flag", "recommendations.enabled"),
+                ("target", "checkout/recommendations.enabled"),
                 ("value", "false"),
                 ("run_in", "1h"),
                 ("revert_in", "2h"),

@@ -1,0 +1,138 @@
+//! What the policy editor knows of a field besides its value, read from the policy model's
+//! own schema (the one the API's OpenAPI document publishes, derived from the model's types
+//! and doc comments): the values an enumeration takes, so the form offers a choice instead
+//! of a free-text box, and what the field means, in the model's words.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use levee_agent::policy::Policy;
+use serde_json::Value;
+use utoipa::{PartialSchema, ToSchema};
+
+/// The policy's schema and every schema it refers to, by name, as JSON.
+struct Model {
+    root: Value,
+    named: BTreeMap<String, Value>,
+}
+
+static MODEL: LazyLock<Model> = LazyLock::new(|| {
+    let mut refs = Vec::new();
+    <Policy as ToSchema>::schemas(&mut refs);
+    let json = |s| serde_json::to_value(s).unwrap_or(Value::Null);
+    Model {
+        root: json(<Policy as PartialSchema>::schema()),
+        named: refs.into_iter().map(|(name, s)| (name, json(s))).collect(),
+    }
+});
+
+/// What the schema says of one field.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FieldInfo {
+    /// The values an enumeration takes (empty: not an enumeration).
+    pub choices: Vec<String>,
+    /// What the field means (its doc comment in the model).
+    pub help: String,
+}
+
+impl Model {
+    /// The schema behind a `$ref`, and each branch of a `oneOf` / `anyOf` / `allOf`.
+    fn expand<'a>(&'a self, node: &'a Value, out: &mut Vec<&'a Value>, depth: usize) {
+        if depth > 16 {
+            return;
+        }
+        if let Some(r) = node.get("$ref").and_then(Value::as_str) {
+            if let Some(target) = r.rsplit('/').next().and_then(|n| self.named.get(n)) {
+                self.expand(target, out, depth + 1);
+            }
+            return;
+        }
+        let mut branched = false;
+        for key in ["oneOf", "anyOf", "allOf"] {
+            for b in node.get(key).and_then(Value::as_array).into_iter().flatten() {
+                branched = true;
+                self.expand(b, out, depth + 1);
+            }
+        }
+        if !branched || node.get("properties").is_some() || node.get("enum").is_some() {
+            out.push(node);
+        }
+    }
+
+    /// Every schema that may describe the value at `tokens` below `node`.
+    /// The schemas are as written at the field (a `$ref` or `oneOf` unexpanded: its own
+    /// description is the field's).
+    fn at<'a>(&'a self, node: &'a Value, tokens: &[String]) -> Vec<&'a Value> {
+        let Some((first, rest)) = tokens.split_first() else { return vec![node] };
+        let mut here = Vec::new();
+        self.expand(node, &mut here, 0);
+        let mut out = Vec::new();
+        for n in here {
+            let next = n
+                .get("properties")
+                .and_then(|p| p.get(first))
+                .or_else(|| n.get("additionalProperties").filter(|a| a.is_object()))
+                .or_else(|| n.get("items").filter(|_| first.parse::<usize>().is_ok()));
+            if let Some(next) = next {
+                out.extend(self.at(next, rest));
+            }
+        }
+        out
+    }
+}
+
+/// What the model's schema says of the policy field at JSON `pointer`
+/// (`/dependencies/payments/criticality`).
+pub fn field(pointer: &str) -> FieldInfo {
+    let tokens: Vec<String> =
+        pointer.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
+    let model = &*MODEL;
+    let raw = model.at(&model.root, &tokens);
+    let mut info = FieldInfo::default();
+    info.help =
+        raw.iter().find_map(|n| n.get("description").and_then(Value::as_str)).unwrap_or_default().into();
+    let mut nodes = Vec::new();
+    for n in raw {
+        model.expand(n, &mut nodes, 0);
+    }
+    for n in &nodes {
+        for v in n.get("enum").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(s) = v.as_str().filter(|s| !info.choices.iter().any(|c| c == s)) {
+                info.choices.push(s.to_string());
+            }
+        }
+        if info.help.is_empty()
+            && let Some(d) = n.get("description").and_then(Value::as_str)
+        {
+            info.help = d.to_string();
+        }
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enumerations_offer_the_values_the_model_takes() {
+        assert_eq!(field("/dependencies/payments/criticality").choices, ["critical", "non_critical"]);
+        let levels = field("/dependencies/payments/fallback").choices;
+        assert!(
+            levels.contains(&"generic".to_string()) && levels.contains(&"feature_error".to_string()),
+            "{levels:?}"
+        );
+        let mode = field("/inbound/mode").choices;
+        assert!(mode.contains(&"shadow".to_string()), "{mode:?}");
+        assert!(
+            field("/dependencies/payments/attempt_timeout").choices.is_empty(),
+            "a duration is no enumeration"
+        );
+    }
+
+    #[test]
+    fn a_field_says_what_it_means() {
+        let help = field("/dependencies/payments/enabled_flag").help;
+        assert!(help.contains("bool flag"), "{help}");
+    }
+}
