@@ -26,7 +26,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use levee_agent::policy::{
-    BreakerOverride, BreakerOverrideState, FlagType, ServiceConfig, Timestamp, check_operation,
+    BreakerOverride, BreakerOverrideState, Flag, FlagType, ServiceConfig, Timestamp, check_operation,
 };
 use serde::Deserialize;
 
@@ -35,7 +35,7 @@ use super::error::UiError;
 use super::page::{Layout, Page, duration, seg, service_url, time};
 use super::service::{load, state_label, switched_by, value_text};
 use super::session::{Posted, UiUser, reason};
-use crate::actions::{Action, NewOverride, Proposal, ServiceAt, Written};
+use crate::actions::{Action, ChangeError, Name, NewOverride, Proposal, ServiceAt, Written};
 use crate::web::{AppState, RequestId};
 
 #[derive(Template)]
@@ -301,6 +301,217 @@ pub async fn apply_flag(
         }
     };
     tracing::info!(actor = %by.name, environment = %env, service = %svc, flag = %key, revision = w.snapshot.revision, "flag changed from the UI");
+    Ok(after_change(&env, &svc, &w))
+}
+
+// ---- new flags, deleted flags -----------------------------------------------------------
+
+/// Form of a new flag ("Add a flag…" on the service page) and of its confirmation.
+#[derive(Debug, Deserialize)]
+pub struct NewFlagForm {
+    key: String,
+    /// `bool`, `int`, `float`, `string` or `json`.
+    #[serde(rename = "type")]
+    kind: String,
+    value: String,
+    #[serde(default)]
+    description: String,
+    revision: u64,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    mode: Mode,
+}
+
+async fn new_flag_confirm(
+    s: &AppState,
+    user: &UiUser,
+    env: &str,
+    svc: &str,
+    f: &NewFlagForm,
+) -> Result<(Confirm, Name, Flag), UiError> {
+    let loaded = load(s, env, svc).await?;
+    let bad = UiError::BadRequest;
+    let key = Name::parse("key", f.key.trim()).map_err(|e| bad(e.to_string()))?;
+    if loaded.config.flags.contains_key(key.as_str()) {
+        return Err(bad(format!(
+            "service {svc} already has a flag {key}: change it from its row on the service page"
+        )));
+    }
+    let kind: FlagType = serde_json::from_value(serde_json::Value::String(f.kind.clone()))
+        .map_err(|_| bad(format!("type {:?} is not one of bool, int, float, string, json", f.kind)))?;
+    let value = parse_value(kind, &f.value).map_err(|m| bad(format!("flag {key}: {m}")))?;
+    let flag = Flag {
+        kind,
+        value,
+        description: f.description.trim().to_string(),
+        owner: String::new(),
+        expires_at: None,
+        stale: Default::default(),
+        rollout: None,
+    };
+    let current = loaded.row.revision;
+    let mut effects: Vec<String> = moved_on(f.revision, current).into_iter().collect();
+    effects.push(format!(
+        "Code reading flag {key} sees {} from now on, instead of the default compiled into the service.",
+        value_text(&flag)
+    ));
+    effects.push(PUSH_NOTE.into());
+    let confirm = Confirm {
+        title: format!("Add flag {key}"),
+        facts: vec![
+            ("Service".into(), format!("{env} / {svc} (revision {current})")),
+            ("Flag".into(), key.to_string()),
+            ("Type".into(), kind.as_str().to_string()),
+            ("Value".into(), value_text(&flag)),
+            ("What it does".into(), flag.description.clone()),
+        ],
+        effects,
+        action: format!("{}/new-flag", service_url(env, svc)),
+        hidden: vec![
+            ("key", key.to_string()),
+            ("type", f.kind.clone()),
+            ("value", f.value.clone()),
+            ("description", flag.description.clone()),
+            ("revision", current.to_string()),
+        ],
+        button: format!("Add flag {key}"),
+        gate: approval::gate(s, user, env, "flag", false).await?,
+    };
+    Ok((confirm, key, flag))
+}
+
+/// `GET …/new-flag/confirm?key=…&type=…&value=…&description=…&revision=…`: what adding
+/// the flag does; asks for a reason. Changes nothing.
+pub async fn confirm_new_flag(
+    State(s): State<AppState>,
+    user: UiUser,
+    Path((env, svc)): Path<(String, String)>,
+    Query(form): Query<NewFlagForm>,
+) -> Result<Response, UiError> {
+    user.require(Action::FlagSet)?;
+    let (confirm, _, _) = new_flag_confirm(&s, &user, &env, &svc, &form).await?;
+    Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
+}
+
+/// `POST …/new-flag`: adds the flag (confirmed, with a reason).
+pub async fn apply_new_flag(
+    State(s): State<AppState>,
+    rid: RequestId,
+    Path((env, svc)): Path<(String, String)>,
+    Posted { user, form }: Posted<NewFlagForm>,
+) -> Result<Response, UiError> {
+    let by = user.actor(Action::FlagSet, &rid)?;
+    let (confirm, key, flag) = new_flag_confirm(&s, &user, &env, &svc, &form).await?;
+    let reason = match reason(&form.reason) {
+        Ok(r) => r,
+        Err(msg) => return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg)),
+    };
+    let by = form.mode.actor(by, &reason);
+    let at = ServiceAt::new(&env, &svc, Some(form.revision));
+    let w = match s.actions.set_flag(&by, &reason, &at, &key, flag).await {
+        Ok(w) => w,
+        Err(e) => {
+            let gate = approval::refused(e, &user, false)?;
+            return Ok(needs_approval(confirm, gate, &user, &env, &svc, &form.reason));
+        }
+    };
+    tracing::info!(actor = %by.name, environment = %env, service = %svc, flag = %key, revision = w.snapshot.revision, "flag added from the UI");
+    Ok(after_change(&env, &svc, &w))
+}
+
+/// Form of a flag deletion and of its confirmation.
+#[derive(Debug, Deserialize)]
+pub struct FlagRemoval {
+    revision: u64,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    mode: Mode,
+}
+
+async fn flag_removal_confirm(
+    s: &AppState,
+    user: &UiUser,
+    env: &str,
+    svc: &str,
+    key: &str,
+    f: &FlagRemoval,
+) -> Result<Confirm, UiError> {
+    let loaded = load(s, env, svc).await?;
+    let cfg = &loaded.config;
+    let flag =
+        cfg.flags.get(key).ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
+    let current = loaded.row.revision;
+    let mut effects: Vec<String> = moved_on(f.revision, current).into_iter().collect();
+    let users = switched_by(cfg, key);
+    if users.is_empty() {
+        effects
+            .push(format!("Code reading flag {key} gets the default compiled into the service from now on."));
+    } else {
+        effects.push(format!(
+            "The policy refers to {key} ({}): deleting it is refused until the policy no longer does.",
+            users.join(", ")
+        ));
+    }
+    effects.push(PUSH_NOTE.into());
+    Ok(Confirm {
+        title: format!("Delete flag {key}"),
+        facts: vec![
+            ("Service".into(), format!("{env} / {svc} (revision {current})")),
+            ("Flag".into(), key.to_string()),
+            ("Value now".into(), value_text(flag)),
+            ("What it does".into(), flag.description.clone()),
+        ],
+        effects,
+        action: format!("{}/flags/{}/delete", service_url(env, svc), seg(key)),
+        hidden: vec![("revision", current.to_string())],
+        button: format!("Delete flag {key}"),
+        gate: approval::gate(s, user, env, "flag", false).await?,
+    })
+}
+
+/// `GET …/flags/{key}/delete/confirm?revision=…`: what deleting the flag does; asks for a
+/// reason. Changes nothing.
+pub async fn confirm_delete_flag(
+    State(s): State<AppState>,
+    user: UiUser,
+    Path((env, svc, key)): Path<(String, String, String)>,
+    Query(form): Query<FlagRemoval>,
+) -> Result<Response, UiError> {
+    user.require(Action::FlagDelete)?;
+    let confirm = flag_removal_confirm(&s, &user, &env, &svc, &key, &form).await?;
+    Ok(Page::ok(confirm.page(&user, &env, &svc, "", None)).into_response())
+}
+
+/// `POST …/flags/{key}/delete`: deletes the flag (confirmed, with a reason).
+pub async fn apply_delete_flag(
+    State(s): State<AppState>,
+    rid: RequestId,
+    Path((env, svc, key)): Path<(String, String, String)>,
+    Posted { user, form }: Posted<FlagRemoval>,
+) -> Result<Response, UiError> {
+    let by = user.actor(Action::FlagDelete, &rid)?;
+    let confirm = flag_removal_confirm(&s, &user, &env, &svc, &key, &form).await?;
+    let reason = match reason(&form.reason) {
+        Ok(r) => r,
+        Err(msg) => return Ok(refuse(confirm, &user, &env, &svc, &form.reason, msg)),
+    };
+    let by = form.mode.actor(by, &reason);
+    let at = ServiceAt::new(&env, &svc, Some(form.revision));
+    let w = match s.actions.delete_flag(&by, &reason, &at, &key).await {
+        Ok(w) => w,
+        Err(e @ ChangeError::ApprovalRequired { .. }) => {
+            let gate = approval::refused(e, &user, false)?;
+            return Ok(needs_approval(confirm, gate, &user, &env, &svc, &form.reason));
+        }
+        Err(ChangeError::Invalid(v)) => {
+            let why = v.0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ");
+            return Ok(refuse(confirm, &user, &env, &svc, &form.reason, format!("not deleted: {why}")));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(actor = %by.name, environment = %env, service = %svc, flag = %key, revision = w.snapshot.revision, "flag deleted from the UI");
     Ok(after_change(&env, &svc, &w))
 }
 

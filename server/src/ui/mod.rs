@@ -20,6 +20,7 @@ mod alarms;
 mod approval;
 mod audit;
 mod changes;
+mod create;
 mod edit;
 mod error;
 mod faults;
@@ -80,6 +81,10 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/admin/tokens", post(admin::mint))
         .route("/ui/admin/tokens/revoke", post(admin::revoke))
         .route("/ui/live", get(live::overview))
+        .route("/ui/new-environment", get(create::environment_form))
+        .route("/ui/environments", post(create::create_environment))
+        .route("/ui/environments/{env}/new-service", get(create::service_form))
+        .route("/ui/environments/{env}/services", post(create::create_service))
         .route("/ui/environments/{env}", get(overview::services))
         .route("/ui/environments/{env}/live", get(live::environment))
         .route(svc, get(service::page))
@@ -97,6 +102,10 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/environments/{env}/profiles/{name}/apply", post(profiles::apply))
         .route(&format!("{svc}/flags/{{key}}/confirm"), get(changes::confirm_flag))
         .route(&format!("{svc}/flags/{{key}}"), post(changes::apply_flag))
+        .route(&format!("{svc}/flags/{{key}}/delete/confirm"), get(changes::confirm_delete_flag))
+        .route(&format!("{svc}/flags/{{key}}/delete"), post(changes::apply_delete_flag))
+        .route(&format!("{svc}/new-flag/confirm"), get(changes::confirm_new_flag))
+        .route(&format!("{svc}/new-flag"), post(changes::apply_new_flag))
         .route(&format!("{svc}/breakers/confirm"), get(changes::confirm_override))
         .route(&format!("{svc}/breakers"), post(changes::apply_override))
         .route(&format!("{svc}/breakers/remove/confirm"), get(changes::confirm_remove_override))

@@ -88,9 +88,8 @@ pub fn field(pointer: &str) -> FieldInfo {
         pointer.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
     let model = &*MODEL;
     let raw = model.at(&model.root, &tokens);
-    let mut info = FieldInfo::default();
-    info.help =
-        raw.iter().find_map(|n| n.get("description").and_then(Value::as_str)).unwrap_or_default().into();
+    let help = raw.iter().find_map(|n| n.get("description").and_then(Value::as_str)).unwrap_or_default();
+    let mut info = FieldInfo { help: help.into(), ..FieldInfo::default() };
     let mut nodes = Vec::new();
     for n in raw {
         model.expand(n, &mut nodes, 0);

@@ -468,6 +468,16 @@ const PAGES: &[(&str, &str)] = &[
     ("/ui/environments/{env}/scheduled", "/ui/environments/prod/scheduled"),
     ("/ui/environments/{env}/requests", "/ui/environments/prod/requests"),
     ("/ui/environments/{env}/approval-rules", "/ui/environments/prod/approval-rules"),
+    ("/ui/new-environment", "/ui/new-environment"),
+    ("/ui/environments/{env}/new-service", "/ui/environments/prod/new-service"),
+    (
+        "/ui/environments/{env}/services/{svc}/flags/{key}/delete/confirm",
+        "/ui/environments/prod/services/checkout/flags/checkout.max_items/delete/confirm?revision=2",
+    ),
+    (
+        "/ui/environments/{env}/services/{svc}/new-flag/confirm",
+        "/ui/environments/prod/services/checkout/new-flag/confirm?key=beta&type=bool&value=false&description=&revision=2",
+    ),
     (
         "/ui/environments/{env}/services/{svc}/policy/edit",
         "/ui/environments/prod/services/checkout/policy/edit",
@@ -963,11 +973,13 @@ async fn browser_a_refused_flip_becomes_a_change_request_or_a_break_glass_change
     let changed = changed_revision(&c).await;
     assert_eq!(changed, 2);
     assert_eq!(app.kill_switch().await, false);
-    let audit = app.audit().await;
+    let (_, _, set) = app.api(Method::GET, "/audit?environment=prod&action=flag.set&limit=1", None).await;
     assert_eq!(
-        (audit[0]["action"].as_str(), audit[0]["via"].as_str(), audit[0]["reason"].as_str()),
-        (Some("flag.set"), Some("ui"), Some("INC-7 cannot wait for review"))
+        (set[0]["outcome"].as_str(), set[0]["via"].as_str(), set[0]["reason"].as_str()),
+        (Some("ok"), Some("ui"), Some("INC-7 cannot wait for review")),
+        "{set}"
     );
+    assert_eq!(set[0]["revision"], json!(2), "{set}");
     let (_, _, bypass) = app.api(Method::GET, "/audit?environment=prod&action=approval.bypass", None).await;
     assert_eq!(
         (bypass[0]["outcome"].as_str(), bypass[0]["actor"].as_str(), bypass[0]["reason"].as_str()),
@@ -1005,5 +1017,75 @@ async fn browser_the_service_page_shows_the_servers_advice() {
         "{advice}"
     );
     assert!(advice.contains("up to 6 calls"), "{advice}");
+    c.close().await.unwrap();
+}
+
+/// Without the API: an admin creates an environment and a service in it (a bad name comes
+/// back with the form as typed), adds a flag to the service through its confirmation, and
+/// deletes it again.
+#[tokio::test]
+async fn browser_an_admin_creates_an_environment_a_service_and_a_flag_and_deletes_the_flag() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    let base = app.base.clone();
+    login(&c, &base, "admin", crate::helpers::ADMIN_PASSWORD).await;
+    c.goto(&format!("{base}/")).await.unwrap();
+    click(&c, "a[href='/ui/new-environment']").await;
+    fill(&c, "input[name=name]", "staging").await;
+    fill(&c, "input[name=description]", "before prod").await;
+    fill(&c, "textarea[name=reason]", "a place to try").await;
+    click(&c, "form[action='/ui/environments'] button[type=submit]").await;
+    assert_eq!(c.current_url().await.unwrap().path(), "/ui/environments/staging");
+    // The same name again is refused, the form as typed.
+    c.goto(&format!("{base}/ui/new-environment")).await.unwrap();
+    fill(&c, "input[name=name]", "staging").await;
+    fill(&c, "input[name=description]", "again").await;
+    fill(&c, "textarea[name=reason]", "twice").await;
+    click(&c, "form[action='/ui/environments'] button[type=submit]").await;
+    let page = body(&c).await;
+    assert!(page.contains("environment \"staging\" already exists"), "{page}");
+    let kept = wait_find(&c, "input[name=description]").await.prop("value").await.unwrap();
+    assert_eq!(kept.as_deref(), Some("again"), "the form comes back as typed");
+    c.goto(&format!("{base}/ui/environments/staging")).await.unwrap();
+
+    click(&c, "a[href='/ui/environments/staging/new-service']").await;
+    fill(&c, "input[name=name]", "search").await;
+    fill(&c, "textarea[name=reason]", "new service").await;
+    click(&c, "form[action='/ui/environments/staging/services'] button[type=submit]").await;
+    assert_eq!(c.current_url().await.unwrap().path(), "/ui/environments/staging/services/search");
+    let (s, _, svc) = app.api(Method::GET, "/environments/staging/services/search", None).await;
+    assert_eq!(s, StatusCode::OK, "{svc}");
+
+    // Add a flag: the form opens its confirmation, which asks for a reason.
+    wait_find(&c, "#new-flag summary").await.click().await.unwrap();
+    fill(&c, "#new-flag input[name=key]", "search.fuzzy").await;
+    wait_find(&c, "#new-flag select[name=type]").await.select_by_value("bool").await.unwrap();
+    fill(&c, "#new-flag input[name=value]", "true").await;
+    fill(&c, "#new-flag input[name=description]", "typo-tolerant search").await;
+    click(&c, "#new-flag button[type=submit]").await;
+    assert!(body(&c).await.contains("Add flag search.fuzzy"));
+    fill(&c, "textarea[name=reason]", "try fuzzy search").await;
+    click(&c, "button.danger").await;
+    let added = changed_revision(&c).await;
+    let (_, _, flag) =
+        app.api(Method::GET, "/environments/staging/services/search/flags/search.fuzzy", None).await;
+    assert_eq!(
+        (&flag["value"], flag["description"].as_str()),
+        (&json!(true), Some("typo-tolerant search")),
+        "{flag}"
+    );
+
+    // Delete it.
+    click(&c, "tr[id='flag-search.fuzzy'] a.delete").await;
+    assert!(body(&c).await.contains("Delete flag search.fuzzy"));
+    fill(&c, "textarea[name=reason]", "fuzzy search is done").await;
+    click(&c, "button.danger").await;
+    assert_eq!(changed_revision(&c).await, added + 1);
+    let (s, _, _) =
+        app.api(Method::GET, "/environments/staging/services/search/flags/search.fuzzy", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, _, audit) = app.api(Method::GET, "/audit?environment=staging&action=flag", None).await;
+    let actions: Vec<&str> = audit.as_array().unwrap().iter().filter_map(|r| r["action"].as_str()).collect();
+    assert_eq!(actions, ["flag.delete", "flag.set"], "{audit}");
     c.close().await.unwrap();
 }

@@ -108,7 +108,15 @@ async fn viewer_sees_no_switch_and_a_forged_post_is_forbidden() {
         assert_eq!(res.status, StatusCode::FORBIDDEN, "{path}");
         assert!(res.body.contains("needs the operator role; you are viewer"), "{}", res.body);
     }
-    assert_untouched(&app).await;
+    // Nothing changed; what the UI audited for this service are the viewer's refusals
+    // (filed under the service they were about), nothing else.
+    assert_eq!(app.kill_switch().await, json!(true));
+    let ui: Vec<_> = app.audit().await.into_iter().filter(|r| r["via"] == "ui").collect();
+    assert!(
+        ui.iter().all(|r| (r["action"].as_str(), r["outcome"].as_str(), r["actor"].as_str())
+            == (Some("access.refused"), Some("forbidden"), Some("vera"))),
+        "{ui:?}"
+    );
     assert!(app.snapshot().await["config"]["breaker_overrides"].as_array().unwrap().is_empty());
 }
 
