@@ -654,6 +654,7 @@ async fn browser_an_operator_applies_and_reverts_an_emergency_profile() {
     assert_eq!(chosen.prop("value").await.unwrap().as_deref(), Some("false"), "non-critical switched off");
     let payments = wait_find(&c, "select[name='breaker:checkout:payments']").await;
     assert_eq!(payments.prop("value").await.unwrap().as_deref(), Some(""), "left alone");
+    screenshot(&c, "profile-builder").await;
 
     // Build it: the switch off, the payments breaker forced open; a bad shed value first.
     c.goto(&profiles).await.unwrap();
@@ -969,6 +970,7 @@ async fn browser_a_refused_flip_becomes_a_change_request_or_a_break_glass_change
     assert!(gate.contains("flag changes in prod need an approved change request"), "{gate}");
     assert!(!gate.contains("Not applied"), "{gate}");
     fill(&c, "textarea[name=reason]", "INC-7 cannot wait for review").await;
+    screenshot(&c, "approval").await;
     click(&c, "#approval-needed button[value=break_glass]").await;
     let changed = changed_revision(&c).await;
     assert_eq!(changed, 2);
