@@ -149,3 +149,63 @@ async fn a_viewer_sees_profiles_but_cannot_change_them() {
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
 }
+
+/// Under a `profile` approval rule, applying a profile from its confirmation is refused
+/// back onto that page (403, reason kept, propose and break-glass offered), and the refusal
+/// is audited as `profile.apply` with outcome `rejected`; proposing it makes a change
+/// request; break-glass applies it.
+#[tokio::test]
+async fn a_profile_applied_under_an_approval_rule_is_proposed_or_applied_by_break_glass() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let (s, _, b) = app
+        .api(
+            reqwest::Method::PUT,
+            "/environments/prod/profiles/recs-down",
+            Some(serde_json::json!({"reason": "r", "services": {"checkout": {"flags": {"recommendations.enabled": false}}}})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let mut b = app.logged_in("olivia").await;
+    let csrf = b.get(PROFILES).await.csrf();
+    let (s, _, r) = app
+        .api(
+            reqwest::Method::PUT,
+            "/environments/prod/approval-rules",
+            Some(serde_json::json!({"kinds": ["profile"], "reason": "four eyes"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    let apply = format!("{PROFILES}/recs-down/apply");
+    let refused = b.post(&apply, &[("csrf", &csrf), ("for", "1h"), ("reason", "INC-3")]).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(
+        refused.body.contains("Not applied: profile changes in prod need an approved change request"),
+        "{}",
+        refused.body
+    );
+    assert!(refused.body.contains(">INC-3</textarea>"), "the reason is kept: {}", refused.body);
+    assert!(refused.body.contains("value=\"propose\"") && refused.body.contains("value=\"break_glass\""));
+    assert_eq!(app.kill_switch().await, true);
+    let (_, _, audit) =
+        app.api(reqwest::Method::GET, "/audit?environment=prod&action=profile.apply", None).await;
+    assert_eq!(
+        (audit[0]["outcome"].as_str(), audit[0]["via"].as_str()),
+        (Some("rejected"), Some("ui")),
+        "{audit}"
+    );
+
+    let proposed =
+        b.post(&apply, &[("csrf", &csrf), ("for", "1h"), ("reason", "INC-3"), ("mode", "propose")]).await;
+    assert_eq!(proposed.status, StatusCode::SEE_OTHER, "{}", proposed.body);
+    assert!(proposed.location().contains("/requests?done=Proposed"), "{}", proposed.location());
+    let (_, _, req) = app.api(reqwest::Method::GET, "/environments/prod/change-requests/1", None).await;
+    assert_eq!((req["kind"].as_str(), req["target"].as_str()), (Some("profile"), Some("recs-down")), "{req}");
+
+    let forced = b
+        .post(&apply, &[("csrf", &csrf), ("for", "1h"), ("reason", "INC-3 now"), ("mode", "break_glass")])
+        .await;
+    assert_eq!(forced.status, StatusCode::SEE_OTHER, "{}", forced.body);
+    assert_eq!(app.kill_switch().await, false);
+}
