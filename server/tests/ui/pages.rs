@@ -58,6 +58,19 @@ async fn audit_page_filters_by_service_and_actor_newest_first(app) {
     assert!(cart.body.contains("cart via api"));
     assert!(!cart.body.contains("flip by olivia"));
 
+    // By action: a family, and every change without the logins.
+    let flags = b.get("/ui/audit?action=flag").await;
+    assert!(flags.body.contains("second flip by olivia"), "{}", flags.body);
+    assert!(!flags.body.contains("cart via api"), "service.create is not a flag action");
+    let changes = b.get("/ui/audit?action=changes").await;
+    assert!(changes.body.contains("cart via api") && changes.body.contains("first flip by olivia"));
+    assert!(!changes.body.contains("<code>auth.login</code>"), "no logins: {}", changes.body);
+    let logins = b.get("/ui/audit?action=auth").await;
+    assert!(logins.body.contains("<code>auth.login</code>") && !logins.body.contains("flip by olivia"));
+    let unknown = b.get("/ui/audit?action=nonsense").await;
+    assert_eq!(unknown.status, StatusCode::BAD_REQUEST);
+    assert!(unknown.body.contains("is not one of: changes, access.refused"), "{}", unknown.body);
+
     let bad = b.get("/ui/audit?before_id=abc").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
