@@ -125,6 +125,22 @@ fn instance_id(name: &str) -> String {
     format!("{name}-{}", &suffix[..8])
 }
 
+/// The instance name inside an id [`Agent::instance_id`] announces: the id without its `-`
+/// and 8 random hex digits (an id of another shape is its own name). It is what stays the
+/// same when the instance restarts, so the server draws a staged rollout's cohort from it.
+pub fn instance_name_of(id: &str) -> &str {
+    match id.rsplit_once('-') {
+        Some((name, suffix))
+            if !name.is_empty()
+                && suffix.len() == 8
+                && suffix.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+        {
+            name
+        }
+        _ => id,
+    }
+}
+
 impl fmt::Debug for AgentBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AgentBuilder")

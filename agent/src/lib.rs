@@ -57,7 +57,7 @@ pub mod sync;
 pub mod telemetry;
 
 pub use admission::{Admission, AdmissionLayer, AdmissionPermit, AdmissionRequest, AdmissionService};
-pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout};
+pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout, instance_name_of};
 pub use applied::{Applied, Source};
 pub use enforce::{
     AttemptTimeout, CallError, CallPolicy, DeadlineError, Dependency, DependencyLayer, DependencyService,

@@ -126,18 +126,36 @@ impl AlertWatcher {
     }
 }
 
+/// What a webhook's log lines name about an event.
+pub trait Eventful {
+    /// The event and what it is about, in words.
+    fn subject(&self) -> String;
+}
+
+impl Eventful for AlertEvent {
+    fn subject(&self) -> String {
+        format!("{} {}/{} feature {:?}", self.event, self.environment, self.service, self.feature)
+    }
+}
+
+impl Eventful for crate::actions::Halted {
+    fn subject(&self) -> String {
+        format!("{} {}/{} rollout {}", self.event, self.environment, self.service, self.rollout)
+    }
+}
+
 /// POSTs `event` as JSON to `url`, retrying a failure (no answer, or not 2xx) up to
 /// [`WEBHOOK_ATTEMPTS`] times with a doubling wait. Returns whether it was delivered.
-pub async fn deliver(client: &reqwest::Client, url: &str, event: &AlertEvent) -> bool {
+pub async fn deliver<E: Serialize + Eventful>(client: &reqwest::Client, url: &str, event: &E) -> bool {
     let mut wait = WEBHOOK_FIRST_BACKOFF;
     for attempt in 1..=WEBHOOK_ATTEMPTS {
         match client.post(url).timeout(WEBHOOK_TIMEOUT).json(event).send().await {
             Ok(r) if r.status().is_success() => return true,
             Ok(r) => {
-                tracing::warn!(status = r.status().as_u16(), attempt, feature = ?event.feature, "alert webhook refused")
+                tracing::warn!(status = r.status().as_u16(), attempt, subject = %event.subject(), "alert webhook refused")
             }
             Err(e) => {
-                tracing::warn!(error = %e, attempt, feature = ?event.feature, "alert webhook unreachable")
+                tracing::warn!(error = %e, attempt, subject = %event.subject(), "alert webhook unreachable")
             }
         }
         if attempt < WEBHOOK_ATTEMPTS {
@@ -146,7 +164,7 @@ pub async fn deliver(client: &reqwest::Client, url: &str, event: &AlertEvent) ->
         }
     }
     metrics::counter!(WEBHOOK_FAILURES).increment(1);
-    tracing::error!(feature = ?event.feature, event = event.event, "alert webhook not delivered after every attempt");
+    tracing::error!(subject = %event.subject(), "alert webhook not delivered after every attempt");
     false
 }
 

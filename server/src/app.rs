@@ -427,7 +427,11 @@ impl Server {
             })),
         }
 
-        tasks.push(tokio::spawn(crate::sweeper::run(actions.clone(), shutdown_rx.clone())));
+        tasks.push(tokio::spawn(crate::sweeper::run(
+            actions.clone(),
+            settings.alert_webhook_url.clone(),
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(crate::listener::follow_revocations(
             store.clone(),
             hub.clone(),

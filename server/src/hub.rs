@@ -11,9 +11,19 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::db::SnapshotRow;
+use crate::db::{Delivery, RolloutRow, SnapshotRow};
 
 type Slot = watch::Sender<Option<Arc<SnapshotRow>>>;
+type RolloutSlot = watch::Sender<Option<Arc<RolloutView>>>;
+
+/// A service's newest rollout as this replica knows it, with the snapshot served outside
+/// its cohort while it is in progress (`stable`). A stream chooses each instance's
+/// revision from it and the newest snapshot without the database.
+#[derive(Clone, Debug)]
+pub struct RolloutView {
+    pub row: RolloutRow,
+    pub stable: Option<Arc<SnapshotRow>>,
+}
 
 /// The fan-out hub. Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -21,6 +31,9 @@ pub struct Hub {
     // A short, non-async critical section; never held across an await.
     #[allow(clippy::disallowed_types)]
     slots: Arc<std::sync::RwLock<HashMap<(String, String), Slot>>>,
+    // Same as `slots`.
+    #[allow(clippy::disallowed_types)]
+    rollouts: Arc<std::sync::RwLock<HashMap<(String, String), RolloutSlot>>>,
     revocations: Revocations,
 }
 
@@ -93,6 +106,61 @@ impl Hub {
                 true
             }
         })
+    }
+
+    /// Receiver of the newest rollout of a service (None until one is published).
+    pub fn subscribe_rollout(&self, env: &str, service: &str) -> watch::Receiver<Option<Arc<RolloutView>>> {
+        let key = (env.to_string(), service.to_string());
+        if let Some(tx) = self.rollouts.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return tx.subscribe();
+        }
+        let mut map = self.rollouts.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(key).or_insert_with(|| watch::channel(None).0).subscribe()
+    }
+
+    /// Publishes a rollout as it is now, unless this replica knows a newer one of the
+    /// service (a higher id, or the same at a higher version). Returns whether it was
+    /// published.
+    pub fn publish_rollout(&self, row: RolloutRow, stable: Option<SnapshotRow>) -> bool {
+        let key = (row.environment.clone(), row.service.clone());
+        let tx = {
+            let mut map = self.rollouts.write().unwrap_or_else(|e| e.into_inner());
+            map.entry(key).or_insert_with(|| watch::channel(None).0).clone()
+        };
+        let view = Arc::new(RolloutView { row, stable: stable.map(Arc::new) });
+        tx.send_if_modified(|cur| match cur {
+            Some(c) if (c.row.id, c.row.version) >= (view.row.id, view.row.version) => false,
+            _ => {
+                *cur = Some(view.clone());
+                true
+            }
+        })
+    }
+
+    /// The newest rollout of a service this replica knows.
+    pub fn rollout(&self, env: &str, service: &str) -> Option<Arc<RolloutView>> {
+        let key = (env.to_string(), service.to_string());
+        self.rollouts.read().unwrap_or_else(|e| e.into_inner()).get(&key).and_then(|tx| tx.borrow().clone())
+    }
+
+    /// The services whose rollout this replica holds as in progress.
+    pub fn rollouts_in_progress(&self) -> Vec<(String, String)> {
+        let map = self.rollouts.read().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .filter(|(_, tx)| tx.borrow().as_ref().is_some_and(|v| v.row.active()))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Publishes what the database says a service delivers: its rollout first, so that a
+    /// stream woken by the snapshot already knows which instances it is for.
+    pub fn publish_delivery(&self, d: Delivery) {
+        if let Some((row, stable)) = d.rollout {
+            self.publish_rollout(row, stable);
+        }
+        if let Some(latest) = d.latest {
+            self.publish(latest);
+        }
     }
 
     /// Revoked token ids.

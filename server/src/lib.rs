@@ -19,6 +19,7 @@ pub mod hub;
 pub mod import;
 pub mod listener;
 pub mod manifest;
+pub mod rollout;
 pub mod shutdown;
 pub mod sweeper;
 pub mod sync;

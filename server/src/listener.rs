@@ -19,16 +19,34 @@ pub const SAFETY_POLL: Duration = Duration::from_secs(15);
 /// from an outage is caught up with within about this long).
 pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
-/// Publishes every service whose stored revision is newer than the hub's.
+/// Publishes every service whose stored revision is newer than the hub's, and every
+/// rollout whose stored state differs from the hub's (with the snapshot it serves).
 pub async fn catch_up(store: &Store, hub: &Hub) -> anyhow::Result<usize> {
     let mut n = 0;
     for (env, svc, rev) in store.current_revisions().await? {
-        if hub.current(&env, &svc).is_none_or(|s| s.revision < rev)
-            && let Some(snap) = store.latest_snapshot(&env, &svc).await?
-            && hub.publish(snap)
-        {
+        if hub.current(&env, &svc).is_none_or(|s| s.revision < rev) {
+            hub.publish_delivery(store.delivery(&env, &svc).await?);
             n += 1;
         }
+    }
+    // Rollouts in progress as stored, and those this replica still holds in progress (which
+    // may have ended without a new revision: completed).
+    let mut stale: Vec<(String, String)> = store
+        .active_rollouts()
+        .await?
+        .into_iter()
+        .filter(|r| {
+            hub.rollout(&r.environment, &r.service)
+                .is_none_or(|v| (v.row.id, v.row.version) != (r.id, r.version))
+        })
+        .map(|r| (r.environment, r.service))
+        .collect();
+    stale.extend(hub.rollouts_in_progress());
+    stale.sort();
+    stale.dedup();
+    for (env, svc) in stale {
+        hub.publish_delivery(store.delivery(&env, &svc).await?);
+        n += 1;
     }
     Ok(n)
 }
@@ -55,20 +73,21 @@ async fn publish_one(store: &Store, hub: &Hub, payload: &str) -> bool {
         Ok(v) => v,
         Err(_) => return true,
     };
-    let (Some(env), Some(svc), Some(rev)) =
-        (v["environment"].as_str(), v["service"].as_str(), v["revision"].as_u64())
-    else {
+    let (Some(env), Some(svc)) = (v["environment"].as_str(), v["service"].as_str()) else {
         return true;
     };
-    if hub.current(env, svc).is_some_and(|s| s.revision >= rev) {
+    // A new revision this replica has already, and no word of a rollout: nothing to load.
+    let rollout = v["rollout"].as_bool().unwrap_or(false);
+    if !rollout
+        && v["revision"].as_u64().is_some_and(|rev| hub.current(env, svc).is_some_and(|s| s.revision >= rev))
+    {
         return true;
     }
-    match store.latest_snapshot(env, svc).await {
-        Ok(Some(snap)) => {
-            hub.publish(snap);
+    match store.delivery(env, svc).await {
+        Ok(d) => {
+            hub.publish_delivery(d);
             true
         }
-        Ok(None) => true,
         Err(e) => {
             tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "loading a notified snapshot");
             false

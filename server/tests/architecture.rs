@@ -22,25 +22,28 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cli", &["manifest"]),
     ("shutdown", &[]),
     ("hub", &["db"]),
+    // rollout: the rules of staged rollouts (cohort, what an instance is served, halting).
+    ("rollout", &["db"]),
     ("advice", &["db"]),
     // The alert_after watcher: advice's rule over the store, a task stopped like the others.
-    ("alerts", &["advice", "db", "shutdown"]),
+    ("alerts", &["actions", "advice", "db", "shutdown"]),
     ("auth", &["db"]),
     ("fleet", &["db"]),
-    ("actions", &["advice", "auth", "db", "hub"]),
-    ("sweeper", &["actions", "shutdown"]),
+    ("actions", &["advice", "auth", "db", "hub", "rollout"]),
+    // sweeper: a rollout it halts goes to the alert webhook.
+    ("sweeper", &["actions", "alerts", "db", "rollout", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("agent_text", &[]),
     ("tls", &["shutdown"]),
-    ("sync", &["agent_text", "auth", "db", "fleet", "hub", "shutdown"]),
+    ("sync", &["agent_text", "auth", "db", "fleet", "hub", "rollout", "shutdown"]),
     // config: the defaults of the settings it loads (stream limits, the agent lease, TLS files).
     ("config", &["fleet", "sync", "tls"]),
     // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
     ("web", &["actions", "auth", "db", "hub", "shutdown"]),
-    ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "shutdown", "web"]),
+    ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "rollout", "shutdown", "web"]),
     // ui reads `diff` for the policy editor's preview, the revision history and the diff a
     // change request's reviewer approves.
-    ("ui", &["actions", "advice", "auth", "db", "diff", "shutdown", "web"]),
+    ("ui", &["actions", "advice", "auth", "db", "diff", "rollout", "shutdown", "web"]),
     (
         "app",
         &[
@@ -62,6 +65,7 @@ const HTTP_FREE: &[&str] = &[
     "hub",
     "listener",
     "manifest",
+    "rollout",
     "shutdown",
     "sweeper",
 ];

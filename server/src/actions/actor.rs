@@ -203,6 +203,20 @@ pub enum Action {
     RequestApply,
     /// Moves every service past its restored revision after `levee restore`.
     Restore,
+    /// Sets which changes an environment stages and the plan they follow.
+    RolloutSettings,
+    /// Moves a staged rollout to its next stage (or completes it) before its bake time.
+    RolloutPromote,
+    /// Pauses a staged rollout.
+    RolloutPause,
+    /// Resumes a paused rollout.
+    RolloutResume,
+    /// Aborts a staged rollout: the previous policy back for every instance.
+    RolloutAbort,
+    /// The server halts a rollout whose cohort is worse than the rest (the server only).
+    RolloutHalt,
+    /// The server starts a rollout's next stage or completes it (the server only).
+    RolloutStage,
 }
 
 impl Action {
@@ -242,6 +256,13 @@ impl Action {
             Action::RequestReject => "request.reject",
             Action::RequestApply => "request.apply",
             Action::Restore => "service.restore",
+            Action::RolloutSettings => "rollout.settings",
+            Action::RolloutPromote => "rollout.promote",
+            Action::RolloutPause => "rollout.pause",
+            Action::RolloutResume => "rollout.resume",
+            Action::RolloutAbort => "rollout.abort",
+            Action::RolloutHalt => "rollout.halt",
+            Action::RolloutStage => "rollout.stage",
         }
     }
 
@@ -273,7 +294,11 @@ impl Action {
             | Action::RequestUpdate
             | Action::RequestApprove
             | Action::RequestReject
-            | Action::RequestApply => Role::Operator,
+            | Action::RequestApply
+            | Action::RolloutPromote
+            | Action::RolloutPause
+            | Action::RolloutResume
+            | Action::RolloutAbort => Role::Operator,
             Action::EnvironmentCreate
             | Action::Expiry
             | Action::TokenCreate
@@ -281,7 +306,10 @@ impl Action {
             | Action::UserCreate
             | Action::UserUpdate
             | Action::ApprovalRules
-            | Action::Restore => Role::Admin,
+            | Action::Restore
+            | Action::RolloutSettings
+            | Action::RolloutHalt
+            | Action::RolloutStage => Role::Admin,
         }
     }
 }

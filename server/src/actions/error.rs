@@ -51,6 +51,9 @@ pub enum Missing {
     /// A pending scheduled change.
     #[error("no pending scheduled change {id}")]
     ScheduledChange { id: i64 },
+    /// A staged rollout of an environment.
+    #[error("no rollout {id} in environment {env:?}")]
+    Rollout { env: String, id: i64 },
     /// An active emergency profile in an environment.
     #[error("no profile is active in environment {env:?}")]
     ActiveProfile { env: String },
@@ -136,6 +139,10 @@ pub enum ChangeError {
         /// The profile and the flag paths the write would undo.
         undo: ProfileUndo,
     },
+    /// A staged rollout of the service is in progress and the change would alter what it
+    /// stages, or the rollout a step names is not in a state for it.
+    #[error("{0}")]
+    Rollout(String),
     /// A stored revision the change needs does not decode with this version.
     #[error(transparent)]
     Unreadable(#[from] Unreadable),
@@ -173,6 +180,7 @@ impl From<MutateError<ChangeError>> for ChangeError {
             MutateError::Conflict { expected, current } => ChangeError::Conflict { expected, current },
             MutateError::Refused(e) => e,
             MutateError::Invalid(v) => ChangeError::Invalid(v),
+            MutateError::Rollout(why) => ChangeError::Rollout(why),
             MutateError::Db(e) => ChangeError::Storage(e),
         }
     }

@@ -36,6 +36,7 @@ mod overrides;
 mod profiles;
 mod requests;
 mod restore;
+mod rollouts;
 mod schedule;
 mod security;
 mod service;
@@ -55,6 +56,7 @@ pub use profiles::{
 };
 pub use requests::{APPROVAL_KINDS, Approval, Proposal, describe_request, request_sides};
 pub use restore::RestoreError;
+pub use rollouts::{Halted, InstanceView, RolloutDetail, SideView};
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};
 pub use security::{
     AUDIT_LOGIN, AUDIT_LOGIN_FAILED, AUDIT_LOGIN_THROTTLED, AUDIT_REFUSED, INVALID_USERNAME, LoginAttempt,
@@ -66,7 +68,9 @@ use levee_agent::policy::{Lint, ServiceConfig, lint};
 use crate::advice;
 
 use crate::auth::Keys;
-use crate::db::{AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Store, Subject, now_ms};
+use crate::db::{
+    AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Staging, Store, Subject, now_ms,
+};
 use crate::hub::Hub;
 
 /// What every action is called on: the store, this replica's hub and the token keys.
@@ -82,7 +86,7 @@ pub struct Actions {
 }
 
 /// The service a change is for, and the revision the change was based on.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ServiceAt {
     pub env: String,
     pub service: String,
@@ -90,12 +94,26 @@ pub struct ServiceAt {
     /// the change is refused with a conflict unless the service is still at it. `None`
     /// applies the change to whatever is current.
     pub base: Option<u64>,
+    /// Whether a policy change is staged (the environment's setting unless the request
+    /// said).
+    pub staging: Staging,
 }
 
 impl ServiceAt {
     /// `service` of `env`, as read at `base`.
     pub fn new(env: impl Into<String>, service: impl Into<String>, base: Option<u64>) -> ServiceAt {
-        ServiceAt { env: env.into(), service: service.into(), base }
+        ServiceAt { env: env.into(), service: service.into(), base, staging: Staging::Default }
+    }
+
+    /// The same, with a policy change `staged` (`Some(true)`: as a rollout, with the
+    /// environment's plan; `Some(false)`: at once) instead of as the environment's setting says.
+    pub fn staged(self, staged: Option<bool>) -> ServiceAt {
+        let staging = match staged {
+            None => Staging::Default,
+            Some(true) => Staging::Staged(None),
+            Some(false) => Staging::Immediate,
+        };
+        ServiceAt { staging, ..self }
     }
 }
 
@@ -108,6 +126,8 @@ pub struct Written {
     pub changed: bool,
     /// The lints of the current policy.
     pub lints: Vec<Lint>,
+    /// The staged rollout the change started, moved or ended, as it is now.
+    pub rollout: Option<crate::db::RolloutRow>,
 }
 
 impl Actions {
@@ -150,6 +170,7 @@ impl Actions {
             target,
             subject,
             expected: at.base,
+            staging: at.staging.clone(),
         };
         // Whatever the edit did to the flags, what their temporary values go back to
         // follows from it by one rule.
@@ -193,6 +214,11 @@ impl Actions {
     /// reports ([`advice::for_write`]: the answer does not wait for a read of the fleet).
     async fn publish(&self, c: Committed) -> Written {
         if c.changed {
+            // The rollout first: a stream woken by the new snapshot already sees which
+            // instances it is for.
+            if let Some((row, stable)) = c.rollout.clone() {
+                self.hub.publish_rollout(row, stable);
+            }
             self.hub.publish(c.snapshot.clone());
         }
         let lints = match serde_json::from_str::<ServiceConfig>(&c.snapshot.body) {
@@ -206,7 +232,7 @@ impl Actions {
             }
             Err(_) => Vec::new(),
         };
-        Written { snapshot: c.snapshot, changed: c.changed, lints }
+        Written { snapshot: c.snapshot, changed: c.changed, lints, rollout: c.rollout.map(|(r, _)| r) }
     }
 }
 

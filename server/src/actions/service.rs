@@ -9,7 +9,7 @@ use super::{
     Action, Actions, Actor, BadInput, ChangeError, CreateError, Existing, Missing, Name, Reason, ServiceAt,
     Written, profile_undo,
 };
-use crate::db::{AuditDiff, AuditRow, Change, MutateError, Parts, Subject};
+use crate::db::{AuditDiff, AuditRow, Change, MutateError, Parts, Staging, Subject};
 
 /// A service to create: its first revision holds `policy` and `flags`.
 #[derive(Clone, Debug)]
@@ -142,6 +142,7 @@ impl Actions {
             target: name,
             subject: Subject::Config,
             expected: None,
+            staging: Staging::Immediate,
         };
         match self.store.create_service(change, &new.description, parts, diff, &by.audit_ctx(reason)).await {
             Ok(Some(c)) => {
@@ -162,9 +163,9 @@ impl Actions {
             Err(MutateError::Invalid(v)) => Err(CreateError::Invalid(v)),
             Err(MutateError::Db(e)) => Err(CreateError::Storage(e)),
             Err(MutateError::Refused(never)) => match never {},
-            Err(e @ (MutateError::NoService { .. } | MutateError::Conflict { .. })) => {
-                Err(CreateError::Storage(anyhow::anyhow!("creating a service: {e}")))
-            }
+            Err(
+                e @ (MutateError::NoService { .. } | MutateError::Conflict { .. } | MutateError::Rollout(_)),
+            ) => Err(CreateError::Storage(anyhow::anyhow!("creating a service: {e}"))),
         }
     }
 
@@ -320,9 +321,10 @@ impl Actions {
             }
             MutateError::Conflict { expected, current } => ChangeError::Conflict { expected, current },
             MutateError::Db(e) => ChangeError::Storage(e),
-            e @ (MutateError::NoEnvironment(_) | MutateError::Invalid(_) | MutateError::Refused(_)) => {
-                ChangeError::Storage(anyhow::anyhow!("deleting a service: {e}"))
-            }
+            e @ (MutateError::NoEnvironment(_)
+            | MutateError::Invalid(_)
+            | MutateError::Refused(_)
+            | MutateError::Rollout(_)) => ChangeError::Storage(anyhow::anyhow!("deleting a service: {e}")),
         })?;
         if let Some(b) = bypass
             && let Err(e) = self.record_bypass(by, &at.env, Some(&at.service), &at.service, &b, None).await

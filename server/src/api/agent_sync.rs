@@ -17,6 +17,7 @@ use std::time::Duration;
 use super::{ApiError, ApiQuery, ApiResult};
 use crate::auth::{AuthError, authenticate_agent};
 use crate::db::SnapshotRow;
+use crate::rollout;
 use crate::web::AppState;
 
 /// Longest long-poll (`wait`), and its default.
@@ -83,30 +84,41 @@ pub async fn poll(
     }
     let have = if_none_match(&headers).unwrap_or(0);
     let mut rx = s.hub.subscribe(&env, &svc);
+    let mut rollout_rx = s.hub.subscribe_rollout(&env, &svc);
     // The database first (the hub may be stale or empty); this replica's copy when it is away.
-    match s.store.latest_snapshot(&env, &svc).await {
-        Ok(Some(snap)) => {
-            s.hub.publish(snap);
-        }
-        Ok(None) => {}
+    match s.store.delivery(&env, &svc).await {
+        Ok(d) => s.hub.publish_delivery(d),
         Err(e) if crate::db::is_unavailable(&e) => {}
         Err(e) => return Err(ApiError::storage(e)),
     }
-    let newer = |cur: &Option<std::sync::Arc<SnapshotRow>>| cur.as_ref().is_some_and(|c| c.revision > have);
+    // A poll says no instance id, so it is never in a rollout's cohort: during a staged
+    // rollout it gets the stable snapshot (`rollout::serve`).
+    let newer = || {
+        let view = s.hub.rollout(&env, &svc);
+        rollout::serve(s.hub.current(&env, &svc), view.as_deref().map(|v| (&v.row, v.stable.as_ref())), None)
+            .filter(|c| c.revision > have)
+    };
     // A stopping server answers at once (nothing newer): the poll ends instead of holding
     // the shutdown for up to `wait`, and the agent's next poll goes to another replica.
     let mut stop = s.shutdown.clone();
-    let found = tokio::select! {
-        found = tokio::time::timeout(wait, rx.wait_for(newer)) => found,
-        () = crate::shutdown::stopped(&mut stop) => return Ok(not_modified(have)),
-    };
-    match found {
-        Ok(Ok(snap)) => Ok(answer(snap.as_ref().expect("newer is Some"))),
-        _ if s.hub.current(&env, &svc).is_none() => {
-            Err(ApiError::NotFound(format!("no snapshot of {env}/{svc} is available")))
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        rx.borrow_and_update();
+        rollout_rx.borrow_and_update();
+        if let Some(snap) = newer() {
+            return Ok(answer(&snap));
         }
-        _ => Ok(not_modified(have)),
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => break,
+            r = rx.changed() => if r.is_err() { break },
+            r = rollout_rx.changed() => if r.is_err() { break },
+            () = crate::shutdown::stopped(&mut stop) => return Ok(not_modified(have)),
+        }
     }
+    if s.hub.current(&env, &svc).is_none() {
+        return Err(ApiError::NotFound(format!("no snapshot of {env}/{svc} is available")));
+    }
+    Ok(not_modified(have))
 }
 
 fn etag(revision: u64) -> HeaderValue {

@@ -68,6 +68,10 @@ pub enum ApiError {
     /// is void and nothing was applied.
     #[error("{0}")]
     ApprovalVoid(String),
+    /// 409: a staged rollout is in progress and the write would change what it stages, or
+    /// the rollout is not in a state for the step asked.
+    #[error("{0}")]
+    Rollout(String),
     /// 409: a stored revision does not decode with this server version.
     #[error("{0}; if it is the current revision, roll back to one that reads (POST .../rollback)")]
     Unreadable(Unreadable),
@@ -182,6 +186,7 @@ impl ApiError {
             | ApiError::AlreadyExists(_)
             | ApiError::ProfileWouldUndo { .. }
             | ApiError::ApprovalVoid(_)
+            | ApiError::Rollout(_)
             | ApiError::Unreadable(_) => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -205,6 +210,7 @@ impl ApiError {
             ApiError::ProfileWouldUndo { .. } => "profile-would-undo",
             ApiError::ApprovalVoid(_) => "approval-void",
             ApiError::Unreadable(_) => "revision-unreadable",
+            ApiError::Rollout(_) => "rollout-conflict",
             ApiError::TooLarge { .. } => "body-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::PreconditionRequired(_) => "precondition-required",
@@ -266,6 +272,7 @@ impl From<ChangeError> for ApiError {
             | ChangeError::AuthorGone { .. }
             | ChangeError::SelfApproval { .. }) => ApiError::Forbidden(e.to_string()),
             ChangeError::Unreadable(u) => ApiError::Unreadable(u),
+            ChangeError::Rollout(why) => ApiError::Rollout(why),
             ChangeError::Storage(cause) => ApiError::storage(cause),
         }
     }

@@ -21,6 +21,7 @@ mod overrides;
 mod plan;
 mod profiles;
 mod requests;
+mod rollouts;
 mod schedule;
 mod services;
 mod tokens;
@@ -95,6 +96,16 @@ pub fn router(state: AppState) -> Router {
             "/environments/{env}/scheduled-changes/{id}",
             get(schedule::get_one).patch(schedule::reschedule).delete(schedule::cancel),
         )
+        .route(
+            "/environments/{env}/rollout-settings",
+            get(rollouts::get_settings).put(rollouts::put_settings),
+        )
+        .route("/environments/{env}/rollouts", get(rollouts::list))
+        .route("/environments/{env}/rollouts/{id}", get(rollouts::get_one))
+        .route("/environments/{env}/rollouts/{id}/promote", post(rollouts::promote))
+        .route("/environments/{env}/rollouts/{id}/pause", post(rollouts::pause))
+        .route("/environments/{env}/rollouts/{id}/resume", post(rollouts::resume))
+        .route("/environments/{env}/rollouts/{id}/abort", post(rollouts::abort))
         .route("/environments/{env}/approval-rules", get(requests::get_rules).put(requests::put_rules))
         .route("/environments/{env}/change-requests", get(requests::list).post(requests::create))
         .route("/environments/{env}/change-requests/{id}", get(requests::get_one).put(requests::edit))

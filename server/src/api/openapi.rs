@@ -7,8 +7,8 @@ use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, schedule,
-    services, tokens,
+    agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, rollouts,
+    schedule, services, tokens,
 };
 
 struct BearerAuth;
@@ -137,6 +137,8 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         schedule::list, schedule::get_one, schedule::create, schedule::reschedule, schedule::cancel,
         requests::get_rules, requests::put_rules, requests::list, requests::get_one, requests::create,
         requests::edit, requests::approve, requests::reject, requests::apply,
+        rollouts::get_settings, rollouts::put_settings, rollouts::list, rollouts::get_one, rollouts::promote,
+        rollouts::pause, rollouts::resume, rollouts::abort,
         tokens::update_user, document,
     ),
     modifiers(&BearerAuth, &ProblemResponses),

@@ -69,6 +69,10 @@ pub struct PutService {
     /// reason says `REASON (overrides emergency profile NAME: WHY)`.
     #[serde(default)]
     pub override_profile: Option<String>,
+    /// `true`: deliver a policy change as a staged rollout; `false`: at once. Absent: as the
+    /// environment's rollout setting says. Flags are always delivered at once.
+    #[serde(default)]
+    pub staged: Option<bool>,
 }
 
 /// Query of `DELETE /environments/{env}/services/{svc}`.
@@ -134,6 +138,11 @@ pub struct WriteResult {
     pub changed: bool,
     /// Warnings about the resulting policy.
     pub lints: Vec<Lint>,
+    /// The staged rollout this write started (a staged policy change), moved (an immediate
+    /// change during it: `stable_revision` is what instances outside its cohort got) or
+    /// ended; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::db::RolloutRow>,
 }
 
 /// `GET .../policy` answer.
@@ -157,6 +166,11 @@ pub struct PutPolicy {
     pub policy: Policy,
     /// Why, recorded in the audit log; required.
     pub reason: String,
+    /// `true`: deliver the change as a staged rollout (cohort first, then wider stages,
+    /// halted if the cohort does worse); `false`: to every instance at once. Absent: as the
+    /// environment's rollout setting says.
+    #[serde(default)]
+    pub staged: Option<bool>,
 }
 
 /// A stored snapshot: one revision of what agents receive.
@@ -266,6 +280,7 @@ pub(super) fn write_response(w: Written, status: StatusCode) -> Response {
         hash: w.snapshot.hash,
         changed: w.changed,
         lints: w.lints,
+        rollout: w.rollout,
     };
     (status, [(header::ETAG, etag(rev))], Json(body)).into_response()
 }
@@ -355,7 +370,7 @@ pub async fn put_service(
     ApiJson(req): ApiJson<PutService>,
 ) -> ApiResult<Response> {
     let by = auth.actor(Action::ServiceApply, &rid)?;
-    let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
+    let at = ServiceAt::new(env, svc, if_match(&headers, true)?).staged(req.staged);
     let reason = Reason::parse(&req.reason)?;
     let declared = Declared::new(req.description, req.policy, req.flags)?;
     let why = override_reason(req.override_profile.as_deref())?;
@@ -545,7 +560,7 @@ pub async fn put_policy(
     ApiJson(req): ApiJson<PutPolicy>,
 ) -> ApiResult<Response> {
     let by = auth.actor(Action::PolicyUpdate, &rid)?;
-    let at = ServiceAt::new(env, svc, if_match(&headers, true)?);
+    let at = ServiceAt::new(env, svc, if_match(&headers, true)?).staged(req.staged);
     let reason = Reason::parse(&req.reason)?;
     let written = s.actions.update_policy(&by, &reason, &at, req.policy).await?;
     Ok(write_response(written, StatusCode::OK))

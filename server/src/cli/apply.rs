@@ -39,6 +39,15 @@ pub struct ApplyArgs {
     /// apply exits 1.
     #[arg(long, value_name = "REASON")]
     pub override_profile: Option<String>,
+    /// Delivers a policy change as a staged rollout (a cohort of instances first, then wider
+    /// stages, halted by the server if the cohort does worse), whatever the environment's
+    /// setting; `levee rollout status` follows it. Flags are delivered at once.
+    #[arg(long, conflicts_with = "immediate")]
+    pub staged: bool,
+    /// Delivers a policy change to every instance at once, even where the environment
+    /// stages policy changes.
+    #[arg(long)]
+    pub immediate: bool,
     #[command(flatten)]
     pub break_glass: super::BreakGlass,
     /// text (the plan as people read it, writes reported line by line) or json: one JSON
@@ -391,7 +400,12 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
                 continue;
             }
         };
-        match write(&api, e, by_key.get(&key).copied(), &reason, override_profile).await {
+        let staged = match (a.staged, a.immediate) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        };
+        match write(&api, e, by_key.get(&key).copied(), &reason, override_profile, staged).await {
             Ok((done, revision)) => {
                 if !json {
                     println!("{key}: {done}");
@@ -433,6 +447,14 @@ fn refused_for_profile(e: &Entry, p: &ActiveProfile) -> String {
 #[derive(Deserialize)]
 struct Written {
     revision: u64,
+    /// The staged rollout the write started, if any.
+    #[serde(default)]
+    rollout: Option<StartedRollout>,
+}
+
+#[derive(Deserialize)]
+struct StartedRollout {
+    id: i64,
 }
 
 /// Writes one entry of the plan, based on the revision the plan saw (`override_profile`:
@@ -444,6 +466,7 @@ async fn write(
     m: Option<&ServiceManifest>,
     reason: &str,
     override_profile: Option<&str>,
+    staged: Option<bool>,
 ) -> Result<(String, Option<u64>), CliError> {
     let path = service_path(&e.environment, &e.service);
     let missing = || {
@@ -471,9 +494,22 @@ async fn write(
             if let Some(why) = override_profile {
                 body["override_profile"] = json!(why);
             }
+            if let Some(staged) = staged {
+                body["staged"] = json!(staged);
+            }
             let w: Written =
                 api.send(Method::PUT, &path, Some(&body), e.revision).await.map_err(conflict_hint)?;
-            Ok((format!("changed (revision {})", w.revision), Some(w.revision)))
+            match w.rollout {
+                Some(r) => Ok((
+                    format!(
+                        "changed (revision {}), staged: rollout {} serves it to its cohort first (levee rollout \
+                         status {}/{})",
+                        w.revision, r.id, e.environment, e.service
+                    ),
+                    Some(w.revision),
+                )),
+                None => Ok((format!("changed (revision {})", w.revision), Some(w.revision))),
+            }
         }
         _ => {
             let encode = |text: &str| form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();

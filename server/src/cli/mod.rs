@@ -1,5 +1,5 @@
 //! The `levee` command line as a client of the HTTP API: `login`, `get`, `export`,
-//! `apply`, `flip` and `profile`. It never opens the database; everything goes through `/api/v1`
+//! `apply`, `flip`, `profile` and `rollout`. It never opens the database; everything goes through `/api/v1`
 //! with a bearer token, and every write sends `If-Match` with the revision it was based
 //! on and a reason.
 //!
@@ -9,6 +9,7 @@
 
 mod apply;
 mod profile;
+mod rollout;
 mod session;
 
 use std::path::PathBuf;
@@ -21,6 +22,7 @@ use serde_json::{Value, json};
 
 pub use apply::ApplyArgs;
 pub use profile::ProfileCommand;
+pub use rollout::RolloutCommand;
 pub use session::{Api, CliError, Credentials, DEFAULT_SERVER, credentials_path};
 
 use crate::manifest::{self, ServiceManifest};
@@ -97,6 +99,13 @@ pub enum ClientCommand {
     /// reverts the active one now.
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// Shows and steps staged rollouts: status, promote, pause, resume, abort.
+    ///
+    /// `levee rollout status prod/checkout` shows the newest rollout of a service, its
+    /// stage and its cohort beside the rest; `levee rollout abort prod 7 --reason "…"` puts
+    /// the previous policy back for every instance.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
 }
 
 /// `levee login`.
@@ -165,6 +174,7 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
         ClientCommand::Apply(a) => apply::run(a).await,
         ClientCommand::Flip(a) => flip(a).await,
         ClientCommand::Profile(c) => profile::run(c).await,
+        ClientCommand::Rollout(c) => rollout::run(c).await,
     };
     match result {
         Ok(code) => code,

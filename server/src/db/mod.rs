@@ -15,6 +15,7 @@ mod backup;
 mod mutate;
 mod profiles;
 mod requests;
+mod rollouts;
 mod rows;
 mod schedule;
 
@@ -22,6 +23,10 @@ pub use backup::{Contents, check_file, restore_file, sqlite_path};
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::RequestRow;
+pub use rollouts::{
+    DEFAULT_BAKE, DEFAULT_STAGES, Delivery, MAX_STAGES, Plan, ROLLOUT_STATES, RolloutRow, RolloutSettings,
+    STAGEABLE_KINDS, Stage, Staging, Step,
+};
 pub use rows::*;
 pub use schedule::{Claimed, ScheduledRow};
 

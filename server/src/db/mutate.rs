@@ -11,6 +11,7 @@ use levee_agent::policy::{
 use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
 
+use super::rollouts::{self, NewRollout, RolloutRow, Staging};
 use super::{AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
 
 /// Who is changing what, why, and through which door: the audit row's `actor`, `via`,
@@ -228,6 +229,10 @@ pub struct Committed {
     pub snapshot: SnapshotRow,
     /// `false` when the edit changed nothing (no revision was created).
     pub changed: bool,
+    /// The rollout the write started, moved or ended, as it is after the write, with the
+    /// stable snapshot it serves outside its cohort while in progress: published to the
+    /// hub with the snapshot.
+    pub rollout: Option<(RolloutRow, Option<SnapshotRow>)>,
 }
 
 /// Why a revision was not written. `E` is the edit's own refusal.
@@ -254,6 +259,10 @@ pub enum MutateError<E = Infallible> {
     /// (`levee_agent::policy::accept`: over the size or depth budget).
     #[error("{0}")]
     Invalid(ValidationErrors),
+    /// A staged rollout of the service's policy is in progress and the write would change
+    /// the policy (promote or abort it first), or the rollout a revert ends is over.
+    #[error("{0}")]
+    Rollout(String),
     /// The database failed; the cause is for the log.
     #[error(transparent)]
     Db(#[from] anyhow::Error),
@@ -549,6 +558,8 @@ pub struct Change<'a> {
     pub subject: Subject,
     /// The revision the change was based on (`If-Match`); `None` for whatever is current.
     pub expected: Option<u64>,
+    /// Whether a policy change is staged (a rollout) or reaches every instance at once.
+    pub staging: Staging,
 }
 
 /// The audit row of a write that went through (`ok`), at `revision`.
@@ -607,7 +618,9 @@ impl Store {
         let result = self.mutate_inner(&change, ctx, &mut seen, edit).await;
         let outcome = match &result {
             Err(MutateError::Conflict { .. }) => Some("conflict"),
-            Err(MutateError::Invalid(_) | MutateError::Refused(_)) => Some("rejected"),
+            Err(MutateError::Invalid(_) | MutateError::Refused(_) | MutateError::Rollout(_)) => {
+                Some("rejected")
+            }
             _ => None,
         };
         if let (Some(outcome), Err(e)) = (outcome, &result) {
@@ -695,12 +708,12 @@ impl Store {
         let allow = faults_allowed(&mut tx, env).await?;
         let old = load_parts(&mut tx, env, service, &policy_json, allow).await?;
         match self.write_revision(Start { tx, revision, old, now }, change, ctx, true, seen, edit).await? {
-            Some(snapshot) => Ok(Committed { snapshot, changed: true }),
+            Some(committed) => Ok(committed),
             None => {
                 // Nothing changed: the counter bump was rolled back; answer with the current snapshot.
                 drop(guard);
                 let snapshot = self.latest_snapshot(env, service).await?.ok_or_else(no_service)?;
-                Ok(Committed { snapshot, changed: false })
+                Ok(Committed { snapshot, changed: false, rollout: None })
             }
         }
     }
@@ -775,7 +788,7 @@ impl Store {
                 Ok::<_, Infallible>(diff)
             })
             .await?;
-        Ok(written.map(|snapshot| Committed { snapshot, changed: true }))
+        Ok(written)
     }
 
     /// Deletes service `name` of `env` if it is at revision `expected` (`None`: whatever
@@ -809,6 +822,12 @@ impl Store {
         .bind(name)
         .execute(&mut *tx)
         .await?;
+        // A rollout in progress ends with the service: agents keep what they applied, and a
+        // service created again under the name starts without one.
+        if let Some(r) = rollouts::active_in(&mut tx, env, name).await? {
+            rollouts::end_in(&mut tx, r.id, "aborted", "aborted: the service was deleted", None, now).await?;
+            rollouts::notify_in(&mut tx, self.backend, env, name).await?;
+        }
         for table in ["flags", "faults", "breaker_overrides", "levers", "flag_restores"] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE environment = $1 AND service = $2"
@@ -866,14 +885,14 @@ impl Store {
         skip_unchanged: bool,
         seen: &mut Option<Parts>,
         edit: F,
-    ) -> Result<Option<SnapshotRow>, MutateError<E>>
+    ) -> Result<Option<Committed>, MutateError<E>>
     where
         F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
     {
         let Start { mut tx, revision, old, now } = start;
         let (env, service) = (change.env, change.service);
         let mut new = old.clone();
-        let diff = match edit(&mut new) {
+        let mut diff = match edit(&mut new) {
             Ok(diff) => diff,
             Err(e) => {
                 *seen = Some(old);
@@ -939,39 +958,254 @@ impl Store {
             }
         }
 
+        // The rollout this write starts, continues (an immediate change during it) or ends.
+        let lines = match self.rollout_lines(&mut tx, change, &old, &new).await {
+            Ok(lines) => lines,
+            Err(e) => {
+                *seen = Some(old);
+                return Err(e);
+            }
+        };
+        let mut candidate = revision;
+        let mut stable = None;
+        if let Lines::Start(_) | Lines::Continue(_) = &lines {
+            // Instances outside the cohort get this write over the policy they keep.
+            let base = match &lines {
+                Lines::Continue(r) => {
+                    serde_json::from_str(&r.base_policy).map_err(|e| MutateError::Db(e.into()))?
+                }
+                _ => old.policy.clone(),
+            };
+            let stable_cfg = ServiceConfig { policy: base, ..cfg.clone() };
+            let stable_body = canonical_json(&stable_cfg);
+            if let Err(v) = stable_cfg.validate() {
+                *seen = Some(old);
+                return Err(MutateError::Invalid(v));
+            }
+            if let Err(e) = accept(SCHEMA_VERSION, &stable_body) {
+                *seen = Some(old);
+                return Err(MutateError::Invalid(ValidationErrors(e.field_errors())));
+            }
+            let stable_hash = content_hash(&stable_body);
+            // The stable line so far: the rollout's, or the newest revision for a start.
+            let prev = match &lines {
+                Lines::Continue(r) => load_snapshot(&mut tx, env, service, r.stable_revision).await?,
+                _ => sqlx::query(
+                    "SELECT environment, service, revision, hash, body, created_at FROM revisions \
+                     WHERE environment = $1 AND service = $2 ORDER BY revision DESC LIMIT 1",
+                )
+                .bind(env)
+                .bind(service)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| SnapshotRow::from_row(&r))
+                .transpose()?,
+            };
+            let prev = prev.map(|p| (p.revision, p.hash));
+            match prev {
+                Some((rev, hash)) if hash == stable_hash => stable = Some(rev),
+                _ => {
+                    // A revision of its own, below the candidate's: both lines move forward.
+                    let body = String::from_utf8(stable_body).map_err(|e| MutateError::Db(e.into()))?;
+                    insert_revision(&mut tx, env, service, revision, &stable_hash, &body, now, ctx).await?;
+                    let bumped = sqlx::query(
+                        "UPDATE services SET revision = revision + 1 WHERE environment = $1 AND name = $2 \
+                         RETURNING revision",
+                    )
+                    .bind(env)
+                    .bind(service)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    candidate = bumped.try_get::<i64, _>("revision")? as u64;
+                    stable = Some(revision);
+                }
+            }
+        }
+        let stable_revision = stable.unwrap_or(revision);
+        let words = match &lines {
+            Lines::None => None,
+            Lines::Start(_) => Some(format!(
+                "staged: instances outside the rollout's cohort keep the previous policy (revision \
+                 {stable_revision}); the cohort gets revision {candidate}"
+            )),
+            Lines::Continue(r) => Some(format!(
+                "delivered to every instance during rollout {}: revision {stable_revision} outside its cohort \
+                 (the policy they keep), revision {candidate} in it",
+                r.id
+            )),
+            Lines::End(r, _, outcome) => Some(format!("rollout {}: {outcome}", r.id)),
+        };
+        if let Some(words) = words {
+            diff.detail = Some(match diff.detail.take() {
+                Some(d) => format!("{d}; {words}"),
+                None => words,
+            });
+        }
+
         store_parts(&mut tx, env, service, &old, &new, now).await?;
-        sqlx::query(
-            "INSERT INTO revisions (environment, service, revision, hash, body, created_at, actor, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(revision as i64)
-        .bind(&hash)
-        .bind(&body)
-        .bind(now)
-        .bind(&ctx.actor)
-        .bind(&ctx.reason)
-        .execute(&mut *tx)
-        .await?;
-        insert_audit(&mut tx, &written_row(ctx, change, now, diff, revision as i64)).await?;
+        insert_revision(&mut tx, env, service, candidate, &hash, &body, now, ctx).await?;
+        insert_audit(&mut tx, &written_row(ctx, change, now, diff, candidate as i64)).await?;
+        let rollout_id = match &lines {
+            Lines::None => None,
+            Lines::Start(plan) => Some(
+                rollouts::insert_in(
+                    &mut tx,
+                    NewRollout {
+                        env,
+                        service,
+                        stable_revision,
+                        candidate_revision: candidate,
+                        base_policy: &old.policy,
+                        plan,
+                        now,
+                        actor: &ctx.actor,
+                        reason: &ctx.reason,
+                    },
+                )
+                .await?,
+            ),
+            Lines::Continue(r) => {
+                rollouts::move_revisions_in(&mut tx, r.id, stable_revision, candidate).await?;
+                Some(r.id)
+            }
+            Lines::End(r, state, outcome) => {
+                rollouts::end_in(&mut tx, r.id, state, outcome, Some(candidate), now).await?;
+                Some(r.id)
+            }
+        };
         if self.backend == Backend::Postgres {
-            let payload =
-                serde_json::json!({"environment": env, "service": service, "revision": revision}).to_string();
+            let payload = serde_json::json!({"environment": env, "service": service, "revision": candidate})
+                .to_string();
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(NOTIFY_CHANNEL)
                 .bind(payload)
                 .execute(&mut *tx)
                 .await?;
         }
+        let rollout = match rollout_id {
+            Some(id) => {
+                let row = rollouts::row_in(&mut tx, id).await?;
+                let stable_snap = match (&stable, &row) {
+                    (Some(rev), Some(r)) if r.active() => load_snapshot(&mut tx, env, service, *rev).await?,
+                    _ => None,
+                };
+                row.map(|r| (r, stable_snap))
+            }
+            None => None,
+        };
         tx.commit().await?;
-        Ok(Some(SnapshotRow {
+        let snapshot = SnapshotRow {
             environment: env.to_string(),
             service: service.to_string(),
-            revision,
+            revision: candidate,
             hash,
             body,
             created_at: now,
-        }))
+        };
+        Ok(Some(Committed { snapshot, changed: true, rollout }))
     }
+
+    /// What a write does to the service's rollout: refuses a policy change while one is
+    /// in progress (unless it is the revert that ends it), and starts one for a staged
+    /// policy change.
+    async fn rollout_lines<E>(
+        &self,
+        tx: &mut AnyConnection,
+        change: &Change<'_>,
+        old: &Parts,
+        new: &Parts,
+    ) -> Result<Lines, MutateError<E>> {
+        let (env, service) = (change.env, change.service);
+        let active = rollouts::active_in(tx, env, service).await?;
+        let policy_changed = old.policy != new.policy;
+        Ok(match (&change.staging, active) {
+            (Staging::Ends { id, state, outcome }, Some(r)) if r.id == *id => {
+                Lines::End(r, state, outcome.clone())
+            }
+            (Staging::Ends { id, .. }, _) => {
+                return Err(MutateError::Rollout(format!("rollout {id} is no longer in progress")));
+            }
+            (_, Some(r)) if policy_changed => {
+                return Err(MutateError::Rollout(format!(
+                    "a staged rollout of the policy of {service:?} is in progress (rollout {}, stage {} of {}): \
+                     promote or abort it before changing the policy (POST \
+                     /api/v1/environments/{env}/rollouts/{}/promote or /abort)",
+                    r.id,
+                    r.stage + 1,
+                    r.plan.stages.len(),
+                    r.id
+                )));
+            }
+            (_, Some(r)) => Lines::Continue(r),
+            (Staging::Staged(plan), None) if policy_changed => match plan {
+                Some(plan) => Lines::Start(plan.clone()),
+                None => Lines::Start(rollouts::settings_in(tx, env).await?.plan),
+            },
+            (Staging::Default, None) if policy_changed => {
+                let settings = rollouts::settings_in(tx, env).await?;
+                if settings.staged.iter().any(|k| k == "policy") {
+                    Lines::Start(settings.plan)
+                } else {
+                    Lines::None
+                }
+            }
+            _ => Lines::None,
+        })
+    }
+}
+
+/// What a write does to a rollout (see `Store::rollout_lines`).
+enum Lines {
+    None,
+    Start(rollouts::Plan),
+    Continue(RolloutRow),
+    End(RolloutRow, &'static str, String),
+}
+
+/// Inserts one revision row.
+#[allow(clippy::too_many_arguments)]
+async fn insert_revision(
+    tx: &mut AnyConnection,
+    env: &str,
+    service: &str,
+    revision: u64,
+    hash: &str,
+    body: &str,
+    now: i64,
+    ctx: &AuditCtx,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO revisions (environment, service, revision, hash, body, created_at, actor, reason) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(env)
+    .bind(service)
+    .bind(revision as i64)
+    .bind(hash)
+    .bind(body)
+    .bind(now)
+    .bind(&ctx.actor)
+    .bind(&ctx.reason)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// One stored snapshot, read inside a transaction.
+async fn load_snapshot(
+    tx: &mut AnyConnection,
+    env: &str,
+    service: &str,
+    revision: u64,
+) -> anyhow::Result<Option<SnapshotRow>> {
+    let row = sqlx::query(
+        "SELECT environment, service, revision, hash, body, created_at FROM revisions \
+         WHERE environment = $1 AND service = $2 AND revision = $3",
+    )
+    .bind(env)
+    .bind(service)
+    .bind(revision as i64)
+    .fetch_optional(tx)
+    .await?;
+    row.map(|r| SnapshotRow::from_row(&r)).transpose()
 }

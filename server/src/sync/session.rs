@@ -22,6 +22,7 @@ use tonic::{Status, Streaming};
 use crate::agent_text;
 use crate::auth::AgentPrincipal;
 use crate::db::{AckRow, AgentUpsert, FleetEvent, NackRow, SnapshotRow, now_ms};
+use crate::rollout;
 
 use super::Inner;
 use super::status::status_json;
@@ -35,6 +36,9 @@ pub(super) struct ServiceState {
     pub(super) applied_revision: u64,
     pub(super) applied_hash: String,
     pub(super) last_sent: u64,
+    /// The hash of the snapshot sent as `last_sent` (what an ACK of it applied: during a
+    /// rollout, not necessarily the service's newest).
+    pub(super) sent_hash: String,
     pub(super) nacked: HashSet<u64>,
     /// Where the agent's configuration comes from (`live`, `cache`, `default`): from its
     /// last status report, `live` once it ACKed a snapshot of this stream, empty until
@@ -86,6 +90,7 @@ impl Session {
         }
         self.nonce += 1;
         st.last_sent = snap.revision;
+        st.sent_hash = snap.hash.clone();
         let msg = ServerMessage {
             kind: Some(server_message::Kind::Snapshot(Snapshot {
                 service: snap.service.clone(),
@@ -117,6 +122,23 @@ impl Session {
 
     /// Records that this agent will not apply `revision` of `service`, and why (`detail`,
     /// already bounded and escaped): never sent to it again, shown per revision.
+    /// The snapshot this instance is to have now, from what this replica holds: the newest
+    /// one, or while a staged rollout is in progress and the instance is outside its cohort,
+    /// the stable one (`rollout::serve`). `None`: nothing to offer yet.
+    fn target(&self, service: &str) -> Option<Arc<SnapshotRow>> {
+        let latest = self.inner.hub.current(&self.env, service);
+        let view = self.inner.hub.rollout(&self.env, service);
+        rollout::serve(latest, view.as_deref().map(|v| (&v.row, v.stable.as_ref())), Some(&self.instance))
+    }
+
+    /// Offers `service`'s target snapshot, if any.
+    async fn offer_target(&mut self, service: &str) -> Result<(), ()> {
+        match self.target(service) {
+            Some(snap) => self.offer(&snap).await,
+            None => Ok(()),
+        }
+    }
+
     fn nacked(&mut self, service: &str, revision: u64, detail: String) {
         let Some(st) = self.services.get_mut(service) else { return };
         st.nacked.insert(revision);
@@ -146,10 +168,12 @@ impl Session {
                     // It applied (or confirmed) what this stream sent: live configuration.
                     st.source = "live".to_string();
                     // The hash of what was acked is the hash we sent for that revision.
+                    if st.last_sent == ack.revision {
+                        st.applied_hash = st.sent_hash.clone();
+                    }
                     if let Some(cur) = self.inner.hub.current(&self.env, &ack.service)
                         && cur.revision == ack.revision
                     {
-                        st.applied_hash = cur.hash.clone();
                         // Commit to this agent's ACK, for the current revision only.
                         let took = (now_ms() - cur.created_at).max(0) as f64 / 1000.0;
                         metrics::histogram!("levee_server_propagation_seconds").record(took);
@@ -212,6 +236,7 @@ pub(super) async fn run_session(
     };
     tracing::debug!(token = %principal.name, instance = %session.instance, "agent stream opened");
     let mut watches = tokio_stream::StreamMap::new();
+    let mut rollout_watches = tokio_stream::StreamMap::new();
     for s in &hello.services {
         // NACKs this instance sent on an earlier stream (a NACKed revision is never resent).
         let nacked = if !db_ok {
@@ -236,12 +261,15 @@ pub(super) async fn run_session(
                 applied_revision: s.applied_revision,
                 applied_hash: s.hash.clone(),
                 last_sent: 0,
+                sent_hash: String::new(),
                 nacked,
                 source: String::new(),
                 report: None,
             },
         );
         watches.insert(s.name.clone(), WatchStream::new(inner.hub.subscribe(&session.env, &s.name)));
+        rollout_watches
+            .insert(s.name.clone(), WatchStream::new(inner.hub.subscribe_rollout(&session.env, &s.name)));
         session.upsert(&s.name, true);
     }
     // Initial state: read the database (never trust only this replica's memory: an agent
@@ -249,26 +277,20 @@ pub(super) async fn run_session(
     // replica holds in memory is served; the hub pushes anything newer once it is back.
     let names: Vec<String> = session.services.keys().cloned().collect();
     for name in &names {
-        let stored = if db_ok { inner.store.latest_snapshot(&session.env, name).await } else { Ok(None) };
-        let snap = match stored {
-            Ok(Some(snap)) => {
-                inner.hub.publish(snap.clone());
-                Some(Arc::new(snap))
-            }
-            Ok(None) if db_ok => None,
-            Ok(None) => inner.hub.current(&session.env, name),
+        // The newest snapshot with the rollout that says who gets it, read together.
+        let stored = if db_ok { inner.store.delivery(&session.env, name).await.map(Some) } else { Ok(None) };
+        match stored {
+            Ok(Some(delivery)) => inner.hub.publish_delivery(delivery),
+            Ok(None) => {}
             Err(e) => {
                 db_ok = false;
                 tracing::warn!(
                     error = %levee_agent::report::ErrorChain(e.as_ref()),
                     "database unavailable loading a snapshot for a new agent stream; serving this replica's copy"
                 );
-                inner.hub.current(&session.env, name)
             }
-        };
-        if let Some(snap) = snap
-            && session.offer(&snap).await.is_err()
-        {
+        }
+        if session.offer_target(name).await.is_err() {
             return finish(&inner, &session);
         }
     }
@@ -291,15 +313,18 @@ pub(super) async fn run_session(
                 Ok(Some(m)) => session.handle(m),
                 Ok(None) | Err(_) => break,
             },
-            Some((_, Some(snap))) = watches.next() => {
-                if session.offer(&snap).await.is_err() { break; }
+            Some((name, Some(_))) = watches.next() => {
+                if session.offer_target(&name).await.is_err() { break; }
+            }
+            Some((name, _)) = rollout_watches.next() => {
+                if session.offer_target(&name).await.is_err() { break; }
             }
             _ = tokio::time::sleep_until(next_heartbeat) => {
                 let interval = jitter(inner.settings.heartbeat_interval, 0.2);
                 next_heartbeat = tokio::time::Instant::now() + interval;
                 let services = session.services.keys().map(|name| ServiceRevision {
                     service: name.clone(),
-                    revision: inner.hub.current(&session.env, name).map(|s| s.revision).unwrap_or(0),
+                    revision: session.target(name).map(|s| s.revision).unwrap_or(0),
                 }).collect();
                 let hb = ServerMessage { kind: Some(server_message::Kind::Heartbeat(Heartbeat {
                     services, interval_ms: interval.as_millis() as u64,

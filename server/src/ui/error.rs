@@ -81,7 +81,8 @@ impl From<ChangeError> for UiError {
             e @ ChangeError::FaultsNotAllowed { .. } => UiError::Forbidden(e.to_string()),
             e @ (ChangeError::ProfileActive { .. }
             | ChangeError::ProfileWouldUndo { .. }
-            | ChangeError::ApprovalVoid { .. }) => UiError::Conflict(e.to_string()),
+            | ChangeError::ApprovalVoid { .. }
+            | ChangeError::Rollout(_)) => UiError::Conflict(e.to_string()),
             e @ (ChangeError::ApprovalRequired { .. }
             | ChangeError::NotProposer { .. }
             | ChangeError::AuthorGone { .. }

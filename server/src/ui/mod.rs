@@ -33,6 +33,7 @@ mod page;
 mod profile_form;
 mod profiles;
 mod review;
+mod rollouts;
 mod schema;
 mod service;
 mod session;
@@ -98,6 +99,8 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))
         .route("/ui/environments/{env}/requests/{id}", post(review::decide))
         .route("/ui/environments/{env}/approval-rules", get(approval::rules).post(approval::set_rules))
+        .route("/ui/environments/{env}/rollouts/{id}", get(rollouts::page).post(rollouts::step))
+        .route("/ui/environments/{env}/rollouts/{id}/confirm", get(rollouts::confirm))
         .route("/ui/environments/{env}/profiles/{name}/confirm", get(profiles::confirm))
         .route("/ui/environments/{env}/profiles/{name}/apply", post(profiles::apply))
         .route(&format!("{svc}/flags/{{key}}/confirm"), get(changes::confirm_flag))

@@ -31,6 +31,7 @@ mod logs;
 mod metrics;
 mod profiles;
 mod resilience;
+mod rollout;
 mod security;
 mod shutdown;
 mod tls;

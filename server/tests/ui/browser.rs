@@ -505,6 +505,8 @@ const PAGES: &[(&str, &str)] = &[
         "/ui/environments/{env}/profiles/{name}/confirm",
         "/ui/environments/prod/profiles/recs-down/confirm?for=1h",
     ),
+    ("/ui/environments/{env}/rollouts/{id}", "/ui/environments/prod/rollouts/1"),
+    ("/ui/environments/{env}/rollouts/{id}/confirm", "/ui/environments/prod/rollouts/1/confirm?step=abort"),
 ];
 
 /// `GET` routes of the UI router that are not pages, and where a browser test uses them.
@@ -595,6 +597,8 @@ async fn browser_an_admin_opens_every_page_and_disables_a_user() {
         )
         .await;
     assert!(s.is_success(), "{b}");
+    // What the rollout pages show: rollout 1, of another service (checkout stays at 2).
+    start_rollout(&app, "cart").await;
     let base = app.base.clone();
     login(&c, &base, "admin", crate::helpers::ADMIN_PASSWORD).await;
     for (route, path) in PAGES {
@@ -1090,4 +1094,139 @@ async fn browser_an_admin_creates_an_environment_a_service_and_a_flag_and_delete
     let actions: Vec<&str> = audit.as_array().unwrap().iter().filter_map(|r| r["action"].as_str()).collect();
     assert_eq!(actions, ["flag.delete", "flag.set"], "{audit}");
     c.close().await.unwrap();
+}
+
+/// Creates service `svc` of prod if needed and stages a policy change of it (two stages: one
+/// instance, then everyone; an hour each): returns the rollout's id.
+async fn start_rollout(app: &TestApp, svc: &str) -> i64 {
+    let (s, _, _) = app.api(Method::GET, &format!("/environments/prod/services/{svc}"), None).await;
+    if s == StatusCode::NOT_FOUND {
+        let (s, _, b) = app
+            .api(Method::POST, "/environments/prod/services", Some(json!({"name": svc, "reason": "test"})))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+    let (_, _, current) =
+        app.api(Method::GET, &format!("/environments/prod/services/{svc}/policy"), None).await;
+    let mut policy = current["policy"].clone();
+    let ms = 100 + current["revision"].as_u64().unwrap() * 10;
+    policy["dependencies"]["pricing"] = json!({"attempt_timeout": format!("{ms}ms")});
+    let plan = json!({"stages": [{"percent": 0, "instances": 1}, {"percent": 100}], "bake": "1h"});
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/rollout-settings",
+            Some(json!({"reason": "test", "settings": {"staged": [], "plan": plan}})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let (s, _, b) = app
+        .api_with(
+            Method::PUT,
+            &format!("/environments/prod/services/{svc}/policy"),
+            Some(json!({"policy": policy, "reason": "tighter pricing timeout", "staged": true})),
+            &[("if-match", &format!("\"{}\"", current["revision"]))],
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    b["rollout"]["id"].as_i64().expect("a rollout started")
+}
+
+/// The rollout page as an operator uses it: the stages and the cohort beside the rest, a
+/// promote through its confirmation (the rollout completes and the agent gets the
+/// candidate), an abort (the previous policy back for the agent), and a rollout the server
+/// halted because a cohort instance rejected the candidate, shown with its reason.
+#[tokio::test]
+async fn browser_rollout_page_promote_abort_and_a_halted_rollout() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = checkout_agent(&app, &cache).await;
+    agent.wait_for_initial_sync(WAIT).await.unwrap();
+    let base = app.base.clone();
+    login(&c, &base, "olivia", PASSWORD).await;
+
+    // Promote: stage 1 (the agent, the only instance) then completion.
+    let id = start_rollout(&app, "checkout").await;
+    let page = format!("{base}/ui/environments/prod/rollouts/{id}");
+    c.goto(&page).await.unwrap();
+    let text = body(&c).await;
+    assert!(text.contains(&format!("Rollout {id} of checkout: running")), "{text}");
+    assert!(text.contains("Stage 1 of 2"), "{text}");
+    let sides = until("the agent in the cohort", || async {
+        c.goto(&page).await.ok()?;
+        let t = text_of(&c, "#sides").await?;
+        t.contains("Connected instances 1").then_some(t)
+    })
+    .await;
+    assert!(sides.contains("(candidate)"), "{sides}");
+    // Stage 2 (everyone), then completion.
+    for (reason, then) in [("cohort looks healthy", "Stage 2 of 2"), ("everyone healthy", "completed")] {
+        click(&c, "#steps a[href$='step=promote']").await;
+        assert!(body(&c).await.contains(&format!("Promote rollout {id} of checkout")));
+        fill(&c, "textarea[name=reason]", reason).await;
+        click(&c, "button.danger").await;
+        let text = body(&c).await;
+        assert!(text.contains(then), "{text}");
+    }
+    assert!(body(&c).await.contains(&format!("Rollout {id} of checkout: completed")));
+    let (_, _, r) = app.api(Method::GET, &format!("/environments/prod/rollouts/{id}"), None).await;
+    let candidate = r["rollout"]["candidate_revision"].as_u64().unwrap();
+    until("the agent on the candidate", || async { (agent.status().revision == candidate).then_some(()) })
+        .await;
+
+    // Abort: the previous policy back, as a new revision.
+    let id = start_rollout(&app, "checkout").await;
+    c.goto(&format!("{base}/ui/environments/prod/rollouts/{id}")).await.unwrap();
+    click(&c, "#steps a[href$='step=abort']").await;
+    fill(&c, "textarea[name=reason]", "changed my mind").await;
+    click(&c, "button.danger").await;
+    let text = body(&c).await;
+    assert!(text.contains(&format!("Rollout {id} of checkout: aborted")), "{text}");
+    let outcome = wait_find(&c, "#outcome").await.text().await.unwrap();
+    assert!(outcome.contains("aborted by olivia: changed my mind"), "{outcome}");
+    assert!(outcome.contains("put the previous policy back for every instance"), "{outcome}");
+    let (_, _, r) = app.api(Method::GET, &format!("/environments/prod/rollouts/{id}"), None).await;
+    let revert = r["rollout"]["revert_revision"].as_u64().unwrap();
+    until("the agent on the revert", || async { (agent.status().revision == revert).then_some(()) }).await;
+
+    // Halted by the server: a cohort instance's NACK of the candidate (recorded as the
+    // stream records one) is more than the plan tolerates.
+    let id = start_rollout(&app, "checkout").await;
+    let (_, _, r) = app.api(Method::GET, &format!("/environments/prod/rollouts/{id}"), None).await;
+    let candidate = r["rollout"]["candidate_revision"].as_u64().unwrap();
+    until("the agent on the candidate", || async { (agent.status().revision == candidate).then_some(()) })
+        .await;
+    let nack = levee_server::db::NackRow {
+        environment: "prod".into(),
+        service: "checkout".into(),
+        instance_id: agent.instance_id().to_string(),
+        revision: candidate,
+        error_detail: "pricing: attempt_timeout refused".into(),
+        at: levee_agent::policy::Timestamp::now().unix_ms(),
+    };
+    app._server.store.write_fleet(&[], &[nack], &[], "test", 0).await.unwrap();
+    let page = format!("{base}/ui/environments/prod/rollouts/{id}");
+    let outcome = until("the halt on the page", || async {
+        c.goto(&page).await.ok()?;
+        let t = text_of(&c, "#outcome").await?;
+        t.contains("halted by the server").then_some(t)
+    })
+    .await;
+    assert!(outcome.contains("1 cohort instance rejected the candidate (NACK)"), "{outcome}");
+    assert!(body(&c).await.contains(&format!("Rollout {id} of checkout: halted")));
+    assert!(c.find(Locator::Css("#steps")).await.is_err(), "no steps on a halted rollout");
+    let (_, _, r) = app.api(Method::GET, &format!("/environments/prod/rollouts/{id}"), None).await;
+    let revert = r["rollout"]["revert_revision"].as_u64().unwrap();
+    until("the agent back on the previous policy", || async {
+        (agent.status().revision == revert).then_some(())
+    })
+    .await;
+    screenshot(&c, "rollout-halted").await;
+    let audit = app.audit().await;
+    assert!(audit.iter().any(|a| a["action"] == "rollout.halt" && a["actor"] == "levee"), "{audit:?}");
+    c.close().await.unwrap();
+    agent.shutdown().await;
 }
