@@ -531,7 +531,6 @@ impl Agent {
         &self.inner.shared.service
     }
 
-    #[cfg(feature = "openfeature")]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.inner.shared
     }

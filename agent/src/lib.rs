@@ -45,6 +45,7 @@ pub mod feature;
 pub mod flags;
 pub mod inbound;
 pub mod metrics_names;
+pub mod ofrep;
 #[cfg(feature = "openfeature")]
 pub mod openfeature;
 pub mod outlier;

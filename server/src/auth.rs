@@ -1,11 +1,13 @@
 //! Authentication: argon2 password hashes and HS256 JWTs with a pinned algorithm,
 //! issuer and audience.
 //!
-//! Four kinds of token exist, told apart by audience and `kind`:
+//! Five kinds of token exist, told apart by audience and `kind`:
 //! API sessions (`POST /api/v1/auth/login`, audience `levee-api`, 12 h), UI sessions (the
 //! web login form, audience `levee-ui`, 12 h, only ever in the `levee_session` cookie), API
 //! tokens for automation (audience `levee-api`, with a role, revocable) and agent tokens
-//! (audience `levee-agent`, scoped to one environment and a list of services, revocable).
+//! (audience `levee-agent`, scoped to one environment and a list of services, revocable), and
+//! flags tokens (audience `levee-flags`, scoped like an agent token, revocable), which read
+//! flag evaluations over OFREP and nothing else.
 //! Only HS256 is accepted, so a token signed with `none` or another algorithm, or minted for
 //! another audience, is refused: a UI session cookie is not a bearer token of the API, an
 //! API token put in a cookie does not open the UI, and an agent token calls neither.
@@ -37,6 +39,8 @@ pub const AUDIENCE_API: &str = "levee-api";
 pub const AUDIENCE_AGENT: &str = "levee-agent";
 /// Audience of UI sessions (the `levee_session` cookie).
 pub const AUDIENCE_UI: &str = "levee-ui";
+/// Audience of flags tokens (OFREP evaluation only).
+pub const AUDIENCE_FLAGS: &str = "levee-flags";
 /// Leeway on `exp`, in seconds: a token is accepted up to this long after its expiry so
 /// replicas with slightly different clocks agree (documented in docs/api.md).
 pub const EXPIRY_LEEWAY: u64 = 5;
@@ -294,6 +298,7 @@ impl Keys {
             aud: match t.kind {
                 TokenKind::Api => AUDIENCE_API.into(),
                 TokenKind::Agent => AUDIENCE_AGENT.into(),
+                TokenKind::Flags => AUDIENCE_FLAGS.into(),
             },
             exp: (t.expires_at / 1000) as u64,
             iat: (t.created_at / 1000) as u64,
@@ -419,13 +424,38 @@ pub async fn authenticate_agent(
     store: &Store,
     token: &str,
 ) -> Result<AgentPrincipal, AuthError> {
-    let claims = keys.verify(token, AUDIENCE_AGENT)?;
-    if claims.kind != "agent" {
-        return Err(AuthError::Invalid("not an agent token".into()));
+    authenticate_scoped(keys, store, token, TokenKind::Agent).await
+}
+
+/// Authenticates a flags token (OFREP): a flags-audience JWT whose token row is not
+/// revoked. Its scope has the shape of an agent's.
+pub async fn authenticate_flags(
+    keys: &Keys,
+    store: &Store,
+    token: &str,
+) -> Result<AgentPrincipal, AuthError> {
+    authenticate_scoped(keys, store, token, TokenKind::Flags).await
+}
+
+/// A token of `kind` (agent or flags: scoped to an environment and services), by its
+/// audience and its row.
+async fn authenticate_scoped(
+    keys: &Keys,
+    store: &Store,
+    token: &str,
+    kind: TokenKind,
+) -> Result<AgentPrincipal, AuthError> {
+    let audience = match kind {
+        TokenKind::Flags => AUDIENCE_FLAGS,
+        TokenKind::Agent | TokenKind::Api => AUDIENCE_AGENT,
+    };
+    let claims = keys.verify(token, audience)?;
+    if claims.kind != kind.as_str() {
+        return Err(AuthError::Invalid(format!("not a token of kind {}", kind.as_str())));
     }
     let row = store.token(&claims.jti).await.map_err(unavailable)?;
     match row {
-        Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Agent => Ok(AgentPrincipal {
+        Some(t) if t.revoked_at.is_none() && t.kind == kind => Ok(AgentPrincipal {
             name: t.name,
             environment: t.environment.unwrap_or_default(),
             services: t.services,

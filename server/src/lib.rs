@@ -21,6 +21,7 @@ pub mod listener;
 pub mod manifest;
 pub mod rollout;
 pub mod shutdown;
+pub mod sidecar;
 pub mod sweeper;
 pub mod sync;
 pub mod tls;

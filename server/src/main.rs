@@ -57,6 +57,9 @@ enum Command {
         #[command(flatten)]
         args: ServeArgs,
     },
+    /// Follows one service like an agent and serves its flags over OFREP on a loopback
+    /// address, for services that cannot embed the agent crate (docs/ofrep.md).
+    Sidecar(levee_server::sidecar::SidecarArgs),
     /// Manages users.
     Users {
         #[command(subcommand)]
@@ -128,6 +131,10 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         Command::Client(c) => return Ok(levee_server::cli::run(c).await),
         Command::Serve(args) => serve(Settings::load(args)?).await,
         Command::Import(args) => levee_server::import::run_cli(&args),
+        Command::Sidecar(args) => {
+            init_tracing(&std::env::var("LEVEE_LOG").unwrap_or_else(|_| "info".into()));
+            levee_server::sidecar::run(args, shutdown_signal()).await
+        }
         Command::Migrate(args) => {
             let s = Settings::load(args)?;
             init_tracing(&s.log);

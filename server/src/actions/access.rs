@@ -56,15 +56,17 @@ impl NewToken {
             ));
         }
         match kind {
-            TokenKind::Agent => {
-                let env = environment
-                    .ok_or_else(|| BadInput::new("environment", "", "an agent token needs an environment"))?;
+            TokenKind::Agent | TokenKind::Flags => {
+                let what = if kind == TokenKind::Agent { "an agent" } else { "a flags" };
+                let env = environment.ok_or_else(|| {
+                    BadInput::new("environment", "", format!("{what} token needs an environment"))
+                })?;
                 let environment = Name::parse("environment", env)?;
                 if services.is_empty() || services.len() > MAX_AGENT_TOKEN_SERVICES {
                     return Err(BadInput::new(
                         "services",
                         "[]",
-                        format!("an agent token needs 1 to {MAX_AGENT_TOKEN_SERVICES} services"),
+                        format!("{what} token needs 1 to {MAX_AGENT_TOKEN_SERVICES} services"),
                     ));
                 }
                 let services = services
@@ -73,7 +75,11 @@ impl NewToken {
                     .map(|(i, s)| Name::parse(&format!("services[{i}]"), s))
                     .collect::<Result<Vec<_>, _>>()?;
                 if role.is_some() {
-                    return Err(BadInput::new("role", "", "agent tokens have no role; omit it"));
+                    return Err(BadInput::new(
+                        "role",
+                        "",
+                        format!("{} tokens have no role; omit it", kind.as_str()),
+                    ));
                 }
                 Ok(NewToken { kind, name, role: None, environment: Some(environment), services, ttl })
             }

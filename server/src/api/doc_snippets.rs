@@ -111,9 +111,15 @@ fn request_decoder(method: &str, path: &str) -> Option<Decoder> {
         ("POST", ["environments", _, "services", _, "rollback"]) => ("Rollback", strict::<Rollback>),
         ("POST", ["tokens"]) => ("CreateToken", strict::<super::tokens::CreateToken>),
         ("POST", ["users"]) => ("CreateUser", strict::<super::tokens::CreateUser>),
+        ("POST", ["ofrep", "v1", "evaluate", "flags", ..]) => ("an OFREP evaluation request", ofrep_request),
         _ => return None,
     };
     Some(decoder)
+}
+
+/// An OFREP evaluation request, read by the parser the endpoints use.
+fn ofrep_request(value: &Value) -> Result<(), String> {
+    levee_agent::ofrep::parse_request(value.to_string().as_bytes()).map(|_| ()).map_err(|f| f.error_details)
 }
 
 /// A service as `POST .../services` creates it: decoded, then validated whole, as the

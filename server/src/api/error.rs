@@ -6,6 +6,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use levee_agent::ofrep::ErrorCode;
 use levee_agent::policy::{FieldError, PolicyError, ValidationErrors};
 use serde::Serialize;
 
@@ -98,6 +99,10 @@ pub enum ApiError {
         /// Seconds until an attempt is checked again.
         retry_after_s: u64,
     },
+    /// 400 or 404 of an OFREP evaluation: a problem whose extension members `key`,
+    /// `errorCode` and `errorDetails` are the protocol's own, so OFREP providers read it.
+    #[error("{}", .0.error_details)]
+    Ofrep(levee_agent::ofrep::Failure),
     /// 405: method not allowed on this path.
     #[error("method not allowed on this resource")]
     MethodNotAllowed,
@@ -193,6 +198,9 @@ impl ApiError {
             ApiError::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
             ApiError::TooManyRequests(_) | ApiError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Ofrep(f) => {
+                StatusCode::from_u16(f.error_code.status()).unwrap_or(StatusCode::BAD_REQUEST)
+            }
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -216,6 +224,8 @@ impl ApiError {
             ApiError::PreconditionRequired(_) => "precondition-required",
             ApiError::TooManyRequests(_) | ApiError::Throttled { .. } => "too-many-requests",
             ApiError::MethodNotAllowed => "method-not-allowed",
+            ApiError::Ofrep(f) if f.error_code == ErrorCode::FlagNotFound => "flag-not-found",
+            ApiError::Ofrep(_) => "bad-evaluation-request",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -345,6 +355,15 @@ pub struct Problem {
     /// reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileUndo>,
+    /// OFREP evaluations: the flag's key (absent when the whole request failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// OFREP evaluations: the protocol's error code.
+    #[serde(rename = "errorCode", skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<ErrorCode>,
+    /// OFREP evaluations: the protocol's error details (the same text as `detail`).
+    #[serde(rename = "errorDetails", skip_serializing_if = "Option::is_none")]
+    pub error_details: Option<String>,
 }
 
 /// An internal error's cause for the log: its whole chain, each cause once (anyhow's
@@ -379,6 +398,18 @@ impl IntoResponse for ApiError {
             current_revision,
             profile: match &self {
                 ApiError::ProfileWouldUndo { undo, .. } => Some(undo.clone()),
+                _ => None,
+            },
+            key: match &self {
+                ApiError::Ofrep(f) => f.key.clone(),
+                _ => None,
+            },
+            error_code: match &self {
+                ApiError::Ofrep(f) => Some(f.error_code),
+                _ => None,
+            },
+            error_details: match &self {
+                ApiError::Ofrep(f) => Some(f.error_details.clone()),
                 _ => None,
             },
         };

@@ -16,6 +16,7 @@ mod error;
 mod extract;
 mod flags;
 mod fleet;
+mod ofrep;
 mod openapi;
 mod overrides;
 mod plan;
@@ -36,6 +37,7 @@ use axum::routing::{get, post};
 
 pub use error::{ApiError, ApiResult, PROBLEM_JSON, Problem};
 pub use extract::{ApiJson, ApiQuery, Auth};
+pub use ofrep::sidecar_router;
 pub use openapi::ApiDoc;
 
 use crate::web::AppState;
@@ -82,6 +84,8 @@ pub fn router(state: AppState) -> Router {
         .route("/environments/{env}/services/{svc}/agents", get(fleet::agents))
         .route("/environments/{env}/services/{svc}/nacks", get(fleet::nacks))
         .route("/sync/{env}/{svc}", get(agent_sync::poll))
+        .route("/ofrep/v1/evaluate/flags", post(ofrep::evaluate_all))
+        .route("/ofrep/v1/evaluate/flags/{key}", post(ofrep::evaluate_one))
         .route("/environments/{env}/profiles", get(profiles::list))
         .route(
             "/environments/{env}/profiles/{name}",

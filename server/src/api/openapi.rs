@@ -7,7 +7,7 @@ use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
 use super::{
-    agent_sync, audit, auth_routes, envs, flags, fleet, overrides, plan, profiles, requests, rollouts,
+    agent_sync, audit, auth_routes, envs, flags, fleet, ofrep, overrides, plan, profiles, requests, rollouts,
     schedule, services, tokens,
 };
 
@@ -117,7 +117,8 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Levee API", description = "Resilience policies and kill switches: environments, services, \
-        policies, flags, breaker overrides, fault rules, history, audit, fleet, tokens."),
+        policies, flags, breaker overrides, fault rules, history, audit, fleet, tokens, and flag \
+        evaluation over OFREP (base URL `/api/v1`, with a flags token)."),
     paths(
         auth_routes::login, auth_routes::logout,
         envs::list, envs::create, envs::get_one,
@@ -128,6 +129,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         overrides::list_overrides, overrides::put_override, overrides::delete_override,
         overrides::list_faults, overrides::put_fault, overrides::delete_fault,
         fleet::agents, fleet::nacks, agent_sync::poll,
+        ofrep::evaluate_one, ofrep::evaluate_all,
         fleet::propagation,
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,

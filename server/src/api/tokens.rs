@@ -16,7 +16,8 @@ use crate::web::{AppState, RequestId};
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateToken {
-    /// `api` (automation, with a role) or `agent` (sync, scoped to environment + services).
+    /// `api` (automation, with a role), `agent` (sync, scoped to environment + services) or
+    /// `flags` (OFREP flag evaluation only, scoped like an agent token).
     pub kind: TokenKind,
     /// A name for people, e.g. `checkout-prod` or `deploy-bot` (the rule for names is in
     /// the 400 answer to a bad one).
@@ -24,10 +25,10 @@ pub struct CreateToken {
     /// Role of an API token; default viewer. An agent token has none.
     #[serde(default)]
     pub role: Option<Role>,
-    /// The one environment an agent token may read; required for an agent token.
+    /// The one environment an agent or flags token may read; required for those.
     #[serde(default)]
     pub environment: Option<String>,
-    /// The services an agent token may read; required for an agent token.
+    /// The services an agent or flags token may read; required for those.
     #[serde(default)]
     pub services: Vec<String>,
     /// Lifetime, e.g. `90d`; default 365 days (the allowed range is in the 400 answer).

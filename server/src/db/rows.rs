@@ -49,6 +49,9 @@ pub enum TokenKind {
     Api,
     /// For an agent's sync stream, scoped to an environment and services.
     Agent,
+    /// For flag evaluation over OFREP (read-only), scoped to an environment and services:
+    /// it reads the flags of those services and nothing else.
+    Flags,
 }
 
 impl TokenKind {
@@ -57,6 +60,7 @@ impl TokenKind {
         match self {
             TokenKind::Api => "api",
             TokenKind::Agent => "agent",
+            TokenKind::Flags => "flags",
         }
     }
 }
@@ -100,15 +104,15 @@ impl UserRow {
 pub struct TokenRow {
     /// Token id, the JWT's `jti`.
     pub id: String,
-    /// API or agent.
+    /// API, agent or flags.
     pub kind: TokenKind,
     /// A name for people, e.g. `checkout-prod`; an API token acts as `token:<name>` in the audit log.
     pub name: String,
     /// Role of an API token.
     pub role: Option<Role>,
-    /// Environment of an agent token.
+    /// Environment of an agent or flags token.
     pub environment: Option<String>,
-    /// Services of an agent token.
+    /// Services of an agent or flags token.
     pub services: Vec<String>,
     /// Who minted it.
     pub created_by: String,
@@ -146,6 +150,7 @@ impl TokenRow {
             kind: match kind.as_str() {
                 "api" => TokenKind::Api,
                 "agent" => TokenKind::Agent,
+                "flags" => TokenKind::Flags,
                 other => return Err(anyhow!("unknown token kind {other:?}")),
             },
             name: r.try_get("name")?,

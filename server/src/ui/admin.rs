@@ -81,7 +81,7 @@ async fn render(
         .map(|t| TokenView {
             scope: match t.kind {
                 TokenKind::Api => format!("role {}", t.role.map_or("viewer", Role::as_str)),
-                TokenKind::Agent => {
+                TokenKind::Agent | TokenKind::Flags => {
                     format!("{} / {}", t.environment.clone().unwrap_or_default(), t.services.join(", "))
                 }
             },
@@ -173,7 +173,8 @@ fn parse_token(f: &TokenForm) -> Result<NewToken, String> {
     let kind = match f.kind.as_str() {
         "api" => TokenKind::Api,
         "agent" => TokenKind::Agent,
-        k => return Err(format!("kind {k:?} is not api or agent")),
+        "flags" => TokenKind::Flags,
+        k => return Err(format!("kind {k:?} is not api, agent or flags")),
     };
     let role = match (kind, f.role.trim()) {
         (TokenKind::Api, r) if !r.is_empty() => {
@@ -182,7 +183,7 @@ fn parse_token(f: &TokenForm) -> Result<NewToken, String> {
         _ => None,
     };
     let env = f.environment.trim();
-    let env = (kind == TokenKind::Agent && !env.is_empty()).then_some(env);
+    let env = (kind != TokenKind::Api && !env.is_empty()).then_some(env);
     let services: Vec<String> =
         f.services.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
     let ttl = match f.expires_in.trim() {

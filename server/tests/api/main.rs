@@ -14,6 +14,7 @@ mod four_eyes;
 mod helpers;
 mod history;
 mod kill_switch_refs;
+mod ofrep;
 mod openapi_routes;
 mod policy;
 mod profile_undo;

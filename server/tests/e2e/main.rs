@@ -29,6 +29,7 @@ mod kubernetes;
 mod leases;
 mod logs;
 mod metrics;
+mod ofrep;
 mod profiles;
 mod resilience;
 mod rollout;
