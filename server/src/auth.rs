@@ -329,13 +329,18 @@ pub const MIN_PASSWORD_CHARS: usize = 12;
 /// Most bytes of a password.
 pub const MAX_PASSWORD_BYTES: usize = 1024;
 
-/// Checks a new password: [`MIN_PASSWORD_CHARS`] characters to [`MAX_PASSWORD_BYTES`] bytes.
+/// Most characters of a new password: at most four bytes each, so never past
+/// [`MAX_PASSWORD_BYTES`]. Counted in characters, as the OpenAPI document's `maxLength` is.
+pub const MAX_PASSWORD_CHARS: usize = MAX_PASSWORD_BYTES / 4;
+
+/// Checks a new password: [`MIN_PASSWORD_CHARS`] to [`MAX_PASSWORD_CHARS`] characters.
 ///
 /// # Errors
 /// What is allowed, in words.
 pub fn check_password(password: &str) -> Result<(), String> {
-    if password.chars().count() < MIN_PASSWORD_CHARS || password.len() > MAX_PASSWORD_BYTES {
-        return Err(format!("must be {MIN_PASSWORD_CHARS} to {MAX_PASSWORD_BYTES} characters long"));
+    let chars = password.chars().count();
+    if !(MIN_PASSWORD_CHARS..=MAX_PASSWORD_CHARS).contains(&chars) {
+        return Err(format!("must be {MIN_PASSWORD_CHARS} to {MAX_PASSWORD_CHARS} characters long"));
     }
     Ok(())
 }

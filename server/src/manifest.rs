@@ -55,7 +55,7 @@ pub struct ServiceManifest {
     pub environment: String,
     /// Service name (`a-z 0-9 . _ -`, 1..=64).
     pub service: String,
-    /// Free text, at most 1000 bytes.
+    /// Free text, at most 1000 characters.
     #[serde(default)]
     pub description: String,
     /// The whole resilience policy; fields left out take the agent's defaults.

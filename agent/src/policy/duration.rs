@@ -3,9 +3,12 @@
 //!
 //! Serde `with` module: `#[serde(with = "levee_agent::policy::duration")]` on a
 //! `Duration`, `duration::option` on an `Option<Duration>`. Input: one or more
-//! `<number><unit>` parts, largest unit first, each unit at most once, spaces between parts
-//! allowed (also between a number and its unit); the number may have a fraction (`"1.5h"`); units `ns`, `us` (or `µs`), `ms`,
-//! `s`, `m`, `h`, `d`, lower case only (so `"1M"` is an error, not a month). Output
+//! `<number><unit>` parts, largest unit first, each unit at most once, spaces (U+0020, no
+//! other blank) allowed around and between parts and between a number and its unit; the
+//! number has at most [`MAX_WHOLE_DIGITS`] digits before its point and at most 9 after it
+//! (`"1.5h"`, `".5s"`); units `ns`, `us` (or `µs`), `ms`, `s`, `m`, `h`, `d`, lower case only
+//! (so `"1M"` is an error, not a month). [`PATTERN`] states the same as a regular expression
+//! for the OpenAPI document. Output
 //! ([`format`]) uses the same units (`"1s 500ms"`, `"7d"`), so whatever is written back —
 //! an export, an error, a page — reads in again unchanged. A value that is not one gets an
 //! error that echoes it, says what is wrong and lists what is accepted.
@@ -19,6 +22,96 @@ use serde::de::{self, Deserializer, Visitor};
 /// What a duration looks like, as said in every error about one.
 pub const ACCEPTED: &str =
     r#"a number with a unit, e.g. "250ms", "1.5s", "2m" or "1h 30m" (units: ns, us, ms, s, m, h, d)"#;
+
+/// Most digits before a number's decimal point: enough for any duration a policy holds,
+/// few enough that no sum of parts overflows.
+pub const MAX_WHOLE_DIGITS: usize = 14;
+
+/// Most digits after a number's decimal point: nanoseconds of a second.
+const MAX_FRACTION_DIGITS: usize = 9;
+
+/// A number of a part: digits, a fraction, or both (the digit counts are the constants above).
+macro_rules! num {
+    () => {
+        r"(?:[0-9]{1,14}(?:\.[0-9]{0,9})?|\.[0-9]{1,9})"
+    };
+}
+
+/// One part `<number><unit>` of a duration, spaces allowed between them.
+macro_rules! part {
+    ($unit:literal) => {
+        concat!("(?:", num!(), " *", $unit, ")")
+    };
+}
+
+/// The form [`parse`] accepts, as an ECMA-262 regular expression (the dialect of JSON
+/// Schema's `pattern`): parts largest unit first, each at most once. A test checks that a
+/// string matches it exactly when `parse` accepts it.
+pub const PATTERN: &str = concat!(
+    "^ *(?:",
+    part!("d"),
+    "(?: *",
+    part!("h"),
+    ")?(?: *",
+    part!("m"),
+    ")?(?: *",
+    part!("s"),
+    ")?(?: *",
+    part!("ms"),
+    ")?(?: *",
+    part!("(?:us|µs)"),
+    ")?(?: *",
+    part!("ns"),
+    ")?",
+    "|",
+    part!("h"),
+    "(?: *",
+    part!("m"),
+    ")?(?: *",
+    part!("s"),
+    ")?(?: *",
+    part!("ms"),
+    ")?(?: *",
+    part!("(?:us|µs)"),
+    ")?(?: *",
+    part!("ns"),
+    ")?",
+    "|",
+    part!("m"),
+    "(?: *",
+    part!("s"),
+    ")?(?: *",
+    part!("ms"),
+    ")?(?: *",
+    part!("(?:us|µs)"),
+    ")?(?: *",
+    part!("ns"),
+    ")?",
+    "|",
+    part!("s"),
+    "(?: *",
+    part!("ms"),
+    ")?(?: *",
+    part!("(?:us|µs)"),
+    ")?(?: *",
+    part!("ns"),
+    ")?",
+    "|",
+    part!("ms"),
+    "(?: *",
+    part!("(?:us|µs)"),
+    ")?(?: *",
+    part!("ns"),
+    ")?",
+    "|",
+    part!("(?:us|µs)"),
+    "(?: *",
+    part!("ns"),
+    ")?",
+    "|",
+    part!("ns"),
+    ") *$"
+);
 
 /// Units largest first, with their length in nanoseconds; `format` writes these names.
 const UNITS: [(&str, u128); 7] = [
@@ -36,7 +129,8 @@ const UNITS: [(&str, u128); 7] = [
 /// # Errors
 /// A sentence that echoes `s`, says what is wrong with it and what is accepted.
 pub fn parse(s: &str) -> Result<Duration, String> {
-    parse_parts(s.trim()).map_err(|why| format!("invalid duration {s:?} ({why}): expected {ACCEPTED}"))
+    parse_parts(s.trim_matches(' '))
+        .map_err(|why| format!("invalid duration {s:?} ({why}): expected {ACCEPTED}"))
 }
 
 fn parse_parts(s: &str) -> Result<Duration, String> {
@@ -52,10 +146,10 @@ fn parse_parts(s: &str) -> Result<Duration, String> {
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let number = &rest[..digits];
-        rest = rest[digits..].trim_start();
+        rest = rest[digits..].trim_start_matches(' ');
         let letters = rest.find(|c: char| !(c.is_alphabetic())).unwrap_or(rest.len());
         let unit = &rest[..letters];
-        rest = rest[letters..].trim_start();
+        rest = rest[letters..].trim_start_matches(' ');
         if number.is_empty() {
             return Err(format!("expected a number before {:?}", if unit.is_empty() { rest } else { unit }));
         }
@@ -74,6 +168,12 @@ fn parse_parts(s: &str) -> Result<Duration, String> {
         let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
         if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
             return Err(format!("{number:?} is not a number"));
+        }
+        if whole.len() > MAX_WHOLE_DIGITS {
+            return Err(format!("too large: at most {MAX_WHOLE_DIGITS} digits before the point"));
+        }
+        if fraction.len() > MAX_FRACTION_DIGITS {
+            return Err(format!("at most {MAX_FRACTION_DIGITS} digits after the point"));
         }
         let scale = UNITS[index].1;
         let too_large = || "too large".to_string();
@@ -134,6 +234,33 @@ impl Visitor<'_> for DurationVisitor {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
         parse(v).map_err(E::custom)
+    }
+}
+
+/// The OpenAPI schema of a duration string (component `Duration`): a string matching
+/// [`PATTERN`]. Name it as the `value_type` of a `Duration` field.
+#[cfg(feature = "openapi")]
+#[derive(Debug)]
+pub struct Text;
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Text {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(ACCEPTED))
+            .pattern(Some(PATTERN))
+            .min_length(Some(1))
+            .examples(["250ms", "1.5s", "1h 30m"])
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Text {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
     }
 }
 
@@ -231,6 +358,76 @@ mod tests {
         assert_eq!(parse("2µs"), Ok(Duration::from_micros(2)));
         assert_eq!(parse(" 1h30m "), Ok(Duration::from_secs(5400)));
         assert_eq!(parse("2 m 30 s"), Ok(Duration::from_secs(150)));
+        assert_eq!(parse("99999999999999d").map(|d| d.as_secs()), Ok(99_999_999_999_999 * 86_400));
+        assert!(parse("999999999999999s").unwrap_err().contains("at most 14 digits"));
+        assert!(parse("1.0000000001s").unwrap_err().contains("at most 9 digits"));
+        // Only spaces separate: a tab or another blank is not part of the form.
+        assert!(parse("1s\t").is_err());
+        assert!(parse("1s\n").is_err());
+        assert!(parse("\u{a0}1s").is_err());
+    }
+
+    /// Strings close to the form: digits, points, units, spaces and a few other characters.
+    fn near_durations() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let piece = prop_oneof![
+            "[0-9]{1,3}",
+            Just("123456789012345".to_string()),
+            Just(".".to_string()),
+            Just("5.25".to_string()),
+            Just(".5".to_string()),
+            Just("0.1234567891".to_string()),
+            prop_oneof![
+                Just("d"),
+                Just("h"),
+                Just("m"),
+                Just("s"),
+                Just("ms"),
+                Just("us"),
+                Just("µs"),
+                Just("ns"),
+                Just("M"),
+                Just("x"),
+                Just(" "),
+                Just("  "),
+                Just("\t"),
+                Just("\n"),
+                Just("-"),
+                Just("\u{a0}")
+            ]
+            .prop_map(str::to_string),
+        ];
+        proptest::collection::vec(piece, 0..8).prop_map(|v| v.concat())
+    }
+
+    /// Well-formed durations: parts in order, random numbers and spacing.
+    fn durations() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let units = ["d", "h", "m", "s", "ms", "us", "µs", "ns"];
+        (
+            proptest::collection::vec(
+                (any::<bool>(), "[0-9]{1,14}", "(\\.[0-9]{0,9})?", " {0,2}", " {0,2}"),
+                8,
+            ),
+            " {0,2}",
+            " {0,2}",
+            0usize..8,
+        )
+            .prop_map(move |(parts, lead, trail, must)| {
+                let mut out = lead;
+                for (i, (keep, whole, frac, gap, between)) in parts.into_iter().enumerate() {
+                    // "us" and "µs" are one unit: never both.
+                    if (keep || i == must) && !(i == 6 && out.contains("us")) {
+                        out.push_str(&whole);
+                        out.push_str(&frac);
+                        out.push_str(&gap);
+                        out.push_str(units[i]);
+                        out.push_str(&between);
+                    }
+                }
+                out.push_str(&trail);
+                out
+            })
     }
 
     proptest::proptest! {
@@ -249,6 +446,16 @@ mod tests {
         #[test]
         fn no_input_panics(s in "\\PC{0,24}") {
             let _ = parse(&s);
+        }
+
+        /// The documented pattern states the parser: near misses are refused by both,
+        /// well-formed durations accepted by both.
+        #[test]
+        fn the_pattern_states_the_parser(near in near_durations(), good in durations()) {
+            let pattern = regex::Regex::new(PATTERN).unwrap();
+            proptest::prop_assert_eq!(pattern.is_match(&near), parse(&near).is_ok(), "{:?}", near);
+            proptest::prop_assert!(pattern.is_match(&good), "{:?}", good);
+            proptest::prop_assert!(parse(&good).is_ok(), "{:?}", good);
         }
     }
 }

@@ -80,19 +80,19 @@ pub struct ServiceConfig {
 pub struct Policy {
     /// Inbound budget when the caller sends none (e.g. `"1s"`).
     #[serde(with = "super::duration", default = "default_deadline")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "800ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "800ms"))]
     pub default_deadline: Duration,
     /// Cap on any inbound budget, whatever the caller sends.
     #[serde(with = "super::duration", default = "max_deadline")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "5s"))]
     pub max_deadline: Duration,
     /// Time kept back from outgoing calls to build a degraded answer.
     #[serde(with = "super::duration", default = "reserve")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "50ms"))]
     pub reserve: Duration,
     /// Most any non-critical dependency may take per attempt.
     #[serde(with = "super::duration", default = "non_critical_cap")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "80ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "80ms"))]
     pub non_critical_cap: Duration,
     /// Outgoing dependencies by name.
     pub dependencies: BTreeMap<String, DependencyPolicy>,
@@ -191,7 +191,7 @@ pub struct DependencyPolicy {
     pub enabled_flag: Option<String>,
     /// Time limit of one attempt; finite.
     #[serde(with = "super::duration", default = "attempt_timeout")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "300ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "300ms"))]
     pub attempt_timeout: Duration,
     /// Retries of an attempt that failed; operations may override.
     pub retry: Retry,
@@ -204,11 +204,11 @@ pub struct DependencyPolicy {
     pub fallback: FallbackLevel,
     /// Oldest value the STALE level may serve.
     #[serde(with = "super::duration", default = "stale_max_age")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10m"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "10m"))]
     pub stale_max_age: Duration,
     /// Time limit of the fallback itself.
     #[serde(with = "super::duration", default = "fallback_timeout")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "50ms"))]
     pub fallback_timeout: Duration,
     /// Per-endpoint outlier detection (Envoy semantics); off when absent.
     pub outlier_detection: Option<OutlierDetection>,
@@ -244,7 +244,7 @@ pub struct Operation {
     pub idempotent: Option<bool>,
     /// Time limit of one attempt; `None` = the dependency's.
     #[serde(with = "super::duration::option", default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "200ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::policy::duration::Text>, example = "200ms"))]
     pub attempt_timeout: Option<Duration>,
     /// Retries of this operation; `None` = the dependency's.
     pub retry: Option<Retry>,
@@ -263,11 +263,11 @@ pub struct Retry {
     pub max_attempts: u32,
     /// Base delay: attempt n waits uniform(0, min(cap, base × 2^n)).
     #[serde(with = "super::duration", default = "retry_base")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "50ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "50ms"))]
     pub base: Duration,
     /// Ceiling of every backoff delay (`cap` in `base`'s formula).
     #[serde(with = "super::duration", default = "retry_cap")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "2s"))]
     pub cap: Duration,
     /// Token bucket bounding retries to a share of successful traffic.
     pub budget: RetryBudgetPolicy,
@@ -350,18 +350,18 @@ pub struct CircuitBreakerPolicy {
     pub failure_rate_threshold: f64,
     /// A call lasting at least this long is slow; `None` = slow-call detection off.
     #[serde(with = "super::duration::option", default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "250ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::policy::duration::Text>, example = "250ms"))]
     pub slow_call_duration: Option<Duration>,
     /// Slow-call rate (a ratio) at or above which the breaker opens; 1 = only when every
     /// call is slow.
     pub slow_call_rate_threshold: f64,
     /// First open period; doubles on each consecutive open.
     #[serde(with = "super::duration", default = "wait_in_open")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "15s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "15s"))]
     pub wait_in_open: Duration,
     /// Longest open period, however many consecutive opens.
     #[serde(with = "super::duration", default = "max_wait_in_open")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5m"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "5m"))]
     pub max_wait_in_open: Duration,
     /// Probe calls let through in HALF_OPEN, one attempt each.
     pub half_open_probes: u32,
@@ -369,7 +369,7 @@ pub struct CircuitBreakerPolicy {
     /// and the breaker reopens; `None` = twice the attempt timeout. Time with no probe out
     /// never counts: a rarely called dependency still closes its breaker.
     #[serde(with = "super::duration::option", default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::policy::duration::Text>, example = "2s"))]
     pub max_wait_in_half_open: Option<Duration>,
 }
 
@@ -401,7 +401,7 @@ pub struct BulkheadPolicy {
     pub max_concurrent: u32,
     /// Longest wait for a slot (`0ms` = fail fast); also bounded by the deadline.
     #[serde(with = "super::duration", default = "bulkhead_max_wait")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "10ms"))]
     pub max_wait: Duration,
 }
 
@@ -420,11 +420,11 @@ pub struct OutlierDetection {
     pub consecutive_errors: u32,
     /// How often ejections are re-evaluated (ejected endpoints whose time is up return).
     #[serde(with = "super::duration", default = "outlier_interval")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "10s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "10s"))]
     pub interval: Duration,
     /// Ejection time = base × number of times the endpoint was ejected.
     #[serde(with = "super::duration", default = "outlier_base_ejection")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "30s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "30s"))]
     pub base_ejection_time: Duration,
     /// Most of the pool ever ejected at once, in percent (never the whole pool).
     pub max_ejection_percent: u32,
@@ -521,7 +521,7 @@ pub struct Limit {
     pub backoff_ratio: f64,
     /// AIMD: a round trip longer than this counts as a drop.
     #[serde(with = "super::duration", default = "limit_timeout")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5s"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "5s"))]
     pub timeout: Duration,
     /// Gradient2/Vegas smoothing: how much of the new estimate replaces the limit at each
     /// update (a ratio); `None` = the algorithm's own default (Gradient2 0.2, Vegas 1.0, as
@@ -563,12 +563,12 @@ pub struct Queue {
     pub max_len: u32,
     /// CoDel target delay: the short queue timeout while overloaded.
     #[serde(with = "super::duration", default = "codel_target")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "5ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "5ms"))]
     pub codel_target: Duration,
     /// CoDel interval: the normal queue timeout, and how long the queue must stay
     /// non-empty to count as overloaded.
     #[serde(with = "super::duration", default = "codel_interval")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "100ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "100ms"))]
     pub codel_interval: Duration,
     /// Serve the newest waiter first while overloaded.
     #[serde(default = "yes")]
@@ -602,7 +602,7 @@ pub struct Route {
     pub criticality: Option<Criticality>,
     /// Inbound budget of this route when the caller sends none.
     #[serde(with = "super::duration::option", default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "500ms"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::policy::duration::Text>, example = "500ms"))]
     pub deadline: Option<Duration>,
     /// The route changes data: while the read-only flag is on, it answers 503.
     pub mutating: bool,
@@ -706,7 +706,7 @@ pub struct ClientThrottle {
     pub k: f64,
     /// Length of the sliding window of request and accept counts.
     #[serde(with = "super::duration", default = "throttle_window")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2m"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "2m"))]
     pub window: Duration,
 }
 
@@ -735,7 +735,7 @@ pub struct MatrixRow {
     pub decision: String,
     /// Alert when the feature has lived on a fallback longer than this.
     #[serde(with = "super::duration", default = "alert_after")]
-    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "30m"))]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "30m"))]
     pub alert_after: Duration,
     /// Key of a bool flag; while `false` the feature is forced onto its fallback.
     #[serde(default)]
@@ -794,6 +794,37 @@ pub enum StalePolicy {
     RevertAfter(#[serde(with = "super::duration")] Duration),
 }
 
+/// `"hold"` or `{"revert_after": <Duration>}`, as serde writes [`StalePolicy`] (utoipa's
+/// derive cannot name the schema of a tuple variant's field).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for StalePolicy {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::ToSchema;
+        use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Type};
+        use utoipa::openapi::{Ref, RefOr};
+        let duration = super::duration::Text::name();
+        let hold = ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["hold"]));
+        let revert = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("revert_after", RefOr::Ref(Ref::from_schema_name(duration)))
+            .required("revert_after")
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        OneOfBuilder::new()
+            .item(hold)
+            .item(revert)
+            .description(Some("`\"hold\"` (keep the last value) or `{\"revert_after\": \"1h\"}`"))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for StalePolicy {
+    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>) {
+        use utoipa::PartialSchema;
+        schemas.push((super::duration::Text::name().into(), super::duration::Text::schema()));
+    }
+}
+
 /// Percentage rollout of a flag's value, keyed by a caller-supplied key.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -826,7 +857,7 @@ pub struct Flag {
     pub expires_at: Option<Timestamp>,
     /// Behaviour while the agent cannot reach the server: `"hold"` or `{"revert_after": "1h"}`.
     #[serde(default)]
-    #[cfg_attr(feature = "openapi", schema(value_type = Value, example = json!("hold")))]
+    #[cfg_attr(feature = "openapi", schema(example = json!("hold")))]
     pub stale: StalePolicy,
     /// Gradual rollout by caller key; `None` = everyone sees `value`.
     #[serde(default)]
@@ -842,12 +873,14 @@ pub enum FaultAction {
     Delay {
         /// Added latency.
         #[serde(with = "super::duration")]
-        #[cfg_attr(feature = "openapi", schema(value_type = String, example = "2s"))]
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "2s"))]
         delay: Duration,
     },
     /// Fails the attempt with this HTTP status (gRPC callers see the mapped code).
     Abort {
-        /// HTTP status answered instead of calling.
+        /// HTTP status answered instead of calling (a status the policy's validation allows;
+        /// the decoder takes any `u16`).
+        #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 65535))]
         status: u16,
     },
     /// Fails the attempt as a connection error (retryable).

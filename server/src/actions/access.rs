@@ -46,7 +46,7 @@ impl NewToken {
         let name = Name::parse("name", name)?;
         let ttl = expires_in.unwrap_or(TOKEN_TTL);
         if ttl < MIN_TOKEN_TTL || ttl > Duration::from_secs(MAX_TOKEN_TTL_DAYS * 86400) {
-            return Err(BadInput::new(
+            return Err(BadInput::rule(
                 "expires_in",
                 levee_agent::policy::duration::format(ttl),
                 format!(
@@ -59,11 +59,11 @@ impl NewToken {
             TokenKind::Agent | TokenKind::Flags => {
                 let what = if kind == TokenKind::Agent { "an agent" } else { "a flags" };
                 let env = environment.ok_or_else(|| {
-                    BadInput::new("environment", "", format!("{what} token needs an environment"))
+                    BadInput::rule("environment", "", format!("{what} token needs an environment"))
                 })?;
                 let environment = Name::parse("environment", env)?;
                 if services.is_empty() || services.len() > MAX_AGENT_TOKEN_SERVICES {
-                    return Err(BadInput::new(
+                    return Err(BadInput::rule(
                         "services",
                         "[]",
                         format!("{what} token needs 1 to {MAX_AGENT_TOKEN_SERVICES} services"),
@@ -75,7 +75,7 @@ impl NewToken {
                     .map(|(i, s)| Name::parse(&format!("services[{i}]"), s))
                     .collect::<Result<Vec<_>, _>>()?;
                 if role.is_some() {
-                    return Err(BadInput::new(
+                    return Err(BadInput::rule(
                         "role",
                         "",
                         format!("{} tokens have no role; omit it", kind.as_str()),
@@ -85,7 +85,7 @@ impl NewToken {
             }
             TokenKind::Api => {
                 if environment.is_some() || !services.is_empty() {
-                    return Err(BadInput::new(
+                    return Err(BadInput::rule(
                         "environment",
                         "",
                         "API tokens are not scoped to services; omit it",
@@ -177,7 +177,7 @@ impl UserChange {
             check_password(p).map_err(|m| BadInput::new("password", "", m))?;
         }
         if password.is_none() && role.is_none() && disabled.is_none() {
-            return Err(BadInput::new(
+            return Err(BadInput::rule(
                 "role",
                 "",
                 "give a new password, a new role or disabled (one or more)",
@@ -372,10 +372,11 @@ mod tests {
 
     #[test]
     fn passwords_are_checked_and_never_printed() {
-        use crate::auth::{MAX_PASSWORD_BYTES, MIN_PASSWORD_CHARS};
+        use crate::auth::{MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS};
         assert!(check_password("short").is_err());
         assert!(check_password(&"p".repeat(MIN_PASSWORD_CHARS)).is_ok());
-        assert!(check_password(&"p".repeat(MAX_PASSWORD_BYTES + 1)).is_err());
+        assert!(check_password(&"p".repeat(MAX_PASSWORD_CHARS + 1)).is_err());
+        assert!(check_password(&"é".repeat(MAX_PASSWORD_CHARS)).is_ok());
         let u = NewUser::new("olivia", "correct horse battery".into(), Role::Operator).unwrap();
         assert!(!format!("{u:?}").contains("horse"));
         let e = NewUser::new("olivia", "short".into(), Role::Operator).unwrap_err();

@@ -48,7 +48,10 @@ pub use actor::{Action, Actor, Forbidden, Via};
 pub use environments::NewEnvironment;
 pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use faults::NewFaultRule;
-pub use input::{BadInput, MAX_TEXT_BYTES, Name, Reason, ReasonError, check_text};
+pub use input::{
+    BadInput, Broken, MAX_TEXT_CHARS, NAME_PATTERN, Name, REASON_BLANKS, REASON_PATTERN, Reason, ReasonError,
+    check_text,
+};
 pub use overrides::NewOverride;
 pub use profiles::{
     MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec, ProfileUndo,

@@ -49,7 +49,7 @@ fn if_none_match(headers: &HeaderMap) -> Option<u64> {
 /// a bad `wait`, 503 when the database is away and this replica holds no copy.
 #[utoipa::path(get, path = "/api/v1/sync/{env}/{svc}", tag = "fleet",
     params(("env" = String, Path), ("svc" = String, Path),
-        ("wait" = Option<String>, Query, description = "long-poll wait, e.g. `20s`, at most 30s (default)"),
+        ("wait" = Option<levee_agent::policy::duration::Text>, Query, description = "long-poll wait, e.g. `20s`, at most 30s (default)"),
         ("If-None-Match" = Option<String>, Header, description = "the revision the agent has, quoted")),
     responses(
         (status = 200, description = "newer snapshot", content_type = "application/x-protobuf", body = Vec<u8>),
@@ -80,7 +80,7 @@ pub async fn poll(
     }
     let wait = q.wait.unwrap_or(LONG_POLL_MAX);
     if wait > LONG_POLL_MAX {
-        return Err(ApiError::bad_field("wait", format!("{wait:?}"), "must be at most 30s"));
+        return Err(crate::actions::BadInput::rule("wait", format!("{wait:?}"), "must be at most 30s").into());
     }
     let have = if_none_match(&headers).unwrap_or(0);
     let mut rx = s.hub.subscribe(&env, &svc);

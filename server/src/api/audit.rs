@@ -12,6 +12,7 @@ use crate::web::AppState;
 
 /// Filters of `GET /audit`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     /// Only entries of this environment.

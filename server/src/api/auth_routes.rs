@@ -58,16 +58,17 @@ pub async fn login(
     }))
 }
 
-/// Ends the caller's session token before its expiry: it is refused from now on. API
-/// tokens are revoked with `DELETE /api/v1/tokens/{id}` instead.
+/// Ends the caller's session token before its expiry: it is refused from now on. An API
+/// token has no session to end (403): it is revoked with `DELETE /api/v1/tokens/{id}`.
 #[utoipa::path(post, path = "/api/v1/auth/logout", tag = "auth",
     responses((status = 204, description = "the session token no longer works"),
-              (status = 400, body = super::Problem), (status = 401, body = super::Problem)),
+              (status = 401, body = super::Problem),
+              (status = 403, body = super::Problem, description = "an API token, not a session")),
     security(("bearer" = [])))]
 pub async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<StatusCode> {
     if auth.principal.actor.starts_with("token:") {
-        return Err(ApiError::bad_request(
-            "this is an API token, not a session: revoke it with DELETE /api/v1/tokens/{id}",
+        return Err(ApiError::Forbidden(
+            "this is an API token, not a session: revoke it with DELETE /api/v1/tokens/{id}".into(),
         ));
     }
     end_session(&state.store, &auth.principal.jti).await?;

@@ -10,7 +10,9 @@ use levee_agent::ofrep::ErrorCode;
 use levee_agent::policy::{FieldError, PolicyError, ValidationErrors};
 use serde::Serialize;
 
-use crate::actions::{BadInput, ChangeError, CreateError, Forbidden, ProfileUndo, ReasonError, TokenError};
+use crate::actions::{
+    BadInput, Broken, ChangeError, CreateError, Forbidden, ProfileUndo, ReasonError, TokenError,
+};
 use crate::auth::LoginError;
 use crate::db::Unreadable;
 
@@ -246,7 +248,10 @@ impl From<sqlx::Error> for ApiError {
 
 impl From<BadInput> for ApiError {
     fn from(e: BadInput) -> Self {
-        ApiError::BadRequest { detail: e.to_string(), errors: vec![e.0] }
+        match e.1 {
+            Broken::Form => ApiError::BadRequest { detail: e.to_string(), errors: vec![e.0] },
+            Broken::Rule => ApiError::invalid_field(e.0),
+        }
     }
 }
 

@@ -167,8 +167,42 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
                 ApiError::bad_request("could not read the request body")
             }
         })?;
-        levee_agent::policy::decode_json::<T>(&bytes).map(ApiJson).map_err(ApiError::from_policy)
+        match levee_agent::policy::decode_json::<T>(&bytes) {
+            Ok(v) => Ok(ApiJson(v)),
+            // JSON Schema's `integer` (the OpenAPI document's) holds `5.0`; serde's whole
+            // numbers do not. Read such a body once more with those numbers written whole;
+            // what fails again is answered with the first decoding's errors.
+            Err(e) => whole_numbers(&bytes)
+                .and_then(|b| levee_agent::policy::decode_json::<T>(&b).ok())
+                .map(ApiJson)
+                .ok_or_else(|| ApiError::from_policy(e)),
+        }
     }
+}
+
+/// `bytes` with every number that has a zero fraction (`5.0`, `1e3`) written as the whole
+/// number it is, or `None` when it holds none (or is not JSON).
+fn whole_numbers(bytes: &[u8]) -> Option<Vec<u8>> {
+    fn walk(v: &mut serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                let whole = if f.fract() == 0.0 && f >= 0.0 && f <= u64::MAX as f64 {
+                    Some(serde_json::Number::from(f as u64))
+                } else if f.fract() == 0.0 && f < 0.0 && f >= i64::MIN as f64 {
+                    Some(serde_json::Number::from(f as i64))
+                } else {
+                    None
+                };
+                whole.map(|w| *n = w).is_some()
+            }
+            serde_json::Value::Array(a) => a.iter_mut().fold(false, |changed, v| walk(v) | changed),
+            serde_json::Value::Object(o) => o.values_mut().fold(false, |changed, v| walk(v) | changed),
+            _ => false,
+        }
+    }
+    let mut v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    walk(&mut v).then(|| serde_json::to_vec(&v).ok()).flatten()
 }
 
 /// Query parameters decoded with errors that name the parameter: 400 with the
@@ -197,5 +231,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
                 ApiError::bad_field(&path, value, message)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_numbers;
+
+    #[test]
+    fn whole_numbers_rewrites_only_numbers_with_a_zero_fraction() {
+        let out = whole_numbers(br#"{"a":5.0,"b":[1.5,2e0,-3.0],"c":{"d":"5.0","e":7}}"#).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), r#"{"a":5,"b":[1.5,2,-3],"c":{"d":"5.0","e":7}}"#);
+        assert_eq!(whole_numbers(br#"{"a":5,"b":1.5}"#), None);
+        assert_eq!(whole_numbers(b"not json"), None);
     }
 }

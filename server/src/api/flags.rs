@@ -38,7 +38,7 @@ pub struct PutFlag {
     pub expires_at: Option<Timestamp>,
     /// Behaviour while an agent is offline: `"hold"` (default) or `{"revert_after": "1h"}`.
     #[serde(default)]
-    #[schema(value_type = Value, example = json!("hold"))]
+    #[schema(example = json!("hold"))]
     pub stale: StalePolicy,
     /// Gradual rollout (bool flags only); default none (everyone gets `value`).
     #[serde(default)]
@@ -66,6 +66,7 @@ pub struct PatchFlag {
 
 /// Query of a `DELETE` that needs only a reason.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonQuery {
     /// Why, recorded in the audit log; required.

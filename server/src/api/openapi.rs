@@ -2,9 +2,15 @@
 
 use axum::Json;
 use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{AdditionalProperties, Schema, SchemaType, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
+
+use crate::actions::{APPROVAL_KINDS, MAX_TEXT_CHARS, NAME_PATTERN, REASON_PATTERN};
+use crate::auth::{MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS};
+
+use super::services::IF_MATCH_PATTERN;
 
 use super::{
     agent_sync, audit, auth_routes, envs, flags, fleet, ofrep, overrides, plan, profiles, requests, rollouts,
@@ -36,7 +42,7 @@ pub const PUBLIC_PATHS: &[&str] = &["/api/v1/auth/login", "/api/v1/openapi.json"
 struct ProblemResponses;
 
 impl ProblemResponses {
-    fn common(path: &str, has_body: bool) -> Vec<(&'static str, &'static str)> {
+    fn common(path: &str, has_body: bool, needs_if_match: bool) -> Vec<(&'static str, &'static str)> {
         let public = PUBLIC_PATHS.contains(&path);
         let mut out = vec![("400", "malformed request: the problem names the parameter or field")];
         if !public {
@@ -50,6 +56,9 @@ impl ProblemResponses {
             out.push(("413", "the body is larger than the server's limit"));
             out.push(("415", "the body is not JSON"));
             out.push(("422", "the body is JSON but a value is not allowed; every bad field is listed"));
+        }
+        if needs_if_match {
+            out.push(("428", "If-Match is missing: send the revision read, or * to write whatever it is"));
         }
         if path == "/api/v1/auth/login" {
             out.push(("429", "too many failed logins for this user; try later"));
@@ -86,12 +95,185 @@ impl Modify for ProblemResponses {
                         r.content.insert(super::PROBLEM_JSON.to_string(), problem());
                     }
                 }
-                for (status, description) in Self::common(path, op.request_body.is_some()) {
+                let needs_if_match = op.parameters.iter().flatten().any(|p| {
+                    matches!(p, RefOr::T(p) if matches!(p.parameter_in, ParameterIn::Header)
+                        && p.name.eq_ignore_ascii_case("if-match")
+                        && matches!(p.required, utoipa::openapi::Required::True))
+                });
+                for (status, description) in Self::common(path, op.request_body.is_some(), needs_if_match) {
                     op.responses.responses.entry(status.to_string()).or_insert_with(|| {
                         let mut r = Response::new(description);
                         r.content.insert(super::PROBLEM_JSON.to_string(), problem());
                         RefOr::T(r)
                     });
+                }
+            }
+        }
+    }
+}
+
+/// The forms of free text and names that the server checks before anything else
+/// (`actions::input`), stated in the document so that a client — or a fuzzer — knows what is
+/// accepted: a value in this form is never refused with 400, one outside it always is.
+///
+/// * `reason` and `override_profile`, in any request body or query: [`REASON_PATTERN`],
+///   1 to [`MAX_TEXT_CHARS`] characters (a query's `reason` is required where it is named);
+/// * `kind` of a change request or scheduled change, and the `kinds` of approval rules: one
+///   of [`APPROVAL_KINDS`];
+/// * a new `password`: `MIN_PASSWORD_CHARS` to `MAX_PASSWORD_CHARS` characters;
+/// * `If-Match`: [`IF_MATCH_PATTERN`];
+/// * the `description` of what is created: at most [`MAX_TEXT_CHARS`] characters;
+/// * a page's `limit`: 1 to `MAX_PAGE`;
+/// * names checked by `Name::parse` ([`NAME_FIELDS`], [`NAME_PARAMS`]): [`NAME_PATTERN`].
+struct InputForms;
+
+/// `(component, property)` pairs holding a name that the server checks with `Name::parse`.
+const NAME_FIELDS: &[(&str, &str)] = &[
+    ("CreateEnvironment", "name"),
+    ("CreateService", "name"),
+    ("CreateToken", "name"),
+    ("CreateToken", "environment"),
+    ("CreateUser", "username"),
+];
+
+/// Path parameters holding a name that the server checks with `Name::parse`, by the
+/// operation's path and the parameter's name.
+const NAME_PARAMS: &[(&str, &str)] = &[
+    ("/api/v1/environments/{env}/services/{svc}/flags/{key}", "key"),
+    ("/api/v1/environments/{env}/services/{svc}/faults/{id}", "id"),
+    ("/api/v1/environments/{env}/profiles/{name}", "name"),
+    ("/api/v1/users/{username}", "username"),
+];
+
+/// Internally tagged enums of the policy model (`#[serde(tag = "type", deny_unknown_fields)]`):
+/// utoipa leaves their variants open to other properties, serde refuses them.
+const CLOSED_TAGGED: &[&str] = &["FaultAction", "Window"];
+
+/// Request bodies whose `description` is checked by `check_text`.
+const DESCRIBED: &[&str] = &["CreateEnvironment", "CreateService", "PutService", "PutProfile"];
+
+fn text_schema(schema: &mut RefOr<Schema>, pattern: Option<&str>, min: Option<usize>, max: usize) {
+    if let RefOr::T(Schema::Object(o)) = schema {
+        o.pattern = pattern.map(str::to_string).or(o.pattern.take());
+        o.min_length = min.or(o.min_length);
+        o.max_length = Some(max);
+    }
+}
+
+/// The components named by a request body: what a client sends (responses keep whatever
+/// was stored, an empty reason of a login included).
+fn request_components(openapi: &utoipa::openapi::OpenApi) -> Vec<String> {
+    let mut out = Vec::new();
+    for item in openapi.paths.paths.values() {
+        let ops = [&item.get, &item.put, &item.post, &item.delete, &item.patch];
+        for op in ops.into_iter().flatten() {
+            let bodies = op.request_body.iter().filter_map(|b| match b {
+                RefOr::T(b) => Some(b),
+                RefOr::Ref(_) => None,
+            });
+            for content in bodies.flat_map(|b| b.content.values()) {
+                if let RefOr::T(content) = content
+                    && let Some(RefOr::Ref(r)) = &content.schema
+                    && let Some(name) = r.ref_location.strip_prefix("#/components/schemas/")
+                {
+                    out.push(name.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn one_of_kinds(schema: &mut RefOr<Schema>) {
+    let kinds = || Some(APPROVAL_KINDS.iter().map(|k| serde_json::json!(k)).collect::<Vec<_>>());
+    match schema {
+        RefOr::T(Schema::Object(o)) => o.enum_values = kinds(),
+        RefOr::T(Schema::Array(a)) => {
+            if let utoipa::openapi::schema::ArrayItems::RefOrSchema(item) = &mut a.items
+                && let RefOr::T(Schema::Object(o)) = item.as_mut()
+            {
+                o.enum_values = kinds();
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Modify for InputForms {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let reason = |s: &mut RefOr<Schema>| text_schema(s, Some(REASON_PATTERN), Some(1), MAX_TEXT_CHARS);
+        let requests = request_components(openapi);
+        if let Some(components) = openapi.components.as_mut() {
+            for name in CLOSED_TAGGED {
+                if let Some(RefOr::T(Schema::OneOf(one_of))) = components.schemas.get_mut(*name) {
+                    for item in &mut one_of.items {
+                        if let RefOr::T(Schema::Object(o)) = item {
+                            o.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
+                        }
+                    }
+                }
+            }
+            for (component, schema) in components.schemas.iter_mut() {
+                if !requests.contains(component) {
+                    continue;
+                }
+                let RefOr::T(Schema::Object(o)) = schema else { continue };
+                for (field, property) in o.properties.iter_mut() {
+                    match field.as_str() {
+                        "reason" | "override_profile" => reason(property),
+                        "kind" if component != "CreateToken" => one_of_kinds(property),
+                        "kinds" => one_of_kinds(property),
+                        "password" if component != "LoginRequest" => {
+                            text_schema(property, None, Some(MIN_PASSWORD_CHARS), MAX_PASSWORD_CHARS);
+                        }
+                        "description" if DESCRIBED.contains(&component.as_str()) => {
+                            text_schema(property, None, None, MAX_TEXT_CHARS);
+                        }
+                        _ if NAME_FIELDS.contains(&(component.as_str(), field.as_str())) => {
+                            text_schema(property, Some(NAME_PATTERN), Some(1), 64);
+                        }
+                        "services" if component == "CreateToken" => {
+                            if let RefOr::T(Schema::Array(a)) = property
+                                && let utoipa::openapi::schema::ArrayItems::RefOrSchema(item) = &mut a.items
+                            {
+                                text_schema(item.as_mut(), Some(NAME_PATTERN), Some(1), 64);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for op in ops.into_iter().flatten() {
+                for param in op.parameters.iter_mut().flatten() {
+                    let RefOr::T(param) = param else { continue };
+                    let Some(schema) = param.schema.as_mut() else { continue };
+                    match (&param.parameter_in, param.name.as_str()) {
+                        (ParameterIn::Query, "reason") => {
+                            reason(schema);
+                            param.required = utoipa::openapi::Required::True;
+                        }
+                        (ParameterIn::Query, "override_profile") => reason(schema),
+                        (ParameterIn::Header, name) if name.eq_ignore_ascii_case("if-match") => {
+                            // A header is a string when sent: never `null`, even where optional.
+                            if let RefOr::T(Schema::Object(o)) = schema {
+                                o.schema_type = SchemaType::Type(Type::String);
+                            }
+                            text_schema(schema, Some(IF_MATCH_PATTERN), Some(1), 24);
+                        }
+                        (ParameterIn::Query, "limit") => {
+                            if let RefOr::T(Schema::Object(o)) = schema {
+                                o.minimum = Some(utoipa::Number::Int(1));
+                                o.maximum = Some(utoipa::Number::Int(super::services::MAX_PAGE as isize));
+                            }
+                        }
+                        (ParameterIn::Path, name) if NAME_PARAMS.contains(&(path.as_str(), name)) => {
+                            text_schema(schema, Some(NAME_PATTERN), Some(1), 64);
+                        }
+                        _ => {}
+                    }
                 }
             }
         }
@@ -143,7 +325,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         rollouts::pause, rollouts::resume, rollouts::abort,
         tokens::update_user, document,
     ),
-    modifiers(&BearerAuth, &ProblemResponses),
+    modifiers(&BearerAuth, &ProblemResponses, &InputForms),
     security(("bearer" = [])),
 )]
 #[derive(Debug)]

@@ -34,6 +34,7 @@ pub struct PutOverride {
 
 /// Query of `DELETE .../breaker-overrides/{dependency}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteOverrideQuery {
     /// Operation whose override is removed; omit for the dependency-level breaker.

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::flags::ReasonQuery;
 use super::services::if_match;
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, Name, Profile, ProfileService, ProfileSpec, Reason, activation_services};
+use crate::actions::{
+    Action, BadInput, Name, Profile, ProfileService, ProfileSpec, Reason, activation_services,
+};
 use crate::db::ActivationRow;
 use crate::web::{AppState, RequestId};
 
@@ -118,7 +120,7 @@ pub struct ApplyProfile {
     pub expires_at: Option<Timestamp>,
     /// Or: it reverts by itself after this long, e.g. `"2h"`.
     #[serde(default, with = "levee_agent::policy::duration::option")]
-    #[schema(value_type = Option<String>, example = "2h")]
+    #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "2h")]
     pub expires_in: Option<Duration>,
     /// Why, recorded in the audit log and shown on the service pages; required.
     pub reason: String,
@@ -230,11 +232,9 @@ pub async fn apply(
             Timestamp::from_unix_ms(Timestamp::now().unix_ms().saturating_add(d.as_millis() as i64))
         }
         _ => {
-            return Err(ApiError::bad_field(
-                "expires_at",
-                "",
-                "give exactly one of expires_at and expires_in",
-            ));
+            return Err(
+                BadInput::rule("expires_at", "", "give exactly one of expires_at and expires_in").into()
+            );
         }
     };
     let a = s.actions.apply_profile(&by, &reason, &env, &name, expires_at).await?;

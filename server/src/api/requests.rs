@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
-use crate::actions::{Action, Proposal, Reason, request_sides};
+use crate::actions::{APPROVAL_KINDS, Action, BadInput, Proposal, Reason, request_sides};
 use crate::db::RequestRow;
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
@@ -126,7 +126,7 @@ pub struct ProposeBody {
     pub profile: Option<String>,
     /// How long the profile stays applied once the request is applied, e.g. `"2h"`.
     #[serde(default, with = "levee_agent::policy::duration::option")]
-    #[schema(value_type = Option<String>, example = "2h")]
+    #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "2h")]
     pub expires_in: Option<Duration>,
     /// Why, recorded in the audit log and shown to the reviewer; required.
     pub reason: String,
@@ -150,8 +150,16 @@ pub struct DecideBody {
     pub reason: String,
 }
 
-fn need<T>(v: Option<T>, field: &str, kind: &str) -> ApiResult<T> {
-    v.ok_or_else(|| ApiError::bad_field(field, "", format!("required for a {kind} change")))
+/// `field` of a change request or scheduled change of `kind`, which that kind requires
+/// (a rule between fields: 422).
+pub(super) fn need<T>(v: Option<T>, field: &str, kind: &str) -> ApiResult<T> {
+    v.ok_or_else(|| BadInput::rule(field, "", format!("required for a {kind} change")).into())
+}
+
+/// The refusal of a `kind` that is not one of [`APPROVAL_KINDS`] (the document lists them as
+/// an enum).
+pub(super) fn unknown_kind(kind: &str) -> ApiError {
+    ApiError::bad_field("kind", format!("{kind:?}"), format!("must be one of {}", APPROVAL_KINDS.join(", ")))
 }
 
 fn proposal(b: ProposeBody) -> ApiResult<Proposal> {
@@ -170,13 +178,7 @@ fn proposal(b: ProposeBody) -> ApiResult<Proposal> {
             name: need(b.profile, "profile", kind)?,
             lasts: need(b.expires_in, "expires_in", kind)?,
         },
-        _ => {
-            return Err(ApiError::bad_field(
-                "kind",
-                format!("{kind:?}"),
-                "must be one of flag, policy, profile",
-            ));
-        }
+        _ => return Err(unknown_kind(kind)),
     })
 }
 

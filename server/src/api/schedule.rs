@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::flags::ReasonQuery;
+use super::requests::{need, unknown_kind};
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewSchedule, Planned, Reason};
 use crate::db::ScheduledRow;
@@ -143,6 +144,7 @@ pub struct Reschedule {
 
 /// Query of the list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only the changes of this service.
@@ -154,10 +156,6 @@ fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
-}
-
-fn need<T>(v: Option<T>, field: &str, kind: &str) -> ApiResult<T> {
-    v.ok_or_else(|| ApiError::bad_field(field, "", format!("required for a {kind} change")))
 }
 
 /// Scheduled changes: pending ones by time, then the last 100 that ended, newest first.
@@ -217,13 +215,7 @@ pub async fn create(
             policy: Box::new(need(req.policy, "policy", kind)?),
         },
         "profile" => Planned::Profile { name: need(req.profile, "profile", kind)? },
-        _ => {
-            return Err(ApiError::bad_field(
-                "kind",
-                format!("{kind:?}"),
-                "must be one of flag, policy, profile",
-            ));
-        }
+        _ => return Err(unknown_kind(kind)),
     };
     let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };
     let c = s.actions.schedule_change(&by, &reason, new).await?;

@@ -77,6 +77,7 @@ pub struct PutService {
 
 /// Query of `DELETE /environments/{env}/services/{svc}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteServiceQuery {
     /// Why, recorded in the audit log; required.
@@ -96,8 +97,8 @@ fn override_reason(text: Option<&str>) -> ApiResult<Option<Reason>> {
                 "\"\"",
                 "must say why the emergency profile may be undone (it is recorded in the audit log)",
             ),
-            ReasonError::TooLong { bytes } => {
-                ApiError::bad_field("override_profile", format!("{bytes} bytes"), e.to_string())
+            ReasonError::TooLong { chars } => {
+                ApiError::bad_field("override_profile", format!("{chars} characters"), e.to_string())
             }
         })
     })
@@ -202,6 +203,7 @@ pub struct Rollback {
 
 /// Query of `GET .../revisions`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RevisionsQuery {
     /// Most entries (default 100; the allowed range is in the 400 answer).
@@ -210,6 +212,7 @@ pub struct RevisionsQuery {
 
 /// Query of `GET .../revisions/{rev}/diff`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DiffQuery {
     /// Revision to compare with (default: the one before).
@@ -245,6 +248,10 @@ pub(super) fn page_limit(limit: Option<i64>) -> ApiResult<i64> {
 
 /// Parses `If-Match`: `"5"`, `5`, `W/"5"` → Some(5); `*` → None. Absent → Err(428) when
 /// `required`, Ok(None) otherwise.
+/// The form of an `If-Match` value [`if_match`] reads, for the OpenAPI document: `*`, or a
+/// revision number, quoted or not, weak (`W/`) or not.
+pub(super) const IF_MATCH_PATTERN: &str = r#"^(\*|(W/)?"?[0-9]{1,19}"?)$"#;
+
 pub(super) fn if_match(headers: &HeaderMap, required: bool) -> ApiResult<Option<u64>> {
     let Some(v) = headers.get(header::IF_MATCH) else {
         return if required {
@@ -260,8 +267,11 @@ pub(super) fn if_match(headers: &HeaderMap, required: bool) -> ApiResult<Option<
     if s == "*" {
         return Ok(None);
     }
-    let inner = s.trim_start_matches("W/").trim_matches('"');
-    inner.parse::<u64>().map(Some).map_err(|_| {
+    let inner = s.strip_prefix("W/").unwrap_or(s);
+    let inner = inner.strip_prefix('"').unwrap_or(inner);
+    let inner = inner.strip_suffix('"').unwrap_or(inner);
+    let digits = !inner.is_empty() && inner.len() <= 19 && inner.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| inner.parse::<u64>().ok()).flatten().map(Some).ok_or_else(|| {
         ApiError::bad_field("If-Match", format!("{s:?}"), "must be a revision number such as \"5\", or *")
     })
 }
@@ -585,4 +595,44 @@ pub async fn rollback(
     let reason = Reason::parse(&req.reason)?;
     let written = s.actions.rollback(&by, &reason, &at, req.to_revision).await?;
     Ok(write_response(written, StatusCode::OK))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue, header};
+
+    use super::{IF_MATCH_PATTERN, if_match};
+
+    /// The documented form of `If-Match` is what `if_match` reads.
+    #[test]
+    fn the_documented_if_match_pattern_agrees_with_the_parser() {
+        let pattern = regex::Regex::new(IF_MATCH_PATTERN).unwrap();
+        for value in [
+            "*",
+            "5",
+            "\"5\"",
+            "W/\"5\"",
+            "W/5",
+            "\"5",
+            "0",
+            "9999999999999999999",
+            "99999999999999999999",
+            "",
+            "null",
+            "\"\"",
+            "W/",
+            "*5",
+            "5*",
+            "-1",
+            "+5",
+            "5.0",
+            "\"\"5\"\"",
+            "w/\"5\"",
+            "1 2",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::IF_MATCH, HeaderValue::from_str(value).unwrap());
+            assert_eq!(if_match(&headers, true).is_ok(), pattern.is_match(value), "{value:?}");
+        }
+    }
 }

@@ -33,7 +33,7 @@ pub struct CreateToken {
     pub services: Vec<String>,
     /// Lifetime, e.g. `90d`; default 365 days (the allowed range is in the 400 answer).
     #[serde(default, with = "levee_agent::policy::duration::option")]
-    #[schema(value_type = Option<String>, example = "90d")]
+    #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "90d")]
     pub expires_in: Option<Duration>,
     /// Why, recorded in the audit log; required.
     pub reason: String,
@@ -82,6 +82,7 @@ pub async fn list(State(s): State<AppState>, auth: Auth) -> ApiResult<Json<Vec<T
 
 /// Query of `DELETE /tokens/{id}`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RevokeQuery {
     /// Why, recorded in the audit log; required.

@@ -55,13 +55,14 @@ pub struct Stage {
 /// How a staged change is delivered: stages, how long each bakes, and when it halts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = RolloutPlan)]
 pub struct Plan {
     /// Stages in order; the last covers 100 %. 1–10 stages, shares never decreasing.
     #[serde(default = "default_stages")]
     pub stages: Vec<Stage>,
     /// How long each stage runs before the next starts (`"5m"`, `"30s"`), 1 s – 7 days.
     #[serde(with = "levee_agent::policy::duration", default = "default_bake")]
-    #[schema(value_type = String, example = "5m")]
+    #[schema(value_type = levee_agent::policy::duration::Text, example = "5m")]
     pub bake: Duration,
     /// Halt when the cohort's error rate (failures and timeouts per call) exceeds the
     /// rest's by more than this (0–1).

@@ -315,6 +315,6 @@ async fn logout_ends_the_session_token_and_api_tokens_are_revoked_elsewhere() {
         .await;
     let api_token = t["token"].as_str().expect("api token").to_string();
     let (s, h, b) = app.call_as(&api_token, Method::POST, "/api/v1/auth/logout", None, &[]).await;
-    assert_problem(s, &h, &b, StatusCode::BAD_REQUEST);
+    assert_problem(s, &h, &b, StatusCode::FORBIDDEN);
     assert!(b["detail"].as_str().unwrap().contains("DELETE /api/v1/tokens"), "{b}");
 }

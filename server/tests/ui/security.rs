@@ -172,7 +172,7 @@ async fn user_text_is_escaped_everywhere() {
         )
         .await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
-    assert!(refused.body.contains("at most 1000 bytes"), "{}", refused.body);
+    assert!(refused.body.contains("at most 1000 characters"), "{}", refused.body);
     let audit = b.get("/ui/audit").await;
     assert_eq!(audit.status, StatusCode::OK);
     for (name, page) in
