@@ -46,7 +46,8 @@ fn if_none_match(headers: &HeaderMap) -> Option<u64> {
 ///
 /// # Errors
 /// 401 without a valid agent token, 403 outside its scope, 404 without a snapshot, 400 for
-/// a bad `wait`, 503 when the database is away and this replica holds no copy.
+/// a `wait` that is not a duration, 422 for one past 30 s, 503 when the database is away and
+/// this replica holds no copy.
 #[utoipa::path(get, path = "/api/v1/sync/{env}/{svc}", tag = "fleet",
     params(("env" = String, Path), ("svc" = String, Path),
         ("wait" = Option<levee_agent::policy::duration::Text>, Query, description = "long-poll wait, e.g. `20s`, at most 30s (default)"),

@@ -203,7 +203,8 @@ async fn ofrep_flags_tokens_are_scoped_and_read_only() {
         app.ofrep(&both, &format!("{SINGLE}/fast"), r#"{"context":{"service":"search"}}"#, &[]).await;
     assert_eq!((s, &b["value"]), (StatusCode::OK, &json!(true)), "{b}");
 
-    // A flags token has no role, and a revoked one reads nothing.
+    // A flags token has no role (a rule between kind and role: 422, naming the field), and a
+    // revoked one reads nothing.
     let (s, _, b) = app
         .call(
             Method::POST,
@@ -211,7 +212,8 @@ async fn ofrep_flags_tokens_are_scoped_and_read_only() {
             Some(json!({"kind": "flags", "name": "x", "role": "admin", "environment": "prod", "services": ["checkout"], "reason": "t"})),
         )
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert_eq!(b["errors"][0]["path"], "role", "{b}");
     let (s, _, b) = app.call(Method::DELETE, &format!("/api/v1/tokens/{flags_id}?reason=done"), None).await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
     let (s, h, b) = app.ofrep(&flags, &one, "{}", &[]).await;

@@ -98,7 +98,7 @@ async fn http_fallback_endpoint_keeps_scope_and_answers_not_modified() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::NOT_MODIFIED);
     assert!(started.elapsed() >= Duration::from_millis(200));
-    // Another service, an API token, no token, a wait past the cap.
+    // Another service, an API token, no token, a wait past the cap (a rule the document states in words: 422).
     let (s, _, _) = app.call_as(&token, Method::GET, "/api/v1/sync/prod/payments", None, &[]).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     let (s, _, _) = app.call(Method::GET, "/api/v1/sync/prod/checkout", None).await;
@@ -106,5 +106,5 @@ async fn http_fallback_endpoint_keeps_scope_and_answers_not_modified() {
     let res = app.client.get(&url).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     let (s, _, _) = app.call_as(&token, Method::GET, "/api/v1/sync/prod/checkout?wait=5m", None, &[]).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
 }
