@@ -365,7 +365,7 @@ impl CircuitBreaker {
                     let Some(until) = timer_for(self.timer.load(Ordering::Acquire), g) else {
                         // The timer is another generation's: either this OPEN period's is not
                         // published yet (reject: it has just begun), or the breaker moved on
-                        // since `w` was read (found by the loom model: retry with the new word).
+                        // since `w` was read (then retry with the new word; the loom model covers both).
                         let cur = self.word.load(Ordering::Acquire);
                         if cur != w {
                             w = cur;

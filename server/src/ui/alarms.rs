@@ -697,9 +697,9 @@ mod tests {
         assert_eq!(a.list[0].levers[0].label, "turn recommendations.enabled back on");
     }
 
-    /// Found by a newcomer: a feature reported on its fallback pointed to "the degradation
-    /// matrix" while the same page said the policy had none (the feature came from the
-    /// matrix compiled into the service).
+    /// A feature reported on its fallback whose row is not in the stored policy comes from
+    /// the matrix compiled into the service: the alarm points to the agents, not to "the
+    /// degradation matrix" the same page says the policy does not have.
     #[test]
     fn a_feature_the_policy_has_no_row_for_points_to_the_agents_not_the_matrix() {
         let now = Timestamp::from_unix_ms(1_800_000_000_000);
