@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use levee_agent::policy::{ServiceConfig, Timestamp};
+use levee_agent::policy::Timestamp;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -67,9 +67,8 @@ impl AlertWatcher {
         let mut found: BTreeMap<Key, PastAlert> = BTreeMap::new();
         for env in store.environments().await? {
             for svc in store.services(&env.name).await? {
-                let Ok(cfg) = serde_json::from_str::<ServiceConfig>(
-                    &store.latest_snapshot(&env.name, &svc.name).await?.map(|s| s.body).unwrap_or_default(),
-                ) else {
+                let Some(Ok(cfg)) = store.latest_snapshot(&env.name, &svc.name).await?.map(|s| s.config())
+                else {
                     continue;
                 };
                 if cfg.policy.degradation_matrix.is_empty() {

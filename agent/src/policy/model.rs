@@ -781,6 +781,38 @@ impl FlagType {
             FlagType::Json => true,
         }
     }
+
+    /// Reads `text`, a value a person typed in a form or on a command line, as a value of
+    /// this type: `true` or `false`, a whole number (64-bit), a finite number, the text
+    /// itself (kept exactly, blanks included) or a JSON document. Blanks around the
+    /// non-string kinds are ignored.
+    ///
+    /// The error says what the type takes, e.g. `is a bool flag: the value must be true or
+    /// false`; the caller names the flag and quotes the text.
+    pub fn parse_text(self, text: &str) -> Result<serde_json::Value, String> {
+        let t = text.trim();
+        match self {
+            FlagType::Bool => match t {
+                "true" => Ok(true.into()),
+                "false" => Ok(false.into()),
+                _ => Err("is a bool flag: the value must be true or false".into()),
+            },
+            FlagType::Int => t
+                .parse::<i64>()
+                .map(Into::into)
+                .map_err(|_| "is an int flag: the value must be a whole number".into()),
+            FlagType::Float => t
+                .parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map(serde_json::Value::Number)
+                .ok_or_else(|| "is a float flag: the value must be a finite number".into()),
+            FlagType::String => Ok(serde_json::Value::String(text.to_string())),
+            FlagType::Json => {
+                serde_json::from_str(t).map_err(|e| format!("is a json flag: the value must be JSON ({e})"))
+            }
+        }
+    }
 }
 
 /// What an agent does with a flag value while it cannot reach the server.

@@ -95,6 +95,34 @@ fn flag_value_must_match_its_type() {
 }
 
 #[test]
+fn a_typed_flag_value_is_read_by_its_type() {
+    assert_eq!(FlagType::Bool.parse_text(" false "), Ok(false.into()));
+    assert!(FlagType::Bool.parse_text("no").unwrap_err().contains("true or false"));
+    assert_eq!(FlagType::Int.parse_text(" 42 "), Ok(42.into()));
+    assert!(FlagType::Int.parse_text("4.2").is_err());
+    assert_eq!(FlagType::Float.parse_text("0.25"), Ok(0.25.into()));
+    for not_finite in ["NaN", "inf", "-inf"] {
+        assert!(FlagType::Float.parse_text(not_finite).is_err(), "{not_finite}");
+    }
+    assert_eq!(FlagType::String.parse_text(" a b "), Ok(" a b ".into()));
+    assert_eq!(FlagType::Json.parse_text(r#" {"a":1} "#), Ok(serde_json::json!({"a": 1})));
+    assert!(FlagType::Json.parse_text("{").unwrap_err().starts_with("is a json flag"));
+    // Whatever parse_text reads, the type check accepts.
+    for (kind, text) in [(FlagType::Bool, "true"), (FlagType::Int, "-7"), (FlagType::Float, "1e3")] {
+        let v = kind.parse_text(text).unwrap();
+        assert_eq!(kind.check("value", &v), Ok(()));
+    }
+}
+
+#[test]
+fn the_type_check_names_the_path_and_cuts_a_long_value() {
+    let e = FlagType::Int.check("flags.n.value", &serde_json::json!("x".repeat(200))).unwrap_err();
+    assert_eq!(e.path, "flags.n.value");
+    assert_eq!(e.message, "must be an int value, as the flag's type says");
+    assert!(e.value.chars().count() <= 81, "{}", e.value);
+}
+
+#[test]
 fn window_is_tagged_and_checked() {
     let cfg = check(
         r#"{"policy":{"dependencies":{"r":{"circuit_breaker":{"window":{"type":"time","seconds":10}}}}}}"#,

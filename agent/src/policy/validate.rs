@@ -541,13 +541,29 @@ fn validate_flags(c: &mut Check, flags: &std::collections::BTreeMap<String, Flag
     }
 }
 
+impl FlagType {
+    /// `Ok` when `value` is a value of this type ([`accepts`](Self::accepts)); otherwise the
+    /// error at `path`, with the value as written (cut at 80 bytes) and the type it must have.
+    /// The one check of a flag's value against its type, for every write that sets one.
+    pub fn check(self, path: &str, value: &serde_json::Value) -> Result<(), FieldError> {
+        if self.accepts(value) {
+            return Ok(());
+        }
+        Err(FieldError {
+            path: path.to_string(),
+            value: truncate(&value.to_string(), 80),
+            message: format!(
+                "must be {} {} value, as the flag's type says",
+                if self == FlagType::Int { "an" } else { "a" },
+                self.as_str()
+            ),
+        })
+    }
+}
+
 fn validate_flag(c: &mut Check, p: &str, flag: &Flag) {
-    if !flag.kind.accepts(&flag.value) {
-        c.push(
-            join(p, "value"),
-            truncate(&flag.value.to_string(), 80),
-            format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
-        );
+    if let Err(e) = flag.kind.check(&join(p, "value"), &flag.value) {
+        c.errors.push(e);
     }
     let size = flag.value.to_string().len();
     if size > d::MAX_FLAG_VALUE_BYTES {

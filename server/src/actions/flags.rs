@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use levee_agent::policy::{FieldError, Flag, Timestamp};
+use levee_agent::policy::{Flag, Timestamp};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, Written};
@@ -57,13 +57,7 @@ impl Actions {
             let flag = p.flags.get_mut(key).ok_or_else(|| {
                 ChangeError::NotFound(Missing::Flag { service: at.service.clone(), key: key.to_string() })
             })?;
-            if !flag.kind.accepts(&value) {
-                return Err(ChangeError::InvalidField(FieldError {
-                    path: "value".into(),
-                    value: value.to_string(),
-                    message: format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
-                }));
-            }
+            flag.kind.check("value", &value).map_err(ChangeError::InvalidField)?;
             let before = flag.clone();
             flag.value = value;
             flag.expires_at = expires_at;

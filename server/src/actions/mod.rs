@@ -66,7 +66,7 @@ pub use security::{
 };
 pub use service::{Declared, NewService};
 
-use levee_agent::policy::{Lint, ServiceConfig, lint};
+use levee_agent::policy::{Lint, lint};
 
 use crate::advice;
 
@@ -224,7 +224,7 @@ impl Actions {
             }
             self.hub.publish(c.snapshot.clone());
         }
-        let lints = match serde_json::from_str::<ServiceConfig>(&c.snapshot.body) {
+        let lints = match c.snapshot.config() {
             Ok(cfg) => {
                 let (env, svc) = (&c.snapshot.environment, &c.snapshot.service);
                 advice::for_write(&self.store, env, svc, &cfg.policy).await.unwrap_or_else(|e| {

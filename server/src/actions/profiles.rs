@@ -318,15 +318,11 @@ fn apply_to(
         |p: &mut Parts, key: &str, value: &serde_json::Value, fpath: String, errors: &mut Vec<_>| {
             let before = p.flags.get(key).cloned();
             let set = match &before {
-                Some(f) if !f.kind.accepts(value) => {
-                    errors.push(field(
-                        fpath,
-                        value.to_string(),
-                        format!("must be a {} value, as the flag's type says", f.kind.as_str()),
-                    ));
-                    return;
-                }
                 Some(f) => {
+                    if let Err(e) = f.kind.check(&fpath, value) {
+                        errors.push(e);
+                        return;
+                    }
                     Flag { value: value.clone(), expires_at: Some(expires), rollout: None, ..f.clone() }
                 }
                 None => Flag {

@@ -28,7 +28,7 @@ use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
 use serde_json::{Value, json};
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, Parts, RequestRow, now_ms};
+use crate::db::{AuditRow, Parts, RequestRow, RequestState, now_ms};
 
 /// The kinds of change that can require approval.
 pub const APPROVAL_KINDS: [&str; 3] = ["policy", "flag", "profile"];
@@ -272,13 +272,7 @@ impl Actions {
                     flag.and_then(|f| serde_json::from_str(&f).ok()).ok_or_else(|| {
                         ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
                     })?;
-                if !flag.kind.accepts(value) {
-                    return Err(ChangeError::InvalidField(FieldError {
-                        path: "value".into(),
-                        value: value.to_string(),
-                        message: format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
-                    }));
-                }
+                flag.kind.check("value", value).map_err(ChangeError::InvalidField)?;
                 Ok(("flag".into(), Some(service.clone()), key.clone(), value.to_string()))
             }
             Proposal::Policy { service, policy } => {
@@ -337,7 +331,7 @@ impl Actions {
             expected,
             base_revision,
             version: 1,
-            state: "open".into(),
+            state: RequestState::Open,
             proposed_by: by.name.clone(),
             proposed_person: Some(by.person()),
             proposed_at: now_ms(),
@@ -365,7 +359,7 @@ impl Actions {
         audit.environment = Some(old.environment.clone());
         audit.service = old.service.clone();
         audit.target = format!("{} (change request {})", describe_request(old), old.id);
-        if !self.store.update_request(old.id, old.version, &old.state, &next, &audit).await? {
+        if !self.store.update_request(old.id, old.version, old.state, &next, &audit).await? {
             let now = self.store.request(old.id).await?.ok_or_else(|| Self::request_missing(old.id))?;
             return Err(ChangeError::Conflict { expected: old.version, current: now.version });
         }
@@ -391,7 +385,7 @@ impl Actions {
             .store
             .request(id)
             .await?
-            .filter(|r| r.state == "open" || r.state == "approved")
+            .filter(|r| r.state.is_pending())
             .ok_or_else(|| Self::request_missing(id))?;
         if old.proposed_by != by.name && !by.is(&proposer(&old)) {
             return Err(ChangeError::NotProposer { id, proposer: old.proposed_by });
@@ -416,7 +410,7 @@ impl Actions {
             expected,
             base_revision,
             version: old.version + 1,
-            state: "open".into(),
+            state: RequestState::Open,
             approved_by: None,
             approved_at: None,
             approved_version: None,
@@ -426,7 +420,7 @@ impl Actions {
         let mut audit = audit_row(by, reason, Action::RequestUpdate, String::new());
         audit.before =
             Some(json!({"version": old.version, "state": old.state, "payload": old.payload}).to_string());
-        audit.after = Some(json!({"version": next.version, "approval_voided": old.state == "approved", "payload": next.payload}).to_string());
+        audit.after = Some(json!({"version": next.version, "approval_voided": old.state == RequestState::Approved, "payload": next.payload}).to_string());
         self.transition(&old, next, audit).await
     }
 
@@ -448,7 +442,7 @@ impl Actions {
             .store
             .request(id)
             .await?
-            .filter(|r| r.state == "open")
+            .filter(|r| r.state == RequestState::Open)
             .ok_or_else(|| Self::request_missing(id))?;
         by.may(underlying_kind(&old.kind))?;
         // The person, not the name: a token the proposer minted is the proposer too.
@@ -459,7 +453,7 @@ impl Actions {
             return Err(ChangeError::Conflict { expected: version, current: old.version });
         }
         let next = RequestRow {
-            state: "approved".into(),
+            state: RequestState::Approved,
             approved_by: Some(by.name.clone()),
             approved_at: Some(now_ms()),
             approved_version: Some(version),
@@ -486,10 +480,10 @@ impl Actions {
             .store
             .request(id)
             .await?
-            .filter(|r| r.state == "open" || r.state == "approved")
+            .filter(|r| r.state.is_pending())
             .ok_or_else(|| Self::request_missing(id))?;
         let next = RequestRow {
-            state: "rejected".into(),
+            state: RequestState::Rejected,
             decided_reason: Some(reason.as_str().into()),
             ..old.clone()
         };
@@ -514,7 +508,7 @@ impl Actions {
             .store
             .request(id)
             .await?
-            .filter(|r| r.state == "approved")
+            .filter(|r| r.state == RequestState::Approved)
             .ok_or_else(|| Self::request_missing(id))?;
         by.may(underlying_kind(&old.kind))?;
         if old.approved_version != Some(old.version) {
@@ -601,7 +595,7 @@ impl Actions {
             }
         };
         let next = RequestRow {
-            state: "applied".into(),
+            state: RequestState::Applied,
             applied_by: Some(by.name.clone()),
             applied_at: Some(now_ms()),
             revision,
@@ -633,7 +627,8 @@ impl Actions {
         old: &RequestRow,
         outcome: String,
     ) -> Result<ChangeError, ChangeError> {
-        let next = RequestRow { state: "conflict".into(), outcome: Some(outcome.clone()), ..old.clone() };
+        let next =
+            RequestRow { state: RequestState::Conflict, outcome: Some(outcome.clone()), ..old.clone() };
         let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
         audit.outcome = "conflict".into();
         audit.detail = Some(outcome.clone());

@@ -133,13 +133,7 @@ impl Actions {
                 let flag = cfg.flags.get(key).ok_or_else(|| {
                     ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
                 })?;
-                if !flag.kind.accepts(value) {
-                    return Err(bad(
-                        "value",
-                        value.to_string(),
-                        format!("must be a {} value, as the flag's type says", flag.kind.as_str()),
-                    ));
-                }
+                flag.kind.check("value", value).map_err(ChangeError::InvalidField)?;
                 row.service = Some(service.clone());
                 row.kind = "flag".into();
                 row.target = key.clone();

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
 use crate::actions::{APPROVAL_KINDS, Action, BadInput, Proposal, Reason, request_sides};
-use crate::db::RequestRow;
+use crate::db::{RequestRow, RequestState};
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
 
@@ -54,8 +54,7 @@ pub struct RequestView {
     pub base_revision: Option<u64>,
     /// Bumped by every edit; an approval names the version approved.
     pub version: u64,
-    /// `open`, `approved`, `applied`, `rejected` or `conflict`.
-    pub state: String,
+    pub state: RequestState,
     pub proposed_by: String,
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]

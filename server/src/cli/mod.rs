@@ -15,10 +15,10 @@ mod session;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use levee_agent::policy::{Flag, FlagType, Timestamp};
+use levee_agent::policy::{Flag, Timestamp};
 use reqwest::Method;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub use apply::ApplyArgs;
 pub use profile::ProfileCommand;
@@ -372,29 +372,6 @@ fn warn_of_stale_files(dir: &std::path::Path, env: &str, exported: &[String], ex
     }
 }
 
-/// Reads `text` as a value of `kind`.
-fn flag_value(kind: FlagType, text: &str) -> Result<Value, String> {
-    let v = match kind {
-        FlagType::Bool => match text {
-            "true" => json!(true),
-            "false" => json!(false),
-            _ => return Err("is a bool flag: the value must be true or false".into()),
-        },
-        FlagType::Int => {
-            json!(text.parse::<i64>().map_err(|_| "is an int flag: the value must be an integer")?)
-        }
-        FlagType::Float => {
-            let f = text.parse::<f64>().ok().filter(|f| f.is_finite());
-            json!(f.ok_or("is a float flag: the value must be a finite number")?)
-        }
-        FlagType::String => json!(text),
-        FlagType::Json => {
-            serde_json::from_str(text).map_err(|e| format!("is a json flag: the value must be JSON ({e})"))?
-        }
-    };
-    Ok(v)
-}
-
 async fn flip(a: FlipArgs) -> Result<ExitCode, CliError> {
     let (env, Some(svc)) = split_target(&a.target)? else {
         return Err(CliError::Usage(format!("{:?}: expected ENV/SERVICE, e.g. prod/checkout", a.target)));
@@ -406,7 +383,9 @@ async fn flip(a: FlipArgs) -> Result<ExitCode, CliError> {
         let known: Vec<&str> = snap.config.flags.keys().map(String::as_str).collect();
         CliError::Usage(format!("{env}/{svc} has no flag {:?}; its flags: {}", a.flag, known.join(", ")))
     })?;
-    let value = flag_value(flag.kind, &a.value)
+    let value = flag
+        .kind
+        .parse_text(&a.value)
         .map_err(|m| CliError::Usage(format!("{} {m} (got {:?})", a.flag, a.value)))?;
     let mut body = json!({"value": value, "reason": a.reason});
     if let Some(d) = a.for_ {

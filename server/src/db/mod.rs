@@ -22,7 +22,7 @@ mod schedule;
 pub use backup::{Contents, check_file, restore_file, sqlite_path};
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
-pub use requests::RequestRow;
+pub use requests::{RequestRow, RequestState};
 pub use rollouts::{
     DEFAULT_BAKE, DEFAULT_STAGES, Delivery, MAX_STAGES, Plan, ROLLOUT_STATES, RolloutRow, RolloutSettings,
     STAGEABLE_KINDS, Stage, Staging, Step,

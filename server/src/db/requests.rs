@@ -5,6 +5,55 @@ use sqlx::any::AnyRow;
 
 use super::{AuditRow, Store, mutate, now_ms};
 
+/// Where a change request is: `open` (waiting for a second person), `approved` (that
+/// version may be applied), then `applied`, `rejected`, or `conflict` (its target changed
+/// under it). Stored and served as the lower-case word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestState {
+    #[default]
+    Open,
+    Approved,
+    Applied,
+    Rejected,
+    Conflict,
+}
+
+impl RequestState {
+    const ALL: [RequestState; 5] =
+        [Self::Open, Self::Approved, Self::Applied, Self::Rejected, Self::Conflict];
+
+    /// The word stored in `change_requests.state`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Approved => "approved",
+            Self::Applied => "applied",
+            Self::Rejected => "rejected",
+            Self::Conflict => "conflict",
+        }
+    }
+
+    /// Still waiting to be decided or applied (`open` or `approved`): what the landing page
+    /// counts and what a second request on the same target conflicts with.
+    pub const fn is_pending(self) -> bool {
+        matches!(self, Self::Open | Self::Approved)
+    }
+
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| anyhow::anyhow!("change request state {s:?} is not one this server knows"))
+    }
+}
+
+impl std::fmt::Display for RequestState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One change request.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct RequestRow {
@@ -24,8 +73,7 @@ pub struct RequestRow {
     pub base_revision: Option<u64>,
     /// Bumped by every edit.
     pub version: u64,
-    /// `open`, `approved`, `applied`, `rejected` or `conflict`.
-    pub state: String,
+    pub state: RequestState,
     pub proposed_by: String,
     /// The person behind the proposer (`Actor::person`); `None` on requests proposed before
     /// it was recorded (`proposed_by` stands in).
@@ -65,7 +113,7 @@ impl RequestRow {
             expected: r.try_get("expected")?,
             base_revision: u(r.try_get("base_revision")?),
             version: r.try_get::<i64, _>("version")? as u64,
-            state: r.try_get("state")?,
+            state: RequestState::parse(r.try_get("state")?)?,
             proposed_by: r.try_get("proposed_by")?,
             proposed_at: r.try_get("proposed_at")?,
             reason: r.try_get("reason")?,
@@ -180,7 +228,7 @@ impl Store {
         &self,
         id: i64,
         version: u64,
-        from: &str,
+        from: RequestState,
         next: &RequestRow,
         audit: &AuditRow,
     ) -> anyhow::Result<bool> {
@@ -195,7 +243,7 @@ impl Store {
         .bind(next.expected.clone())
         .bind(next.base_revision.map(|v| v as i64))
         .bind(next.version as i64)
-        .bind(&next.state)
+        .bind(next.state.as_str())
         .bind(next.approved_by.clone())
         .bind(next.approved_at)
         .bind(next.approved_version.map(|v| v as i64))
@@ -206,7 +254,7 @@ impl Store {
         .bind(next.outcome.clone())
         .bind(id)
         .bind(version as i64)
-        .bind(from)
+        .bind(from.as_str())
         .execute(&mut *tx)
         .await?;
         if res.rows_affected() != 1 {

@@ -151,27 +151,10 @@ pub struct FlagChange {
     mode: Mode,
 }
 
-/// Parses a value typed for a flag of type `kind`.
-fn parse_value(kind: FlagType, text: &str) -> Result<serde_json::Value, String> {
-    let t = text.trim();
-    let bad = |what: &str| format!("{text:?} is not {what}");
-    match kind {
-        FlagType::Bool => match t {
-            "true" => Ok(true.into()),
-            "false" => Ok(false.into()),
-            _ => Err(bad("true or false")),
-        },
-        FlagType::Int => t.parse::<i64>().map(Into::into).map_err(|_| bad("a whole number")),
-        FlagType::Float => t
-            .parse::<f64>()
-            .ok()
-            .filter(|f| f.is_finite())
-            .and_then(serde_json::Number::from_f64)
-            .map(serde_json::Value::Number)
-            .ok_or_else(|| bad("a finite number")),
-        FlagType::String => Ok(serde_json::Value::String(text.to_string())),
-        FlagType::Json => serde_json::from_str(t).map_err(|e| format!("{text:?} is not JSON: {e}")),
-    }
+/// Reads a value typed in a form for a flag of type `kind`; the error names the flag and
+/// quotes the text.
+fn parse_value(key: impl std::fmt::Display, kind: FlagType, text: &str) -> Result<serde_json::Value, String> {
+    kind.parse_text(text).map_err(|m| format!("flag {key} {m} (got {text:?})"))
 }
 
 /// What switching bool flag `key` to `on` does, in words.
@@ -209,8 +192,7 @@ async fn flag_confirm(
     let cfg = &loaded.config;
     let flag =
         cfg.flags.get(key).ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
-    let new =
-        parse_value(flag.kind, &f.value).map_err(|m| UiError::BadRequest(format!("flag {key}: {m}")))?;
+    let new = parse_value(&key, flag.kind, &f.value).map_err(UiError::BadRequest)?;
     let current = loaded.row.revision;
     let mut effects = Vec::new();
     if let Some(m) = moved_on(f.revision, current) {
@@ -283,8 +265,7 @@ pub async fn apply_flag(
         .get(&key)
         .map(|f| f.kind)
         .ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
-    let value =
-        parse_value(kind, &form.value).map_err(|m| UiError::BadRequest(format!("flag {key}: {m}")))?;
+    let value = parse_value(&key, kind, &form.value).map_err(UiError::BadRequest)?;
     if form.mode == Mode::Propose {
         let p = Proposal::Flag { service: svc.clone(), key: key.clone(), value };
         let r = s.actions.propose(&by, &reason, &env, p).await?;
@@ -340,7 +321,7 @@ async fn new_flag_confirm(
     }
     let kind: FlagType = serde_json::from_value(serde_json::Value::String(f.kind.clone()))
         .map_err(|_| bad(format!("type {:?} is not one of bool, int, float, string, json", f.kind)))?;
-    let value = parse_value(kind, &f.value).map_err(|m| bad(format!("flag {key}: {m}")))?;
+    let value = parse_value(&key, kind, &f.value).map_err(bad)?;
     let flag = Flag {
         kind,
         value,
@@ -797,12 +778,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn typed_values_follow_the_flag_type() {
-        assert_eq!(parse_value(FlagType::Bool, "false"), Ok(false.into()));
-        assert!(parse_value(FlagType::Bool, "no").is_err());
-        assert_eq!(parse_value(FlagType::Int, " 42 "), Ok(42.into()));
-        assert!(parse_value(FlagType::Float, "NaN").is_err());
-        assert_eq!(parse_value(FlagType::String, " a b "), Ok(" a b ".into()));
-        assert_eq!(parse_value(FlagType::Json, "{\"a\":1}"), Ok(serde_json::json!({"a": 1})));
+    fn a_value_typed_in_a_form_follows_the_flag_type_and_its_error_names_the_flag() {
+        assert_eq!(parse_value("k", FlagType::Int, " 42 "), Ok(42.into()));
+        assert_eq!(
+            parse_value("k", FlagType::Bool, "no"),
+            Err(r#"flag k is a bool flag: the value must be true or false (got "no")"#.into())
+        );
     }
 }

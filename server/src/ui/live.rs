@@ -105,8 +105,7 @@ pub async fn of_environment(s: &AppState, env: &str) -> Result<LiveState, UiErro
         let nacks = s.store.nacks(env, &r.name).await?;
         fleet.push((r.name, r.revision, FleetSummary::new(r.revision, &agents, &nacks)));
     }
-    let pending =
-        s.store.requests(env).await?.iter().filter(|r| r.state == "open" || r.state == "approved").count();
+    let pending = s.store.requests(env).await?.iter().filter(|r| r.state.is_pending()).count();
     Ok(LiveState { token: token(&(alarms, fleet, pending)), ..quiet() })
 }
 
@@ -119,13 +118,7 @@ pub async fn of_overview(s: &AppState) -> Result<LiveState, UiError> {
     let mut view = Vec::new();
     for e in s.store.environments().await? {
         let alarms = alarms::for_environment(s, &e.name).await?;
-        let pending = s
-            .store
-            .requests(&e.name)
-            .await?
-            .iter()
-            .filter(|r| r.state == "open" || r.state == "approved")
-            .count();
+        let pending = s.store.requests(&e.name).await?.iter().filter(|r| r.state.is_pending()).count();
         let services = s.store.services(&e.name).await?.len();
         view.push((e.name, services, alarms, pending));
     }

@@ -46,7 +46,7 @@ struct EnvironmentsPage {
 
 /// Change requests of `env` waiting for a decision or to be applied.
 pub async fn waiting_requests(s: &AppState, env: &str) -> Result<usize, UiError> {
-    Ok(s.store.requests(env).await?.iter().filter(|r| r.state == "open" || r.state == "approved").count())
+    Ok(s.store.requests(env).await?.iter().filter(|r| r.state.is_pending()).count())
 }
 
 /// `GET /`: the environments.

@@ -21,7 +21,7 @@ use super::error::UiError;
 use super::page::{Layout, Page, When, seg, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, NewSchedule, Planned, Proposal, request_sides};
-use crate::db::{RequestRow, ScheduledRow};
+use crate::db::{RequestRow, RequestState, ScheduledRow};
 use crate::diff::json_diff;
 use crate::web::{AppState, RequestId};
 
@@ -269,7 +269,7 @@ struct RequestView {
     id: i64,
     what: String,
     version: u64,
-    state: String,
+    state: &'static str,
     by: String,
     at: When,
     reason: String,
@@ -291,7 +291,7 @@ impl RequestView {
             id: r.id,
             what: describe(r),
             version: r.version,
-            state: r.state.clone(),
+            state: r.state.as_str(),
             by: r.proposed_by.clone(),
             at: time(r.proposed_at),
             reason: r.reason.clone(),
@@ -301,7 +301,7 @@ impl RequestView {
                 .collect(),
             approved_by: r.approved_by.clone().unwrap_or_default(),
             outcome: r.outcome.clone().unwrap_or_default(),
-            approvable: r.state == "open" && r.proposed_by != user.principal.actor,
+            approvable: r.state == RequestState::Open && r.proposed_by != user.principal.actor,
             mine: r.proposed_by == user.principal.actor,
         }
     }
