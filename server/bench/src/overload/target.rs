@@ -242,6 +242,13 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Run> {
         "capacity {:.0} rps ({}); ramp {:?} x capacity, {:?} warm-up + {:?} per step",
         capacity.rps, capacity.source, plan.multiples, plan.warmup, plan.measure
     );
+    if 2.0 * capacity.rps > plan.max_rps {
+        println!(
+            "--max-rps {} is below twice the capacity: the ramp cannot go past {:.2} x capacity (raise --max-rps)",
+            plan.max_rps,
+            plan.max_rps / capacity.rps
+        );
+    }
     print_header();
     let mut steps = Vec::new();
     for &multiple in &plan.multiples {
@@ -465,7 +472,8 @@ pub fn check(summary: &Value) -> anyhow::Result<()> {
     let last = num(&steps[steps.len() - 1], "/multiple")?;
     ensure!(
         last >= 2.0 || source == "max_rps",
-        "the ramp stopped at {last} x capacity: it must go past the capacity (>= 2x)"
+        "the ramp stopped at {last} x capacity: it must go past the capacity (>= 2x); \
+         if --max-rps cut it short, raise --max-rps or give the target a lower capacity"
     );
     ensure!(summary.pointer("/peak").is_some_and(Value::is_object), "summary has no peak");
     ensure!(summary.pointer("/goodput_falls_at").is_some(), "summary has no goodput_falls_at");
