@@ -2,35 +2,7 @@
 
 use super::Reason;
 use crate::auth::Principal;
-use crate::db::{AuditCtx, Role};
-
-/// Through which door a change came; recorded as the audit row's `via`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Via {
-    /// The HTTP API with a bearer token.
-    Api,
-    /// The HTTP API from the `levee` command line (it sends `x-levee-client: cli`).
-    Cli,
-    /// The web UI (session cookie and a confirmed form).
-    Ui,
-    /// The server itself (the expiry sweeper, the bootstrap admin at start).
-    Server,
-    /// A command run where the database is reachable, without the API (`levee users set`).
-    Local,
-}
-
-impl Via {
-    /// The value recorded in the audit log: `api`, `cli`, `ui` or `server`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Via::Api => "api",
-            Via::Cli => "cli",
-            Via::Ui => "ui",
-            Via::Server => "server",
-            Via::Local => "local",
-        }
-    }
-}
+use crate::db::{AuditCtx, Role, Via};
 
 /// Who makes a change.
 #[derive(Clone, Debug)]
@@ -126,7 +98,7 @@ impl Actor {
     pub(super) fn audit_ctx(&self, reason: &Reason) -> AuditCtx {
         AuditCtx {
             actor: self.name.clone(),
-            via: self.via.as_str().to_string(),
+            via: self.via,
             request_id: self.request_id.clone(),
             reason: reason.as_str().to_string(),
         }

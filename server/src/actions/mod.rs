@@ -41,10 +41,11 @@ mod schedule;
 mod security;
 mod service;
 
+pub use crate::db::Via;
 pub use access::{
     MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser, UserChange,
 };
-pub use actor::{Action, Actor, Forbidden, Via};
+pub use actor::{Action, Actor, Forbidden};
 pub use environments::NewEnvironment;
 pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use faults::NewFaultRule;

@@ -20,8 +20,7 @@ use super::{AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
 pub struct AuditCtx {
     /// A username, `token:<name>`, or `levee` for the server.
     pub actor: String,
-    /// `api`, `ui`, `cli` or `server`.
-    pub via: String,
+    pub via: super::Via,
     /// The request's `x-request-id`; empty outside a request.
     pub request_id: String,
     /// Why; never empty.
@@ -567,7 +566,7 @@ fn written_row(ctx: &AuditCtx, change: &Change<'_>, now: i64, diff: AuditDiff, r
     AuditRow {
         at: now,
         actor: ctx.actor.clone(),
-        via: ctx.via.clone(),
+        via: ctx.via.as_str().into(),
         request_id: ctx.request_id.clone(),
         action: change.action.to_string(),
         environment: Some(change.env.to_string()),
@@ -628,7 +627,7 @@ impl Store {
             let row = AuditRow {
                 at: now_ms(),
                 actor: ctx.actor.clone(),
-                via: ctx.via.clone(),
+                via: ctx.via.as_str().into(),
                 request_id: ctx.request_id.clone(),
                 action: change.action.to_string(),
                 environment: Some(change.env.to_string()),

@@ -315,6 +315,34 @@ impl RevisionMeta {
     }
 }
 
+/// Through which door a change came; recorded as the audit row's `via`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The HTTP API with a bearer token.
+    Api,
+    /// The HTTP API from the `levee` command line (it sends `x-levee-client: cli`).
+    Cli,
+    /// The web UI (session cookie and a confirmed form).
+    Ui,
+    /// The server itself (the expiry sweeper, the bootstrap admin at start).
+    Server,
+    /// A command run where the database is reachable, without the API (`levee users set`).
+    Local,
+}
+
+impl Via {
+    /// The value recorded in the audit log: `api`, `cli`, `ui`, `server` or `local`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Via::Api => "api",
+            Via::Cli => "cli",
+            Via::Ui => "ui",
+            Via::Server => "server",
+            Via::Local => "local",
+        }
+    }
+}
+
 /// One audit entry.
 #[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct AuditRow {
@@ -326,7 +354,7 @@ pub struct AuditRow {
     pub at: i64,
     /// Who (username, `token:<name>`, or `levee` for the server itself).
     pub actor: String,
-    /// From where: `api`, `ui`, `cli` or `server`.
+    /// From where: `api`, `ui`, `cli`, `server` or `local` ([`Via::as_str`]).
     pub via: String,
     /// The request's `x-request-id`; empty for the server's own changes.
     pub request_id: String,
