@@ -22,7 +22,7 @@
 //!
 //! The crate holds the [`policy`] model shared with the server, the generated sync
 //! protocol ([`proto`]), the [`Agent`] runtime (sync client, disk [`cache`], [`flags`]) and
-//! local enforcement ([`enforce`]). Metric names are in [`telemetry`].
+//! local enforcement ([`enforce`]). Metric names are in [`metrics_names`].
 //!
 //! Invariants: enforcement never waits on the network; the hot path takes no lock
 //! (`arc-swap` loads and atomics only); all time the agent measures is `tokio::time`
@@ -55,7 +55,6 @@ pub mod report;
 pub mod retry;
 mod state;
 pub mod sync;
-pub mod telemetry;
 
 pub use admission::{Admission, AdmissionLayer, AdmissionPermit, AdmissionRequest, AdmissionService};
 pub use agent::{Agent, AgentBuilder, BuildError, InitialSyncTimeout, instance_name_of};

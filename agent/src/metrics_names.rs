@@ -1,6 +1,7 @@
-//! Names of the metrics the agent's enforcement primitives emit (prefix `levee_`), their
-//! label keys, and [`Labels`], which registers pre-bound handles once per
-//! (dependency, operation) so no call ever looks a metric up by name.
+//! Names of every metric the agent emits (prefix `levee_`): its own configuration and sync
+//! stream, and its enforcement primitives with their label keys; and [`Labels`], which
+//! registers pre-bound handles once per (dependency, operation) so no call ever looks a
+//! metric up by name.
 //!
 //! Everything goes through the `metrics` facade: install any recorder (the examples use
 //! the Prometheus exporter), before or after the agent is built — handles are bound to the
@@ -10,6 +11,32 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Gauge, Label};
+
+// The agent's own series: the configuration it applies and its sync stream. Each carries
+// the labels `environment` and `service`.
+
+/// Gauge: revision of the applied configuration (0 = compiled-in defaults).
+pub const CONFIG_REVISION: &str = "levee_config_revision";
+/// Gauge, seconds: time since the applied configuration was last confirmed by the server
+/// (applied from a live snapshot, or named as current by a heartbeat). While it never was
+/// (compiled-in defaults), the time since the agent started.
+pub const CONFIG_AGE_SECONDS: &str = "levee_config_age_seconds";
+/// Gauge with a `source` label (`live`, `cache`, `default`): 1 for the current source, 0
+/// for the others.
+pub const CONFIG_SOURCE: &str = "levee_config_source";
+/// Gauge: 1 while a sync stream is established, else 0.
+pub const SYNC_CONNECTED: &str = "levee_sync_connected";
+/// Counter with a `reason` label: cache files that could not be used or written.
+/// Reasons: `io`, `malformed`, `schema`, `mismatch`, `hash`, `invalid`, `write`.
+pub const CACHE_ERRORS_TOTAL: &str = "levee_cache_errors_total";
+/// Counter: snapshots received from the server and rejected (NACKed).
+pub const SNAPSHOTS_REJECTED_TOTAL: &str = "levee_snapshots_rejected_total";
+/// Counter with a `kind` label (`dependency`, `feature`): handles asked for past the cap of
+/// names an agent tracks (`MAX_TRACKED_DEPENDENCIES`, `MAX_TRACKED_FEATURES`) whose name
+/// the policy does not configure; each shares the `_overflow` entry of its kind.
+pub const TRACKING_OVERFLOW_TOTAL: &str = "levee_tracking_overflow_total";
+
+// The enforcement primitives' series, labelled per dependency and operation.
 
 /// Label key: dependency name.
 pub const LABEL_DEPENDENCY: &str = "dependency";

@@ -12,7 +12,7 @@
 //! [`Resolve::OVERFLOW`], resolved like any unknown name (the default policy, with its
 //! own guards). Such a name would get the default policy anyway, so sharing its slot
 //! removes no protection; it is logged and counted in
-//! [`TRACKING_OVERFLOW_TOTAL`](crate::telemetry::TRACKING_OVERFLOW_TOTAL) with a `kind`
+//! [`TRACKING_OVERFLOW_TOTAL`](crate::metrics_names::TRACKING_OVERFLOW_TOTAL) with a `kind`
 //! label. A configured name always gets its own slot, so a policy's kill switches and
 //! breakers are never bypassed because code asked for many other names first.
 
@@ -23,7 +23,7 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use crate::applied::ResolveCtx;
-use crate::telemetry;
+use crate::metrics_names;
 
 /// What a registry's slots hold: a view resolved from the applied snapshot.
 pub(crate) trait Resolve: Sized + Send + Sync + 'static {
@@ -98,7 +98,7 @@ impl<V: Resolve> Registry<V> {
             );
             let [(k1, v1), (k2, v2)] = &self.labels;
             metrics::counter!(
-                telemetry::TRACKING_OVERFLOW_TOTAL,
+                metrics_names::TRACKING_OVERFLOW_TOTAL,
                 *k1 => v1.clone(),
                 *k2 => v2.clone(),
                 "kind" => V::KIND,

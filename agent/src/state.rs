@@ -19,9 +19,9 @@ use crate::cache::DiskCache;
 use crate::enforce::{DepRegistry, Dependency};
 use crate::feature::{Feature, FeatureRegistry};
 use crate::flags::FlagRegistry;
+use crate::metrics_names;
 use crate::policy::ServiceConfig;
 use crate::proto::StatusReport;
-use crate::telemetry;
 
 /// The last snapshot the agent rejected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -274,7 +274,7 @@ impl Shared {
     pub(crate) fn set_nack(&self, revision: u64, detail: String) {
         self.last_nack.store(Some(Arc::new(LastNack { revision, detail })));
         metrics::counter!(
-            telemetry::SNAPSHOTS_REJECTED_TOTAL,
+            metrics_names::SNAPSHOTS_REJECTED_TOTAL,
             "environment" => self.environment.clone(),
             "service" => self.service.clone(),
         )
@@ -331,21 +331,21 @@ impl Shared {
         let current = self.current.load();
         let env = self.environment.clone();
         let svc = self.service.clone();
-        metrics::gauge!(telemetry::CONFIG_REVISION, "environment" => env.clone(), "service" => svc.clone())
+        metrics::gauge!(metrics_names::CONFIG_REVISION, "environment" => env.clone(), "service" => svc.clone())
             .set(current.revision as f64);
         let age = self.confirmed_at().unwrap_or(self.started_at);
-        metrics::gauge!(telemetry::CONFIG_AGE_SECONDS, "environment" => env.clone(), "service" => svc.clone())
+        metrics::gauge!(metrics_names::CONFIG_AGE_SECONDS, "environment" => env.clone(), "service" => svc.clone())
             .set(Instant::now().saturating_duration_since(age).as_secs_f64());
         for s in [Source::Live, Source::Cache, Source::Default] {
             metrics::gauge!(
-                telemetry::CONFIG_SOURCE,
+                metrics_names::CONFIG_SOURCE,
                 "environment" => env.clone(),
                 "service" => svc.clone(),
                 "source" => s.as_str(),
             )
             .set(if s == current.source { 1.0 } else { 0.0 });
         }
-        metrics::gauge!(telemetry::SYNC_CONNECTED, "environment" => env, "service" => svc)
+        metrics::gauge!(metrics_names::SYNC_CONNECTED, "environment" => env, "service" => svc)
             .set(if self.connected.load(Ordering::SeqCst) { 1.0 } else { 0.0 });
     }
 }

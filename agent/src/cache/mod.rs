@@ -10,7 +10,7 @@
 //! Loading tries the newest generation first and falls back to older ones. A file that is
 //! unreadable, truncated, garbage, of another schema version, of another environment or
 //! service, whose hash does not match its body, or whose body does not decode and validate
-//! is reported (a `tracing` warning and [`CACHE_ERRORS_TOTAL`](crate::telemetry::CACHE_ERRORS_TOTAL)
+//! is reported (a `tracing` warning and [`CACHE_ERRORS_TOTAL`](crate::metrics_names::CACHE_ERRORS_TOTAL)
 //! with a `reason` label) and skipped — never trusted, never a panic.
 
 use std::fs;
@@ -20,8 +20,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::metrics_names;
 use crate::policy::{self, SCHEMA_VERSION, ServiceConfig, Timestamp};
-use crate::telemetry;
 
 /// Generations kept on disk; older files are deleted after each successful write.
 pub const GENERATIONS_KEPT: usize = 3;
@@ -186,7 +186,7 @@ impl DiskCache {
     }
 
     /// Reads the newest valid generation. Every skipped file is logged (`warn`) and
-    /// counted in [`CACHE_ERRORS_TOTAL`](crate::telemetry::CACHE_ERRORS_TOTAL). A missing
+    /// counted in [`CACHE_ERRORS_TOTAL`](crate::metrics_names::CACHE_ERRORS_TOTAL). A missing
     /// directory is an empty cache, not an error. Never panics on file contents.
     pub fn load(&self) -> LoadReport {
         let mut report = LoadReport::default();
@@ -367,7 +367,7 @@ impl DiskCache {
             "levee cache file skipped"
         );
         metrics::counter!(
-            telemetry::CACHE_ERRORS_TOTAL,
+            metrics_names::CACHE_ERRORS_TOTAL,
             "environment" => self.environment.clone(),
             "service" => self.service.clone(),
             "reason" => err.reason(),

@@ -46,7 +46,7 @@ fn past_the_cap_only_unconfigured_names_share_the_overflow_slot_and_each_is_coun
     let line = rendered
         .render()
         .lines()
-        .find(|l| l.starts_with(telemetry::TRACKING_OVERFLOW_TOTAL))
+        .find(|l| l.starts_with(metrics_names::TRACKING_OVERFLOW_TOTAL))
         .map(str::to_string)
         .expect("overflow counted");
     assert!(line.contains(r#"kind="dependency""#) && line.contains(r#"service="checkout""#), "{line}");

@@ -91,7 +91,7 @@ impl Actions {
 
 /// The one rule of what a temporary flag value goes back to at its expiry, applied after
 /// every write of a service (`Actions::write`) from the flags and memory before it
-/// (`flags`, `restores`) and the flags after it (`now`):
+/// (`flags`, `restores`) and the flags the write leaves (`written`):
 ///
 /// - a flag given an expiry it did not have (`levee flip … --for`, a `PUT`/`PATCH` with
 ///   `expires_at`, a profile) is remembered as it was, so its expiry puts it back instead of
@@ -105,9 +105,10 @@ impl Actions {
 pub(super) fn remembered(
     flags: &BTreeMap<String, Flag>,
     restores: &BTreeMap<String, Flag>,
-    now: &BTreeMap<String, Flag>,
+    written: &BTreeMap<String, Flag>,
 ) -> BTreeMap<String, Flag> {
-    now.iter()
+    written
+        .iter()
         .filter(|(_, f)| f.expires_at.is_some())
         .filter_map(|(k, _)| {
             let before = restores.get(k).or_else(|| flags.get(k).filter(|f| f.expires_at.is_none()));

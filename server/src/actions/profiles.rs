@@ -68,7 +68,7 @@ pub struct ProfileService {
 
 impl ProfileService {
     /// The entries this sets, as far as the definition names them (the read-only flag is
-    /// named by the service's policy: see [`Saved::entries`] for what was set).
+    /// named by the service's policy: see [`ProfileSet::entries`] for what was set).
     fn entries(&self) -> Entries {
         Entries {
             flags: self.flags.keys().cloned().collect(),
@@ -132,7 +132,7 @@ pub struct ProfileFault {
 
 /// One entry a profile set: its key, what it replaced (`None`: nothing) and what it set.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Swap<K, T> {
+struct SetEntry<K, T> {
     key: K,
     before: Option<T>,
     set: T,
@@ -140,16 +140,16 @@ struct Swap<K, T> {
 
 /// What a profile set in one service, and what it replaced.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-struct Saved {
-    flags: Vec<Swap<String, Flag>>,
-    breakers: Vec<Swap<(String, String), BreakerOverride>>,
-    faults: Vec<Swap<String, FaultRule>>,
+struct ProfileSet {
+    flags: Vec<SetEntry<String, Flag>>,
+    breakers: Vec<SetEntry<(String, String), BreakerOverride>>,
+    faults: Vec<SetEntry<String, FaultRule>>,
     /// The service's lever override (one per service, so no key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    levers: Option<Swap<(), LeverOverride>>,
+    levers: Option<SetEntry<(), LeverOverride>>,
 }
 
-impl Saved {
+impl ProfileSet {
     /// The entries the profile set in the service: the audit row's subject when it is
     /// applied and reverted.
     fn entries(&self) -> Entries {
@@ -218,7 +218,7 @@ pub fn profile_flag_keys(a: Option<&ActivationRow>, service: &str) -> Vec<String
 }
 
 fn activation_flags(a: &ActivationRow) -> BTreeMap<String, Vec<String>> {
-    serde_json::from_str::<BTreeMap<String, Saved>>(&a.saved)
+    serde_json::from_str::<BTreeMap<String, ProfileSet>>(&a.saved)
         .map(|m| m.into_iter().map(|(svc, s)| (svc, s.flags.into_iter().map(|f| f.key).collect())).collect())
         .unwrap_or_default()
 }
@@ -311,9 +311,9 @@ fn apply_to(
     reason: &str,
     expires: Timestamp,
     path: &str,
-) -> Result<Saved, ChangeError> {
+) -> Result<ProfileSet, ChangeError> {
     let mut errors = Vec::new();
-    let mut saved = Saved::default();
+    let mut saved = ProfileSet::default();
     let mut set_flag =
         |p: &mut Parts, key: &str, value: &serde_json::Value, fpath: String, errors: &mut Vec<_>| {
             let before = p.flags.get(key).cloned();
@@ -336,7 +336,7 @@ fn apply_to(
                 },
             };
             p.flags.insert(key.to_string(), set.clone());
-            saved.flags.push(Swap { key: key.to_string(), before, set });
+            saved.flags.push(SetEntry { key: key.to_string(), before, set });
         };
     for (key, value) in &svc.flags {
         let fpath = format!("{path}.flags.{key}");
@@ -368,7 +368,7 @@ fn apply_to(
             reason: format!("profile {profile}: {reason}"),
         };
         let before = p.overrides.insert(key.clone(), set.clone());
-        saved.breakers.push(Swap { key, before, set });
+        saved.breakers.push(SetEntry { key, before, set });
     }
     if !svc.faults.is_empty() && !p.faults_allowed {
         errors.push(field(format!("{path}.faults"), "", "the environment does not allow fault injection"));
@@ -383,11 +383,11 @@ fn apply_to(
             expires_at: expires,
         };
         let before = p.faults.insert(f.id.clone(), set.clone());
-        saved.faults.push(Swap { key: f.id.clone(), before, set });
+        saved.faults.push(SetEntry { key: f.id.clone(), before, set });
     }
     if let Some(set) = svc.levers(expires, format!("profile {profile}: {reason}")) {
         let before = p.levers.replace(set.clone());
-        saved.levers = Some(Swap { key: (), before, set });
+        saved.levers = Some(SetEntry { key: (), before, set });
     }
     if !errors.is_empty() {
         return Err(ChangeError::Invalid(ValidationErrors(errors)));
@@ -402,12 +402,12 @@ fn apply_to(
 /// What a revert did in one service: a note per entry, and the notes of the entries it
 /// left as they are (changed since the profile set them).
 #[derive(Debug, Default)]
-struct Notes {
+struct RevertNotes {
     all: Vec<String>,
     left: Vec<String>,
 }
 
-impl Notes {
+impl RevertNotes {
     fn push(&mut self, note: String, left: bool) {
         if left {
             self.left.push(note.clone());
@@ -418,12 +418,12 @@ impl Notes {
 
 /// Restores what `saved` replaced, entry by entry, unless the entry was changed since the
 /// profile set it (then it is left as it is and named in the notes).
-fn restore(p: &mut Parts, saved: &Saved) -> Notes {
+fn restore(p: &mut Parts, saved: &ProfileSet) -> RevertNotes {
     fn back<K: Ord + Clone, T: PartialEq + Clone>(
         map: &mut BTreeMap<K, T>,
-        swap: &Swap<K, T>,
+        swap: &SetEntry<K, T>,
         what: String,
-        notes: &mut Notes,
+        notes: &mut RevertNotes,
     ) {
         // An entry that expired on the server (gone) is restored too.
         if map.get(&swap.key).is_none_or(|now| *now == swap.set) {
@@ -436,7 +436,7 @@ fn restore(p: &mut Parts, saved: &Saved) -> Notes {
             notes.push(format!("{what} changed since the profile set it; left as it is"), true);
         }
     }
-    let mut notes = Notes::default();
+    let mut notes = RevertNotes::default();
     for s in &saved.flags {
         back(&mut p.flags, s, format!("flag {}", s.key), &mut notes);
     }
@@ -645,7 +645,7 @@ impl Actions {
         };
         row.id = id;
         let target = format!("profile {name}");
-        let mut saved: BTreeMap<String, Saved> = BTreeMap::new();
+        let mut saved: BTreeMap<String, ProfileSet> = BTreeMap::new();
         for (svc, spec) in &profile.spec.services {
             let path = format!("services.{svc}");
             let mut out = None;
@@ -752,7 +752,7 @@ impl Actions {
         let mut left = BTreeMap::new();
         // What this caller knows was saved (a failed application passes it in `a`).
         let json = if a.saved.is_empty() { &claimed.saved } else { &a.saved };
-        let saved: BTreeMap<String, Saved> = serde_json::from_str(json).unwrap_or_default();
+        let saved: BTreeMap<String, ProfileSet> = serde_json::from_str(json).unwrap_or_default();
         let target = format!("profile {}", a.profile);
         // Putting back what the profile replaced is upkeep, not a change of its own: it
         // restores only entries nobody changed since, to what they were before.
@@ -839,7 +839,7 @@ mod tests {
         p.flags.get_mut("pay.enabled").unwrap().expires_at = None;
         p.overrides.clear(); // expired on the server
         p.levers.as_mut().unwrap().inbound_limit = Some(7); // changed by someone else
-        let Notes { all: notes, left } = restore(&mut p, &saved);
+        let RevertNotes { all: notes, left } = restore(&mut p, &saved);
         assert_eq!(
             left,
             [

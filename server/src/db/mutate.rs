@@ -584,7 +584,7 @@ fn written_row(ctx: &AuditCtx, change: &Change<'_>, now: i64, diff: AuditDiff, r
 
 /// Where a revision write starts: the transaction holding the service's counter row, the
 /// revision being written and the parts it replaces.
-struct Start<'t> {
+struct OpenRevision<'t> {
     tx: sqlx::Transaction<'t, sqlx::Any>,
     revision: u64,
     old: Parts,
@@ -706,7 +706,10 @@ impl Store {
         let policy_json: String = bumped.try_get("policy")?;
         let allow = faults_allowed(&mut tx, env).await?;
         let old = load_parts(&mut tx, env, service, &policy_json, allow).await?;
-        match self.write_revision(Start { tx, revision, old, now }, change, ctx, true, seen, edit).await? {
+        match self
+            .write_revision(OpenRevision { tx, revision, old, now }, change, ctx, true, seen, edit)
+            .await?
+        {
             Some(committed) => Ok(committed),
             None => {
                 // Nothing changed: the counter bump was rolled back; answer with the current snapshot.
@@ -780,7 +783,7 @@ impl Store {
             policy: parts.policy.clone(),
             ..Parts::from_config(ServiceConfig::default(), parts.faults_allowed)
         };
-        let start = Start { tx, revision, old, now };
+        let start = OpenRevision { tx, revision, old, now };
         let written = self
             .write_revision(start, &change, ctx, false, &mut None, |p| {
                 *p = parts;
@@ -878,7 +881,7 @@ impl Store {
     /// it started from in `seen`.
     async fn write_revision<E, F>(
         &self,
-        start: Start<'_>,
+        start: OpenRevision<'_>,
         change: &Change<'_>,
         ctx: &AuditCtx,
         skip_unchanged: bool,
@@ -888,7 +891,7 @@ impl Store {
     where
         F: FnOnce(&mut Parts) -> Result<AuditDiff, E>,
     {
-        let Start { mut tx, revision, old, now } = start;
+        let OpenRevision { mut tx, revision, old, now } = start;
         let (env, service) = (change.env, change.service);
         let mut new = old.clone();
         let mut diff = match edit(&mut new) {
