@@ -192,7 +192,7 @@ async fn flag_confirm(
     let cfg = &loaded.config;
     let flag =
         cfg.flags.get(key).ok_or_else(|| UiError::NotFound(format!("no flag {key:?} in service {svc:?}")))?;
-    let new = parse_value(&key, flag.kind, &f.value).map_err(UiError::BadRequest)?;
+    let new = parse_value(key, flag.kind, &f.value).map_err(UiError::BadRequest)?;
     let current = loaded.row.revision;
     let mut effects = Vec::new();
     if let Some(m) = moved_on(f.revision, current) {
