@@ -65,6 +65,14 @@ pub(super) fn kinds_changed(before: Option<&Parts>, after: Option<&Parts>) -> Ve
     kinds
 }
 
+/// [`kinds_changed`] between two snapshot bodies of a service: the kinds of approval rule
+/// that making `to` current again instead of `now` falls under (a rollback), for a page to
+/// say before the change is tried.
+pub fn config_kinds_changed(now: &ServiceConfig, to: &ServiceConfig) -> Vec<&'static str> {
+    let parts = |c: &ServiceConfig| Parts::from_config(c.clone(), false);
+    kinds_changed(Some(&parts(now)), Some(&parts(to)))
+}
+
 /// The approval rules of an environment as they apply to one actor's change.
 #[derive(Clone, Debug)]
 pub(super) struct FourEyes {

@@ -61,19 +61,32 @@ pub struct Gate {
     pub can_break_glass: bool,
     /// The change was tried and refused for want of approval.
     pub refused: bool,
+    /// Why this change cannot be proposed from its page, when it cannot.
+    pub no_proposal: Option<String>,
 }
 
-/// The gate of a change of `kind` in `env` as the environment's rules stand, for the
-/// confirmation page to say before anything is tried (the action still decides).
+impl Gate {
+    /// The same gate, saying why the change cannot be proposed from its page.
+    pub fn unproposable(mut self, why: impl Into<String>) -> Gate {
+        self.can_propose = false;
+        self.no_proposal = Some(why.into());
+        self
+    }
+}
+
+/// The gate of a change of `kinds` (what it changes, `actions::kinds_changed`) in `env` as
+/// the environment's rules stand, for the confirmation page to say before anything is tried
+/// (the action still decides): the first of them that needs approval.
 pub async fn gate(
     s: &AppState,
     user: &UiUser,
     env: &str,
-    kind: &str,
+    kinds: &[&str],
     can_propose: bool,
 ) -> Result<Option<Gate>, UiError> {
-    let kinds = s.store.approval_kinds(env).await?;
-    Ok(kinds.iter().any(|k| k == kind).then(|| offer(user, env, kind, can_propose, false)))
+    let gated = s.store.approval_kinds(env).await?;
+    let kind = kinds.iter().find(|k| gated.iter().any(|g| g == *k));
+    Ok(kind.map(|kind| offer(user, env, kind, can_propose, false)))
 }
 
 /// The offer of a confirmation page whose change needs approval of `kind`.
@@ -84,6 +97,7 @@ pub fn offer(user: &UiUser, env: &str, kind: &str, can_propose: bool, refused: b
         can_propose: can_propose && user.principal.role >= Action::RequestCreate.role(),
         can_break_glass: user.principal.role >= Action::ApprovalBypass.role(),
         refused,
+        no_proposal: None,
     }
 }
 

@@ -25,10 +25,11 @@ use levee_agent::policy::{Lint, Policy};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::approval::{self, Gate, Mode};
 use super::error::UiError;
 use super::page::{Layout, Page, service_url};
 use super::session::{Posted, UiUser, reason};
-use crate::actions::{Action, ServiceAt};
+use crate::actions::{Action, ChangeError, Proposal, ServiceAt};
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
 
@@ -285,6 +286,8 @@ struct EditPage {
     commit: Option<String>,
     reason: String,
     note: Option<String>,
+    /// Set when a policy change needs approval: what the commit form offers instead.
+    gate: Option<Gate>,
 }
 
 /// One row of a diff table.
@@ -354,6 +357,7 @@ fn page(user: &UiUser, env: &str, svc: &str, revision: u64, part: &Part, policy:
         commit: None,
         reason: String::new(),
         note: None,
+        gate: None,
     }
 }
 
@@ -453,6 +457,7 @@ pub async fn preview(
                 view.lints = lints.into_iter().map(|l| (l.path, l.message)).collect();
                 if !view.diff.is_empty() && seen == revision {
                     view.commit = Some(after.to_string());
+                    view.gate = approval::gate(&s, &user, &env, &["policy"], true).await?;
                 }
             }
             Err(found) => errors.extend(found),
@@ -492,10 +497,48 @@ pub struct Commit {
     reason: String,
     #[serde(default)]
     part: String,
+    /// The commit, its proposal, or break-glass.
+    #[serde(default)]
+    mode: Mode,
+}
+
+/// The preview of `policy` with its commit form again, the reason kept: after a reason
+/// was refused (`error`), or after the commit was refused for want of approval (`gate`).
+async fn commit_again(
+    s: &AppState,
+    user: &UiUser,
+    (env, svc): (&str, &str),
+    form: &Commit,
+    policy: &Policy,
+    error: Option<String>,
+    gate: Option<Gate>,
+) -> Result<Response, UiError> {
+    let (revision, _, current_json) = current(s, env, svc).await?;
+    let after = serde_json::to_value(policy).map_err(|e| UiError::Internal(e.into()))?;
+    let part = Part::parse(&form.part).unwrap_or(Part::Service);
+    // The form shows the values previewed, so previewing again keeps them.
+    let mut view = page(user, env, svc, form.revision, &part, &after);
+    view.previewed = true;
+    view.diff = diff_rows(json_diff(&current_json, &after));
+    view.commit = (form.revision == revision).then(|| after.to_string());
+    view.reason = form.reason.clone();
+    let status = match error {
+        Some(msg) => {
+            view.errors.push(("reason".into(), msg));
+            view.gate = approval::gate(s, user, env, &["policy"], true).await?;
+            StatusCode::BAD_REQUEST
+        }
+        None => {
+            view.gate = gate;
+            StatusCode::FORBIDDEN
+        }
+    };
+    Ok(Page::with_status(status, view).into_response())
 }
 
 /// `POST …/policy/commit`: replaces the policy with the one previewed, if the service is
-/// still at the revision the preview was based on.
+/// still at the revision the preview was based on; or proposes it as a change request, or
+/// applies it by break-glass, where policy changes need approval.
 pub async fn commit(
     State(s): State<AppState>,
     rid: RequestId,
@@ -516,20 +559,28 @@ pub async fn commit(
     };
     let reason = match reason(&form.reason) {
         Ok(r) => r,
-        Err(msg) => {
-            let (revision, _, current_json) = current(&s, &env, &svc).await?;
-            let part = Part::parse(&form.part).unwrap_or(Part::Service);
-            let mut view = page(&user, &env, &svc, form.revision, &part, &current_json);
-            view.previewed = true;
-            let after = serde_json::to_value(&policy).map_err(|e| UiError::Internal(e.into()))?;
-            view.diff = diff_rows(json_diff(&current_json, &after));
-            view.commit = (form.revision == revision).then(|| after.to_string());
-            view.errors.push(("reason".into(), msg));
-            return Ok(Page::with_status(StatusCode::BAD_REQUEST, view).into_response());
-        }
+        Err(msg) => return commit_again(&s, &user, (&env, &svc), &form, &policy, Some(msg), None).await,
     };
+    if form.mode == Mode::Propose {
+        // What the proposer reviewed is the difference from the revision previewed.
+        let (revision, _, _) = current(&s, &env, &svc).await?;
+        if revision != form.revision {
+            return Err(ChangeError::Conflict { expected: form.revision, current: revision }.into());
+        }
+        let p = Proposal::Policy { service: svc.clone(), policy: Box::new(policy) };
+        let r = s.actions.propose(&by, &reason, &env, p).await?;
+        return Ok(approval::proposed(&env, r.id));
+    }
+    let by = form.mode.actor(by, &reason);
     let at = ServiceAt::new(&env, &svc, Some(form.revision));
-    let w = s.actions.update_policy(&by, &reason, &at, policy).await?;
+    let w = match s.actions.update_policy(&by, &reason, &at, policy.clone()).await {
+        Ok(w) => w,
+        Err(e @ ChangeError::ApprovalRequired { .. }) => {
+            let gate = approval::refused(e, &user, true)?;
+            return commit_again(&s, &user, (&env, &svc), &form, &policy, None, Some(gate)).await;
+        }
+        Err(e) => return Err(e.into()),
+    };
     tracing::info!(actor = ?by.name, environment = ?env, service = ?svc, revision = w.snapshot.revision, "policy edited from the UI");
     let url = if w.changed {
         format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)

@@ -1,19 +1,23 @@
 //! Revision history with the diff of each revision, and one-click rollback: a
 //! confirmation page (what the rollback changes, a reason) followed by the rollback action
-//! based on the revision the confirmation showed.
+//! based on the revision the confirmation showed. Where the rollback changes a kind that
+//! needs approval, the confirmation offers to propose it or to break the glass
+//! (`approval.rs`), as a flip's does.
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
+use levee_agent::policy::{Policy, ServiceConfig};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::approval::{self, Gate, Mode};
 use super::edit::{DiffRow, diff_rows};
 use super::error::UiError;
 use super::page::{Layout, Page, When, service_url, time};
 use super::session::{Posted, UiUser, reason};
-use crate::actions::{Action, ServiceAt};
+use crate::actions::{Action, ChangeError, Proposal, ServiceAt, config_kinds_changed};
 use crate::db::Unreadable;
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
@@ -136,6 +140,9 @@ pub struct RollbackForm {
     revision: u64,
     #[serde(default)]
     reason: String,
+    /// The rollback, its proposal, or break-glass.
+    #[serde(default)]
+    mode: Mode,
 }
 
 #[derive(Template)]
@@ -152,6 +159,31 @@ struct RollbackPage {
     reason: String,
     error: Option<String>,
     note: Option<String>,
+    /// Set when the rollback needs approval: what the form offers instead.
+    gate: Option<Gate>,
+}
+
+/// A rollback from `now` to `to` as a change request: a request carries a whole policy,
+/// one flag value or a profile, so only a rollback that changes nothing but the policy is
+/// one (the policy of `to`); `Err` says why this one is not.
+fn as_proposal(now: &ServiceConfig, to: &ServiceConfig) -> Result<Policy, String> {
+    let json = |c: &ServiceConfig| serde_json::to_value(c).unwrap_or(Value::Null);
+    let mut others: Vec<String> = json_diff(&json(now), &json(to))
+        .into_iter()
+        .map(|d| d.path.split(['.', '[']).next().unwrap_or_default().to_string())
+        .filter(|top| top != "policy")
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    if others.is_empty() {
+        return Ok(to.policy.clone());
+    }
+    Err(format!(
+        "A change request carries a policy, one flag value or an emergency profile; this rollback changes {}, \
+         so it cannot be proposed as one. Propose the policy from the policy editor and each flag value \
+         from the change requests page instead.",
+        others.join(", ")
+    ))
 }
 
 async fn rollback_page(
@@ -161,16 +193,21 @@ async fn rollback_page(
     svc: &str,
     f: &RollbackForm,
     error: Option<String>,
+    refused: Option<Gate>,
 ) -> Result<RollbackPage, UiError> {
     let row = s
         .store
         .service(env, svc)
         .await?
         .ok_or_else(|| UiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
-    let target = body(s, env, svc, f.to)
+    let target = s
+        .store
+        .revision(env, svc, f.to)
         .await?
-        .ok_or_else(|| UiError::NotFound(format!("no revision {} of service {svc:?}", f.to)))??;
-    let now = body(s, env, svc, row.revision).await?.and_then(Result::ok).unwrap_or(Value::Null);
+        .ok_or_else(|| UiError::NotFound(format!("no revision {} of service {svc:?}", f.to)))?
+        .config()?;
+    let now = s.store.revision(env, svc, row.revision).await?.and_then(|r| r.config().ok());
+    let json = |c: &ServiceConfig| serde_json::to_value(c).unwrap_or(Value::Null);
     let note = (f.revision != row.revision).then(|| {
         format!(
             "The service changed since you opened its history (you saw revision {}, it is now at {}): the diff \
@@ -178,6 +215,23 @@ async fn rollback_page(
             f.revision, row.revision, row.revision
         )
     });
+    // What the rules say before anything is tried (the action decides; a current revision
+    // that does not read leaves it to the action).
+    let gate = match (refused, &now) {
+        (Some(g), _) => Some(g),
+        (None, Some(now)) => approval::gate(s, user, env, &config_kinds_changed(now, &target), true).await?,
+        (None, None) => None,
+    };
+    let gate = match (gate, &now) {
+        (Some(g), Some(now)) => match as_proposal(now, &target) {
+            Ok(_) => Some(g),
+            Err(why) => Some(g.unproposable(why)),
+        },
+        (Some(g), None) => Some(g.unproposable(
+            "The current revision does not read, so there is nothing to compare a proposal with.",
+        )),
+        (None, _) => None,
+    };
     Ok(RollbackPage {
         layout: user.layout(),
         env: env.to_string(),
@@ -186,10 +240,11 @@ async fn rollback_page(
         csrf: user.csrf.clone(),
         to: f.to,
         revision: row.revision,
-        diff: diff_rows(json_diff(&now, &target)),
+        diff: diff_rows(json_diff(&now.as_ref().map(json).unwrap_or(Value::Null), &json(&target))),
         reason: f.reason.clone(),
         error,
         note,
+        gate,
     })
 }
 
@@ -202,10 +257,11 @@ pub async fn confirm(
     Query(form): Query<RollbackForm>,
 ) -> Result<Response, UiError> {
     user.require(Action::Rollback)?;
-    Ok(Page::ok(rollback_page(&s, &user, &env, &svc, &form, None).await?).into_response())
+    Ok(Page::ok(rollback_page(&s, &user, &env, &svc, &form, None, None).await?).into_response())
 }
 
-/// `POST …/rollback`: makes revision `to`'s content current again as a new revision.
+/// `POST …/rollback`: makes revision `to`'s content current again as a new revision; or
+/// proposes it as a change request, or applies it by break-glass, where it needs approval.
 pub async fn apply(
     State(s): State<AppState>,
     rid: RequestId,
@@ -216,12 +272,24 @@ pub async fn apply(
     let reason = match reason(&form.reason) {
         Ok(r) => r,
         Err(msg) => {
-            let page = rollback_page(&s, &user, &env, &svc, &form, Some(msg)).await?;
+            let page = rollback_page(&s, &user, &env, &svc, &form, Some(msg), None).await?;
             return Ok(Page::with_status(StatusCode::BAD_REQUEST, page).into_response());
         }
     };
+    if form.mode == Mode::Propose {
+        return propose(&s, &by, &reason, (&env, &svc), &form).await;
+    }
+    let by = form.mode.actor(by, &reason);
     let at = ServiceAt::new(&env, &svc, Some(form.revision));
-    let w = s.actions.rollback(&by, &reason, &at, form.to).await?;
+    let w = match s.actions.rollback(&by, &reason, &at, form.to).await {
+        Ok(w) => w,
+        Err(e @ ChangeError::ApprovalRequired { .. }) => {
+            let gate = approval::refused(e, &user, true)?;
+            let page = rollback_page(&s, &user, &env, &svc, &form, None, Some(gate)).await?;
+            return Ok(Page::with_status(StatusCode::FORBIDDEN, page).into_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
     tracing::info!(actor = ?by.name, environment = ?env, service = ?svc, to = form.to, revision = w.snapshot.revision, "rolled back from the UI");
     let url = if w.changed {
         format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)
@@ -229,6 +297,38 @@ pub async fn apply(
         format!("{}?unchanged=1", service_url(&env, &svc))
     };
     Ok(Redirect::to(&url).into_response())
+}
+
+/// Proposes the rollback as a change request of revision `to`'s policy, when that is all
+/// it changes from the revision the confirmation showed.
+async fn propose(
+    s: &AppState,
+    by: &crate::actions::Actor,
+    reason: &crate::actions::Reason,
+    (env, svc): (&str, &str),
+    form: &RollbackForm,
+) -> Result<Response, UiError> {
+    let row = s
+        .store
+        .service(env, svc)
+        .await?
+        .ok_or_else(|| UiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
+    if row.revision != form.revision {
+        return Err(ChangeError::Conflict { expected: form.revision, current: row.revision }.into());
+    }
+    let config = |n: u64| async move {
+        s.store
+            .revision(env, svc, n)
+            .await?
+            .ok_or_else(|| UiError::NotFound(format!("no revision {n} of service {svc:?}")))?
+            .config()
+            .map_err(UiError::from)
+    };
+    let policy =
+        as_proposal(&config(row.revision).await?, &config(form.to).await?).map_err(UiError::BadRequest)?;
+    let p = Proposal::Policy { service: svc.to_string(), policy: Box::new(policy) };
+    let r = s.actions.propose(by, reason, env, p).await?;
+    Ok(approval::proposed(env, r.id))
 }
 
 #[cfg(test)]

@@ -406,7 +406,7 @@ async fn confirm_page(
         error: error.clone(),
         gate: match refused {
             Some(g) => Some(g),
-            None => approval::gate(s, user, env, "profile", true).await?,
+            None => approval::gate(s, user, env, &["profile"], true).await?,
         },
     };
     let status = if error.is_some() {

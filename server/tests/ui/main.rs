@@ -6,6 +6,7 @@
 #[macro_use]
 mod backends;
 mod admission;
+mod approval;
 mod browser;
 mod changes;
 mod helpers;
