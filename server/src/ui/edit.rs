@@ -141,7 +141,8 @@ pub struct Field {
     pub pointer: String,
     /// The dotted path of errors.
     pub path: String,
-    /// The path relative to the part, for people.
+    /// The field's name for people, relative to the part (`Retry › Max attempts`); the
+    /// dotted path is shown beside it as a hint.
     pub label: String,
     /// `s`, `n`, `b`, `z` or `l`.
     pub kind: &'static str,
@@ -190,8 +191,11 @@ fn walk(policy: &Value, v: &Value, pointer: &str, label: &str, top_only: bool, o
                 return;
             }
             for (k, child) in m {
-                let l = if label.is_empty() { k.clone() } else { format!("{label} › {k}") };
-                walk(policy, child, &format!("{pointer}/{}", escape_token(k)), &l, top_only, out);
+                let at = format!("{pointer}/{}", escape_token(k));
+                // A field of the model reads as words; a name the operator chose stays as is.
+                let name = if super::schema::is_field(&at) { super::schema::label(k) } else { k.clone() };
+                let l = if label.is_empty() { name } else { format!("{label} › {name}") };
+                walk(policy, child, &at, &l, top_only, out);
             }
         }
         Value::Array(a) if a.iter().all(Value::is_string) => {
@@ -603,20 +607,20 @@ mod tests {
         .unwrap();
         let json = serde_json::to_value(&policy).unwrap();
         let f = fields(&json, &Part::Dependency("pay.v2".into()));
-        let timeout = f.iter().find(|f| f.label == "attempt_timeout").unwrap();
+        let timeout = f.iter().find(|f| f.label == "Attempt timeout").unwrap();
         assert_eq!(timeout.pointer, "/dependencies/pay.v2/attempt_timeout");
         assert_eq!(timeout.path, "dependencies.pay.v2.attempt_timeout");
         assert_eq!((timeout.kind, timeout.value.as_str()), ("s", "80ms"));
-        let attempts = f.iter().find(|f| f.label == "retry › max_attempts").unwrap();
+        let attempts = f.iter().find(|f| f.label == "Retry › Max attempts").unwrap();
         assert_eq!(attempts.kind, "n");
         let m = fields(&json, &Part::Matrix(0));
-        let deps = m.iter().find(|f| f.label == "dependencies").unwrap();
+        let deps = m.iter().find(|f| f.label == "Dependencies").unwrap();
         assert_eq!(
             (deps.kind, deps.path.as_str(), deps.value.as_str()),
             ("l", "degradation_matrix[0].dependencies", "pay.v2")
         );
         let top = fields(&json, &Part::Service);
-        assert!(top.iter().any(|f| f.label == "default_deadline"));
+        assert!(top.iter().any(|f| f.label == "Default deadline"));
         assert!(top.iter().all(|f| !f.label.contains('›')), "only the top level");
     }
 

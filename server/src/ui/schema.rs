@@ -1,7 +1,7 @@
 //! What the policy editor knows of a field besides its value, read from the policy model's
 //! own schema (the one the API's OpenAPI document publishes, derived from the model's types
 //! and doc comments): the values an enumeration takes, so the form offers a choice instead
-//! of a free-text box, and what the field means, in the model's words.
+//! of a free-text box, what the field means, in the model's words, and its name for people.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -81,11 +81,50 @@ impl Model {
     }
 }
 
+fn tokens(pointer: &str) -> Vec<String> {
+    pointer.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect()
+}
+
+/// Whether the last token of the JSON `pointer` names a field of the model
+/// (`/dependencies/payments/retry`), not an entry of a map whose keys the operator chose (a
+/// dependency's name, an operation).
+pub fn is_field(pointer: &str) -> bool {
+    let tokens = tokens(pointer);
+    let Some((last, parent)) = tokens.split_last() else { return false };
+    let model = &*MODEL;
+    let mut nodes = Vec::new();
+    for n in model.at(&model.root, parent) {
+        model.expand(n, &mut nodes, 0);
+    }
+    nodes.iter().any(|n| n.get("properties").and_then(|p| p.get(last)).is_some())
+}
+
+/// A field's name for people: `max_attempts` reads `Max attempts`, an abbreviation as it
+/// is written (`rtt_tolerance`: `RTT tolerance`).
+pub fn label(name: &str) -> String {
+    let words: Vec<String> = name
+        .split('_')
+        .filter(|w| !w.is_empty())
+        .map(|w| match w {
+            "rtt" => "RTT".to_string(),
+            "lifo" => "LIFO".to_string(),
+            "codel" => "CoDel".to_string(),
+            "id" => "ID".to_string(),
+            w => w.to_string(),
+        })
+        .collect();
+    let text = words.join(" ");
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => name.to_string(),
+    }
+}
+
 /// What the model's schema says of the policy field at JSON `pointer`
 /// (`/dependencies/payments/criticality`).
 pub fn field(pointer: &str) -> FieldInfo {
-    let tokens: Vec<String> =
-        pointer.split('/').skip(1).map(|t| t.replace("~1", "/").replace("~0", "~")).collect();
+    let tokens = tokens(pointer);
     let model = &*MODEL;
     let raw = model.at(&model.root, &tokens);
     let help = raw.iter().find_map(|n| n.get("description").and_then(Value::as_str)).unwrap_or_default();
@@ -127,6 +166,18 @@ mod tests {
             field("/dependencies/payments/attempt_timeout").choices.is_empty(),
             "a duration is no enumeration"
         );
+    }
+
+    #[test]
+    fn fields_read_as_words_and_names_stay_as_chosen() {
+        assert_eq!(label("max_attempts"), "Max attempts");
+        assert_eq!(label("rtt_tolerance"), "RTT tolerance");
+        assert_eq!(label("codel_target"), "CoDel target");
+        assert!(is_field("/dependencies/payments/retry"));
+        assert!(is_field("/dependencies/payments/retry/max_attempts"));
+        assert!(is_field("/inbound/limit"));
+        assert!(!is_field("/dependencies/payments"), "a dependency's name is the operator's");
+        assert!(!is_field("/dependencies/payments/operations/get_quote"), "so is an operation's");
     }
 
     #[test]

@@ -995,6 +995,114 @@ async fn browser_a_refused_flip_becomes_a_change_request_or_a_break_glass_change
     c.close().await.unwrap();
 }
 
+/// The policy editor reads as words: each field by a human label with its path as a hint,
+/// enumerations as a choice of the values the model takes. Under a policy approval rule, a
+/// commit prepared before the rule came in is refused onto the preview with the reason kept
+/// and both offers (audited as `policy.update` rejected), then proposed as a change request
+/// of the policy previewed; a rollback is applied by break-glass from its confirmation.
+#[tokio::test]
+async fn browser_a_policy_edit_and_a_rollback_under_an_approval_rule() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let base = app.base.clone();
+    let service = format!("{base}{SERVICE}");
+    login(&c, &base, "olivia", PASSWORD).await;
+
+    c.goto(&format!("{service}/policy/edit?part=dependency:payments")).await.unwrap();
+    let timeout = "input[data-path='dependencies.payments.attempt_timeout']";
+    let id = wait_find(&c, timeout).await.attr("id").await.unwrap().unwrap();
+    let row = wait_find(&c, &format!("tr:has(#{id}) th")).await.text().await.unwrap();
+    assert!(
+        row.starts_with("Attempt timeout") && row.contains("dependencies.payments.attempt_timeout"),
+        "{row}"
+    );
+    let retry = wait_find(&c, "tr:has(input[data-path='dependencies.payments.retry.max_attempts']) th label")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(retry, "Retry › Max attempts");
+    let criticality = "select[data-path='dependencies.payments.criticality']";
+    wait_find(&c, criticality).await;
+    let options = c
+        .execute(
+            &format!("return [...document.querySelector(\"{criticality}\").options].map(o => o.value);"),
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(options, json!(["critical", "non_critical"]), "criticality is a choice of the model's values");
+
+    // Previewed and the reason typed before the rule comes in.
+    fill(&c, timeout, "250ms").await;
+    click(&c, "#edit-form button[type=submit]").await;
+    fill(&c, "#commit-form textarea[name=reason]", "INC-11 payments is slow").await;
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/approval-rules",
+            Some(json!({"kinds": ["policy"], "reason": "four eyes in prod"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    click(&c, "#commit-form button.danger").await;
+    let gate = wait_find(&c, "#approval-needed").await.text().await.unwrap();
+    assert!(gate.contains("Not applied: policy changes in prod need an approved change request"), "{gate}");
+    let reason = wait_find(&c, "#commit-form textarea[name=reason]").await.prop("value").await.unwrap();
+    assert_eq!(reason.as_deref(), Some("INC-11 payments is slow"), "the reason is kept");
+    let kept = wait_find(&c, timeout).await.prop("value").await.unwrap();
+    assert_eq!(kept.as_deref(), Some("250ms"), "the form keeps the value previewed");
+    let (_, _, refused) =
+        app.api(Method::GET, "/audit?environment=prod&action=policy.update&actor=olivia", None).await;
+    assert_eq!(refused[0]["outcome"].as_str(), Some("rejected"), "the refusal is audited: {refused}");
+
+    // Propose it.
+    click(&c, "#approval-needed button[value=propose]").await;
+    assert!(body(&c).await.contains("Proposed change request 1"));
+    let card = wait_find(&c, "#request-1").await.text().await.unwrap();
+    assert!(card.contains("policy of checkout") && card.contains("INC-11 payments is slow"), "{card}");
+    assert!(card.contains("dependencies.payments.attempt_timeout"), "the reviewer sees the diff: {card}");
+    let (_, _, policy) = app.api(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    assert_eq!(policy["policy"]["dependencies"]["payments"]["attempt_timeout"], "300ms", "nothing applied");
+
+    // A rollback (to before a flip made through the API) by break-glass.
+    let (s, _, b) = app
+        .api(
+            Method::PATCH,
+            "/environments/prod/services/checkout/flags/checkout.max_items",
+            Some(json!({"value": 60, "reason": "bigger carts"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/approval-rules",
+            Some(json!({"kinds": ["policy", "flag"], "reason": "four eyes on flags too"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    c.goto(&format!("{service}/history")).await.unwrap();
+    click(&c, "#rev-1 form button").await;
+    let gate = wait_find(&c, "#approval-needed").await.text().await.unwrap();
+    assert!(gate.contains("flag changes in prod need an approved change request"), "{gate}");
+    fill(&c, "textarea[name=reason]", "INC-11 carts overflow").await;
+    click(&c, "#approval-needed button[value=break_glass]").await;
+    assert_eq!(changed_revision(&c).await, 3);
+    let (_, _, flag) =
+        app.api(Method::GET, "/environments/prod/services/checkout/flags/checkout.max_items", None).await;
+    assert_eq!(flag["value"], json!(50), "{flag}");
+    let (_, _, bypass) = app.api(Method::GET, "/audit?environment=prod&action=approval.bypass", None).await;
+    assert_eq!(
+        (bypass[0]["outcome"].as_str(), bypass[0]["reason"].as_str()),
+        (Some("bypass"), Some("INC-11 carts overflow")),
+        "{bypass}"
+    );
+    c.close().await.unwrap();
+}
+
 /// The service page shows the server's advice next to the policy's own lints: with a
 /// `payments` service that retries, checkout's retries on its `payments` dependency are
 /// retries on two layers of a chain.
