@@ -396,7 +396,7 @@ pub async fn preview(
     Posted { user, form }: Posted<Vec<(String, String)>>,
 ) -> Result<Response, UiError> {
     user.require(Action::PolicyUpdate)?;
-    let get = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    let get = |name: &str| posted(&form, name);
     let (revision, _, current_json) = current(&s, &env, &svc).await?;
     let seen: u64 = get("revision").and_then(|r| r.parse().ok()).unwrap_or(revision);
     let part = Part::parse(get("part").unwrap_or("")).unwrap_or(Part::Service);
@@ -434,21 +434,9 @@ pub async fn preview(
     } else {
         let mut candidate = current_json.clone();
         for f in view.fields.iter_mut() {
-            let kind = get(&format!("k:{}", f.pointer)).unwrap_or(f.kind);
-            let Some(text) = get(&format!("v:{}", f.pointer)) else { continue };
-            f.value = text.to_string();
-            match typed(kind, text) {
-                Ok(Value::Null) => {
-                    remove(&mut candidate, &f.pointer);
-                }
-                Ok(v) => {
-                    if let Some(slot) = candidate.pointer_mut(&f.pointer) {
-                        *slot = v;
-                    }
-                }
-                Err(m) => f.error = Some(m),
-            }
+            apply_typed(&mut candidate, f, &form);
         }
+        retag(&mut view.fields, &mut candidate, &current_json, &part, &form);
         Some(candidate)
     };
     let typing_errors = view.fields.iter().any(|f| f.error.is_some());
@@ -480,6 +468,86 @@ pub async fn preview(
         StatusCode::UNPROCESSABLE_ENTITY
     };
     Ok(Page::with_status(status, view).into_response())
+}
+
+/// The value of form field `name`.
+fn posted<'a>(form: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    form.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// Puts what was typed in field `f` (the form's `v:` and `k:` of its pointer) into
+/// `candidate`; a value that does not read is the field's error. `false`: the form did not
+/// have the field.
+fn apply_typed(candidate: &mut Value, f: &mut Field, form: &[(String, String)]) -> bool {
+    let kind = posted(form, &format!("k:{}", f.pointer)).unwrap_or(f.kind);
+    let Some(text) = posted(form, &format!("v:{}", f.pointer)) else { return false };
+    f.value = text.to_string();
+    match typed(kind, text) {
+        Ok(Value::Null) => remove(candidate, &f.pointer),
+        Ok(v) => {
+            if let Some(slot) = candidate.pointer_mut(&f.pointer) {
+                *slot = v;
+            }
+        }
+        Err(m) => f.error = Some(m),
+    }
+    true
+}
+
+/// When a tag of a tagged enumeration was changed (a breaker window's `type` from `count`
+/// to `time`), its object takes the fields of the variant it now names (`schema::variant`):
+/// fields the variant does not have are dropped, those it requires are offered, filled
+/// from the form when it had them (a second preview) and otherwise named as required; the
+/// form's fields follow.
+fn retag(
+    shown: &mut Vec<Field>,
+    candidate: &mut Value,
+    current: &Value,
+    part: &Part,
+    form: &[(String, String)],
+) {
+    let mut required: Vec<(String, String)> = Vec::new();
+    let mut changed = false;
+    for f in shown.iter().filter(|f| f.error.is_none()) {
+        if candidate.pointer(&f.pointer) == current.pointer(&f.pointer) {
+            continue;
+        }
+        let Some(tag) = candidate.pointer(&f.pointer).and_then(Value::as_str).map(str::to_string) else {
+            continue;
+        };
+        let Some(variant) = super::schema::variant(&f.pointer, &tag) else { continue };
+        let Some((parent, _)) = f.pointer.rsplit_once('/') else { continue };
+        if let Some(Value::Object(m)) = candidate.pointer_mut(parent) {
+            changed = true;
+            m.retain(|k, _| variant.fields.contains(k));
+            for r in &variant.required {
+                if m.contains_key(r) {
+                    continue;
+                }
+                m.insert(r.clone(), Value::Null);
+                required.push((
+                    format!("{parent}/{}", escape_token(r)),
+                    format!("required when {} is {tag}", f.label),
+                ));
+            }
+        }
+    }
+    if !changed {
+        return;
+    }
+    let typed_before = std::mem::take(shown);
+    *shown = fields(candidate, part);
+    for f in shown.iter_mut() {
+        if let Some(t) = typed_before.iter().find(|t| t.pointer == f.pointer) {
+            f.value = t.value.clone();
+            f.error = t.error.clone();
+        } else if let Some((_, why)) = required.iter().find(|(p, _)| *p == f.pointer) {
+            let given = apply_typed(candidate, f, form);
+            if !given || candidate.pointer(&f.pointer).is_none_or(Value::is_null) {
+                f.error.get_or_insert_with(|| why.clone());
+            }
+        }
+    }
 }
 
 /// Removes the value at `pointer` (an optional field emptied).

@@ -99,6 +99,45 @@ pub fn is_field(pointer: &str) -> bool {
     nodes.iter().any(|n| n.get("properties").and_then(|p| p.get(last)).is_some())
 }
 
+/// The variant of a tagged enumeration that one value of its tag names: the fields its
+/// object has and those it requires.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Variant {
+    pub fields: Vec<String>,
+    pub required: Vec<String>,
+}
+
+/// When the field at JSON `pointer` is the tag that tells the variants of a tagged
+/// enumeration apart (a breaker window's `type`: `count` with a `size`, `time` with
+/// `seconds`), the variant `value` names; `None` for any other field.
+pub fn variant(pointer: &str, value: &str) -> Option<Variant> {
+    let tokens = tokens(pointer);
+    let (tag, parent) = tokens.split_last()?;
+    let model = &*MODEL;
+    let mut nodes = Vec::new();
+    for n in model.at(&model.root, parent) {
+        model.expand(n, &mut nodes, 0);
+    }
+    let tagged: Vec<&Value> = nodes
+        .into_iter()
+        .filter(|n| n.get("properties").and_then(|p| p.get(tag)).and_then(|t| t.get("enum")).is_some())
+        .collect();
+    if tagged.len() < 2 {
+        return None;
+    }
+    let names = |v: Option<&Value>| -> Vec<String> {
+        match v {
+            Some(Value::Object(m)) => m.keys().cloned().collect(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+            _ => Vec::new(),
+        }
+    };
+    let chosen = tagged.into_iter().find(|n| {
+        n["properties"][tag]["enum"].as_array().is_some_and(|e| e.iter().any(|v| v.as_str() == Some(value)))
+    })?;
+    Some(Variant { fields: names(chosen.get("properties")), required: names(chosen.get("required")) })
+}
+
 /// A field's name for people: `max_attempts` reads `Max attempts`, an abbreviation as it
 /// is written (`rtt_tolerance`: `RTT tolerance`).
 pub fn label(name: &str) -> String {
@@ -178,6 +217,17 @@ mod tests {
         assert!(is_field("/inbound/limit"));
         assert!(!is_field("/dependencies/payments"), "a dependency's name is the operator's");
         assert!(!is_field("/dependencies/payments/operations/get_quote"), "so is an operation's");
+    }
+
+    #[test]
+    fn a_tag_names_the_fields_of_its_variant() {
+        let window = "/dependencies/payments/circuit_breaker/window/type";
+        let time = variant(window, "time").expect("the window's type is a tag");
+        assert!(time.fields.contains(&"seconds".to_string()) && !time.fields.contains(&"size".to_string()));
+        assert!(time.required.contains(&"seconds".to_string()), "{time:?}");
+        assert!(variant(window, "count").unwrap().fields.contains(&"size".to_string()));
+        assert_eq!(variant(window, "hourly"), None, "no such variant");
+        assert_eq!(variant("/dependencies/payments/criticality", "critical"), None, "a plain enumeration");
     }
 
     #[test]

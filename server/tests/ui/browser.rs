@@ -1103,6 +1103,49 @@ async fn browser_a_policy_edit_and_a_rollback_under_an_approval_rule() {
     c.close().await.unwrap();
 }
 
+/// A breaker window changes type in the policy editor: choosing `time` instead of `count`
+/// offers the field the time window requires (its seconds, named as required) in place of
+/// the count window's size, and the preview then shows the whole change.
+#[tokio::test]
+async fn browser_a_breaker_window_changes_type_in_the_editor() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let base = app.base.clone();
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&format!("{base}{SERVICE}/policy/edit?part=dependency:payments")).await.unwrap();
+    let window = "dependencies.payments.circuit_breaker.window";
+    wait_find(&c, &format!("select[data-path='{window}.type']")).await.select_by_value("time").await.unwrap();
+    click(&c, "#edit-form button[type=submit]").await;
+    let seconds = format!("input[data-path='{window}.seconds']");
+    let row = wait_find(&c, &format!("tr:has({seconds})")).await.text().await.unwrap();
+    assert!(
+        row.contains("Seconds") && row.contains("required when Circuit breaker › Window › Type is time"),
+        "{row}"
+    );
+    assert!(
+        c.find(Locator::Css(&format!("input[data-path='{window}.size']"))).await.is_err(),
+        "no size for a time window"
+    );
+    assert!(c.find(Locator::Id("commit-form")).await.is_err(), "nothing to commit yet");
+    fill(&c, &seconds, "30").await;
+    click(&c, "#edit-form button[type=submit]").await;
+    let diff = wait_find(&c, "table.diff").await.text().await.unwrap();
+    for path in ["window.type", "window.seconds", "window.size"] {
+        assert!(diff.contains(&format!("dependencies.payments.circuit_breaker.{path}")), "{diff}");
+    }
+    fill(&c, "#commit-form textarea[name=reason]", "a time window for bursty traffic").await;
+    click(&c, "#commit-form button.danger").await;
+    changed_revision(&c).await;
+    let (_, _, policy) = app.api(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    assert_eq!(
+        policy["policy"]["dependencies"]["payments"]["circuit_breaker"]["window"],
+        json!({"type": "time", "seconds": 30})
+    );
+    c.close().await.unwrap();
+}
+
 /// The service page shows the server's advice next to the policy's own lints: with a
 /// `payments` service that retries, checkout's retries on its `payments` dependency are
 /// retries on two layers of a chain.
