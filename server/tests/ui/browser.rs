@@ -1146,6 +1146,134 @@ async fn browser_a_breaker_window_changes_type_in_the_editor() {
     c.close().await.unwrap();
 }
 
+/// What issue 21 saw go wrong in passing, each checked in the browser: revision 1's diff is
+/// a row per field, never a JSON blob; times read as how long ago with the exact time on
+/// hover; Back to a service page after a change elsewhere shows the current revision;
+/// every role badge is readable (WCAG AA contrast); the password rule is on the form before
+/// any attempt; a viewer's refusal names the role needed and theirs; opening a change's
+/// address again says what it is instead of a bare 405.
+#[tokio::test]
+async fn browser_what_an_operator_saw_in_passing() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    app.user("vic", "viewer").await;
+    let base = app.base.clone();
+    let service = format!("{base}{SERVICE}");
+    login(&c, &base, "admin", crate::helpers::ADMIN_PASSWORD).await;
+
+    // Revision 1's diff, field by field.
+    c.goto(&format!("{service}/history")).await.unwrap();
+    let first = wait_find(&c, "#rev-1 table.diff").await.text().await.unwrap();
+    assert!(
+        first.contains("policy.dependencies.payments.attempt_timeout") && first.contains("\"300ms\""),
+        "{first}"
+    );
+    let blobs = c
+        .execute("return [...document.querySelectorAll('#rev-1 td code')].map(e => e.innerText.trim()).filter(t => t.startsWith('{') && t !== '{}').length;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(blobs, json!(0), "no cell of revision 1 is a JSON object with fields: {first}");
+
+    // Times: how long ago, the exact time on hover; no raw timestamp in the text.
+    let mut seen = 0;
+    for page in
+        [format!("{base}/"), service.clone(), format!("{service}/history"), format!("{base}/ui/audit")]
+    {
+        c.goto(&page).await.unwrap();
+        let text = body(&c).await;
+        let times = c
+            .execute(
+                "return [...document.querySelectorAll('time')].map(t => [t.innerText, t.title]);",
+                vec![],
+            )
+            .await
+            .unwrap();
+        for t in times.as_array().unwrap() {
+            seen += 1;
+            let (shown, exact) = (t[0].as_str().unwrap(), t[1].as_str().unwrap());
+            assert!(
+                shown.contains("ago") || shown.starts_with("in ") || shown == "just now",
+                "{page}: a time reads {shown:?}"
+            );
+            assert!(
+                exact.contains('T') && exact.ends_with('Z'),
+                "{page}: the exact time on hover is {exact:?}"
+            );
+            assert!(!text.contains(exact), "{page}: the exact time {exact} is in the text");
+        }
+    }
+
+    assert!(seen >= 4, "times were shown ({seen})");
+
+    // Back shows the current revision.
+    c.goto(&service).await.unwrap();
+    until("revision 1 on the service page", || async {
+        (wait_find(&c, "#live").await.attr("data-revision").await.ok()?? == "1").then_some(())
+    })
+    .await;
+    c.execute("window.leveeMark = 'before';", vec![]).await.unwrap();
+    c.goto(&format!("{service}/history")).await.unwrap();
+    let (s, _, b) = app
+        .api(
+            Method::PATCH,
+            "/environments/prod/services/checkout/flags/checkout.max_items",
+            Some(json!({"value": 60, "reason": "bigger carts"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    c.back().await.unwrap();
+    let revision = wait_find(&c, "#live").await.attr("data-revision").await.unwrap();
+    assert_eq!(revision.as_deref(), Some("2"), "Back shows the current revision");
+    let mark = c.execute("return window.leveeMark || null;", vec![]).await.unwrap();
+    assert_eq!(mark, json!(null), "the page was loaded again");
+
+    // Role badges and the password rule, on the users page before anything is tried.
+    c.goto(&format!("{base}/ui/admin")).await.unwrap();
+    let ratios = c
+        .execute(
+            r#"const lum = c => { const [r, g, b] = c.match(/[\d.]+/g).slice(0, 3).map(v => {
+                   v = v / 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+                   return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+               return [...document.querySelectorAll('.role')].map(e => {
+                   const s = getComputedStyle(e); const [a, b] = [lum(s.color), lum(s.backgroundColor)];
+                   return [e.innerText, (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)]; });"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    let ratios = ratios.as_array().unwrap();
+    for role in ["admin", "operator", "viewer"] {
+        assert!(ratios.iter().any(|r| r[0] == role), "a {role} badge: {ratios:?}");
+    }
+    for r in ratios {
+        assert!(r[1].as_f64().unwrap() >= 4.5, "the {} badge's contrast is under 4.5:1: {ratios:?}", r[0]);
+    }
+    let form = "form[action='/ui/admin/users']";
+    let label = wait_find(&c, &format!("{form} label:has(input[name=password])")).await.text().await.unwrap();
+    assert!(label.contains("12 to 256 characters"), "the rule is shown up front: {label}");
+    let min = wait_find(&c, &format!("{form} input[name=password]")).await.attr("minlength").await.unwrap();
+    assert_eq!(min.as_deref(), Some("12"));
+
+    // A viewer's refusal.
+    c.delete_all_cookies().await.unwrap();
+    login(&c, &base, "vic", PASSWORD).await;
+    c.goto(&format!("{service}/flags/recommendations.enabled/confirm?value=false&revision=2")).await.unwrap();
+    let refused = body(&c).await;
+    assert!(refused.contains("needs the operator role; you are viewer"), "{refused}");
+    assert!(!refused.contains("operator needs role operator"), "{refused}");
+
+    // A change's address opened again.
+    c.delete_all_cookies().await.unwrap();
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&format!("{service}/flags/recommendations.enabled")).await.unwrap();
+    let again = body(&c).await;
+    assert!(again.contains("Nothing to show here") && again.contains("changes nothing"), "{again}");
+    assert!(again.contains("/ui/environments/prod/services/checkout"), "{again}");
+    c.close().await.unwrap();
+}
+
 /// The service page shows the server's advice next to the policy's own lints: with a
 /// `payments` service that retries, checkout's retries on its `payments` dependency are
 /// retries on two layers of a chain.
