@@ -275,10 +275,7 @@ impl DepView {
     /// a non-critical dependency.
     #[inline]
     pub(crate) fn cap(&self, configured: Duration) -> Duration {
-        match self.criticality {
-            DependencyCriticality::NonCritical => configured.min(self.non_critical_cap),
-            DependencyCriticality::Critical => configured,
-        }
+        self.criticality.attempt_cap(configured, self.non_critical_cap)
     }
 }
 

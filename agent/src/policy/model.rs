@@ -175,6 +175,19 @@ pub enum DependencyCriticality {
     NonCritical,
 }
 
+impl DependencyCriticality {
+    /// The time limit of one attempt without a request deadline: `configured`, capped by
+    /// the policy's `non_critical_cap` for a non-critical dependency. The one statement of
+    /// that cap, for the agent's enforcement and for what the server says over xDS.
+    #[inline]
+    pub fn attempt_cap(self, configured: Duration, non_critical_cap: Duration) -> Duration {
+        match self {
+            DependencyCriticality::NonCritical => configured.min(non_critical_cap),
+            DependencyCriticality::Critical => configured,
+        }
+    }
+}
+
 /// The policy of one outgoing dependency (the runtime handle is
 /// [`Dependency`](crate::Dependency)).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
