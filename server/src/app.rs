@@ -330,6 +330,14 @@ impl Server {
             },
             shutdown_rx.clone(),
         );
+        // The outbound policy over xDS, on the same port as agent sync.
+        let xds = crate::xds::XdsService::new(
+            store.clone(),
+            keys.clone(),
+            hub.clone(),
+            settings.xds_endpoints.clone(),
+            shutdown_rx.clone(),
+        );
         let grpc_listener = TcpListener::bind(settings.grpc_addr)
             .await
             .with_context(|| format!("binding the gRPC address {}", settings.grpc_addr))?;
@@ -350,7 +358,8 @@ impl Server {
                 .tcp_keepalive(Some(Duration::from_secs(60)))
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-                .add_service(sync.into_server());
+                .add_service(sync.into_server())
+                .add_service(xds.into_server());
             let stop = async move {
                 stopped(&mut grpc_shutdown).await;
                 // Let sessions send GoAway before the transport closes.

@@ -140,6 +140,10 @@ pub struct ServeArgs {
     /// `alert_after`, or stops.
     #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL")]
     pub alert_webhook_url: Option<String>,
+    /// Endpoints of dependencies served over xDS, `ENVIRONMENT/DEPENDENCY=IP:PORT`,
+    /// comma-separated (one entry per endpoint).
+    #[arg(long, env = "LEVEE_XDS_ENDPOINTS", value_delimiter = ',')]
+    pub xds_endpoints: Option<Vec<String>>,
 }
 
 /// The TOML file layer.
@@ -176,6 +180,7 @@ struct FileLayer {
     metrics_token: Option<String>,
     metrics_token_file: Option<PathBuf>,
     alert_webhook_url: Option<String>,
+    xds_endpoints: Option<Vec<String>>,
 }
 
 /// Validated settings of a running server; the module documentation gives the flag,
@@ -226,6 +231,9 @@ pub struct Settings {
     pub metrics_token: Option<Secret>,
     /// Where features past their `alert_after` are POSTed (`http://` or `https://`).
     pub alert_webhook_url: Option<String>,
+    /// Where each environment's dependencies run, for the endpoints served over xDS
+    /// (Levee stores policies, not a service registry).
+    pub xds_endpoints: crate::xds::Endpoints,
 }
 
 impl Settings {
@@ -251,6 +259,7 @@ impl Settings {
             ops_addr: None,
             metrics_token: None,
             alert_webhook_url: None,
+            xds_endpoints: crate::xds::Endpoints::default(),
         }
     }
 
@@ -389,7 +398,12 @@ impl Settings {
                 "alert_webhook_url (LEVEE_ALERT_WEBHOOK_URL) must be an http:// or https:// URL"
             );
         }
+        let xds_endpoints = crate::xds::Endpoints::parse(
+            args.xds_endpoints.or(file.xds_endpoints).unwrap_or_default().iter().map(String::as_str),
+        )
+        .map_err(|e| anyhow::anyhow!("xds_endpoints (LEVEE_XDS_ENDPOINTS): {e}"))?;
         Ok(Settings {
+            xds_endpoints,
             tls,
             data_dir,
             http_addr,

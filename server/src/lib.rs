@@ -27,6 +27,7 @@ pub mod sync;
 pub mod tls;
 pub mod ui;
 pub mod web;
+pub mod xds;
 
 pub use app::{Server, app};
 pub use config::Settings;

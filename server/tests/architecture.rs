@@ -36,8 +36,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("agent_text", &[]),
     ("tls", &["shutdown"]),
     ("sync", &["agent_text", "auth", "db", "fleet", "hub", "rollout", "shutdown"]),
-    // config: the defaults of the settings it loads (stream limits, the agent lease, TLS files).
-    ("config", &["fleet", "sync", "tls"]),
+    // xds: the outbound policy over Envoy's ADS, pushed as the hub publishes, to the
+    // instance's revision during a rollout.
+    ("xds", &["agent_text", "auth", "db", "hub", "rollout", "shutdown"]),
+    // config: the defaults of the settings it loads (stream limits, the agent lease, TLS
+    // files, the endpoints xDS serves).
+    ("config", &["fleet", "sync", "tls", "xds"]),
     // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
     ("web", &["actions", "auth", "db", "hub", "shutdown"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "rollout", "shutdown", "web"]),
@@ -51,7 +55,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "app",
         &[
             "actions", "alerts", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown",
-            "sweeper", "sync", "tls", "ui", "web",
+            "sweeper", "sync", "tls", "ui", "web", "xds",
         ],
     ),
 ];

@@ -36,3 +36,4 @@ mod rollout;
 mod security;
 mod shutdown;
 mod tls;
+mod xds;
