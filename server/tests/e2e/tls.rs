@@ -18,12 +18,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::helpers::{ADMIN_PASSWORD, JWT_SECRET};
 use crate::support::fast_sync;
 
-struct Ca {
-    pem: String,
+pub(crate) struct Ca {
+    pub(crate) pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
-fn new_ca(name: &str) -> Ca {
+pub(crate) fn new_ca(name: &str) -> Ca {
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -33,7 +33,7 @@ fn new_ca(name: &str) -> Ca {
 }
 
 /// Writes a leaf for `localhost` signed by `ca`, with `cn` as its common name.
-fn write_leaf(ca: &Ca, cn: &str, files: &TlsFiles) -> CertificateDer<'static> {
+pub(crate) fn write_leaf(ca: &Ca, cn: &str, files: &TlsFiles) -> CertificateDer<'static> {
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
     params.distinguished_name.push(rcgen::DnType::CommonName, cn);
@@ -49,7 +49,7 @@ fn write_leaf(ca: &Ca, cn: &str, files: &TlsFiles) -> CertificateDer<'static> {
     cert.der().clone()
 }
 
-fn client_config(ca_pem: &str) -> Arc<rustls::ClientConfig> {
+pub(crate) fn client_config(ca_pem: &str) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
@@ -75,20 +75,22 @@ async fn https(
     token: Option<&str>,
     body: Option<&serde_json::Value>,
 ) -> (u16, String, CertificateDer<'static>) {
-    let (text, presented) = https_raw(cfg, addr, method, path, token, body).await;
+    let (text, presented) = https_raw(cfg, addr, method, path, token, body, &[]).await;
     let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (code, body, presented)
 }
 
-/// [`https`]'s whole response as text (status line, headers, body).
-async fn https_raw(
+/// [`https`]'s whole response as text (status line, headers, body), with more request
+/// `headers`.
+pub(crate) async fn https_raw(
     cfg: &Arc<rustls::ClientConfig>,
     addr: std::net::SocketAddr,
     method: &str,
     path: &str,
     token: Option<&str>,
     body: Option<&serde_json::Value>,
+    headers: &[(&str, &str)],
 ) -> (String, CertificateDer<'static>) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let connector = tokio_rustls::TlsConnector::from(cfg.clone());
@@ -96,7 +98,10 @@ async fn https_raw(
         connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await.expect("TLS handshake");
     let presented = tls.get_ref().1.peer_certificates().unwrap()[0].clone().into_owned();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let mut auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+    for (k, v) in headers {
+        auth.push_str(&format!("{k}: {v}\r\n"));
+    }
     let req = format!(
         "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -108,7 +113,7 @@ async fn https_raw(
 }
 
 /// The body of a response that may be chunked: the JSON object inside it.
-fn json_of(body: &str) -> serde_json::Value {
+pub(crate) fn json_of(body: &str) -> serde_json::Value {
     let start = body.find('{').unwrap();
     let end = body.rfind('}').unwrap();
     serde_json::from_str(&body[start..=end]).unwrap()
@@ -222,7 +227,8 @@ async fn cookies_are_secure_over_levees_own_tls_on_http_1_1() {
     let files = TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
     write_leaf(&ca, "first", &files);
     let server = tls_server(dir.path(), &files).await;
-    let (text, _) = https_raw(&client_config(&ca.pem), server.http_addr, "GET", "/login", None, None).await;
+    let (text, _) =
+        https_raw(&client_config(&ca.pem), server.http_addr, "GET", "/login", None, None, &[]).await;
     let head = text.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 200"), "{head}");
     let cookie =

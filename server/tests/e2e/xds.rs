@@ -394,3 +394,261 @@ async fn only_an_agent_token_of_the_nodes_service_and_environment_opens_a_stream
     assert!(lds.resources.is_empty(), "search calls nothing");
 }
 
+/// The Python program (`tests/clients/xds_client.py`) in the venv .ci/run makes; without
+/// it the test is skipped, unless LEVEE_REQUIRE_XDS_CLIENT is set (CI).
+fn xds_python() -> Option<std::path::PathBuf> {
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/xds-venv/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("LEVEE_REQUIRE_XDS_CLIENT").is_err(),
+        "LEVEE_REQUIRE_XDS_CLIENT is set but {} is missing",
+        python.display()
+    );
+    eprintln!("{} missing: skipping gRPC's xDS client", python.display());
+    None
+}
+
+/// The program: its test gRPC server and gRPC's xDS client, driven one JSON line at a time.
+struct GrpcClient {
+    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl GrpcClient {
+    async fn start(python: &std::path::Path, bootstrap: &std::path::Path) -> (GrpcClient, u16) {
+        use tokio::io::AsyncBufReadExt;
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/xds_client.py");
+        let mut child = tokio::process::Command::new(python)
+            .arg(script)
+            .env("GRPC_XDS_BOOTSTRAP", bootstrap)
+            // The agent token reaches Levee as call credentials read from a file (gRFC A97).
+            .env("GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS", "true")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the xDS client program starts");
+        let stdin = child.stdin.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = tokio::time::timeout(PATIENCE, lines.next_line()).await.expect("ready in time").unwrap();
+        let ready: serde_json::Value =
+            serde_json::from_str(ready.as_deref().expect("the program prints")).unwrap();
+        let port = ready["port"].as_u64().expect("the test server's port") as u16;
+        (GrpcClient { _child: child, stdin, lines }, port)
+    }
+
+    async fn cmd(&mut self, cmd: serde_json::Value) -> serde_json::Value {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(format!("{cmd}\n").as_bytes()).await.unwrap();
+        self.stdin.flush().await.unwrap();
+        let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+            .await
+            .expect("the program answers")
+            .unwrap()
+            .expect("the program is running");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    async fn call(&mut self) -> serde_json::Value {
+        self.cmd(json!({"cmd": "call"})).await
+    }
+
+    /// Calls until `done` holds for an answer (Levee's push reaching the client), at most
+    /// [`PATIENCE`]; returns that answer.
+    async fn until(
+        &mut self,
+        what: &str,
+        mut done: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let start = tokio::time::Instant::now();
+        loop {
+            let r = self.call().await;
+            if done(&r) {
+                return r;
+            }
+            assert!(start.elapsed() < PATIENCE, "{what}: still {r}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The API over HTTPS (Levee's listeners serve TLS: gRPC sends call credentials only over
+/// TLS), logged in as admin.
+struct TlsApi {
+    cfg: std::sync::Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+    token: String,
+}
+
+impl TlsApi {
+    async fn call(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> serde_json::Value {
+        self.call_with(method, path, body, &[]).await
+    }
+
+    async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        headers: &[(&str, &str)],
+    ) -> serde_json::Value {
+        let (text, _) = crate::tls::https_raw(
+            &self.cfg,
+            self.addr,
+            method,
+            &format!("/api/v1{path}"),
+            Some(&self.token).filter(|t| !t.is_empty()).map(String::as_str),
+            body.as_ref(),
+            headers,
+        )
+        .await;
+        let code: u16 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!((200..300).contains(&code), "{method} {path}: {text}");
+        crate::tls::json_of(text.split_once("\r\n\r\n").unwrap().1)
+    }
+
+    async fn pricing(&self, dependency: serde_json::Value) {
+        self.call_with(
+            "PUT",
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"reason": "xds", "policy": {"dependencies": {"pricing": dependency}}})),
+            &[("if-match", "*")],
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_proxyless_client_obeys_levees_faults_timeouts_retries_and_bulkhead() {
+    let Some(python) = xds_python() else { return };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = dir.path().join("bootstrap.json");
+    // The client's test server first: Levee's settings name its address.
+    let (mut client, port) = GrpcClient::start(&python, &bootstrap).await;
+
+    let files =
+        levee_server::tls::TlsFiles { cert: dir.path().join("tls.crt"), key: dir.path().join("tls.key") };
+    let ca = crate::tls::new_ca("levee xds test CA");
+    crate::tls::write_leaf(&ca, "levee", &files);
+    std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+    let mut settings = levee_server::config::Settings::for_dir(&dir.path().join("data"));
+    settings.admin_password = Some(levee_server::config::Secret::new(crate::helpers::ADMIN_PASSWORD));
+    settings.jwt_secret = Some(levee_server::config::Secret::new(crate::helpers::JWT_SECRET));
+    settings.tls = Some(files);
+    settings.xds_endpoints =
+        levee_server::xds::Endpoints::parse([format!("prod/pricing=127.0.0.1:{port}").as_str()]).unwrap();
+    let server = levee_server::Server::start(settings, None).await.expect("server starts");
+
+    let mut api =
+        TlsApi { cfg: crate::tls::client_config(&ca.pem), addr: server.http_addr, token: String::new() };
+    let login = api
+        .call(
+            "POST",
+            "/auth/login",
+            Some(json!({"username": "admin", "password": crate::helpers::ADMIN_PASSWORD})),
+        )
+        .await;
+    api.token = login["token"].as_str().unwrap().to_string();
+    api.call("POST", "/environments", Some(json!({"name": "prod", "allow_faults": true, "reason": "xds"})))
+        .await;
+    api.call(
+        "POST",
+        "/environments/prod/services",
+        Some(json!({"name": "checkout", "reason": "xds",
+                    "policy": {"dependencies": {"pricing": {"attempt_timeout": "2s", "retry": {"max_attempts": 1}}}}})),
+    )
+    .await;
+    let token = api
+        .call(
+            "POST",
+            "/tokens",
+            Some(json!({"kind": "agent", "name": "xds", "environment": "prod", "services": ["checkout"], "reason": "xds"})),
+        )
+        .await;
+    std::fs::write(dir.path().join("token"), token["token"].as_str().unwrap()).unwrap();
+    let boot = json!({
+        "xds_servers": [{
+            "server_uri": format!("localhost:{}", server.grpc_addr.port()),
+            "channel_creds": [{"type": "tls", "config": {"ca_certificate_file": dir.path().join("ca.pem")}}],
+            "call_creds": [{"type": "jwt_token_file", "config": {"jwt_token_file": dir.path().join("token")}}],
+            "server_features": ["xds_v3"]
+        }],
+        "node": {"id": "prod/checkout/python-1", "cluster": "checkout"}
+    });
+    std::fs::write(&bootstrap, boot.to_string()).unwrap();
+    assert_eq!(client.cmd(json!({"cmd": "connect", "target": "xds:///pricing"})).await["ok"], true);
+
+    // Through Levee's listener, route, cluster and endpoints to the test server.
+    let r = client.call().await;
+    assert_eq!((r["code"].as_str(), r["attempts"].as_u64()), (Some("OK"), Some(1)), "{r}");
+
+    // A fault rule: every call fails with the rule's status (503: UNAVAILABLE), the test
+    // server sees none.
+    let fault = "/environments/prod/services/checkout/faults/pricing-down";
+    let in_an_hour = levee_agent::policy::Timestamp::from_unix_ms(
+        levee_agent::policy::Timestamp::now().unix_ms() + 3_600_000,
+    );
+    api.call(
+        "PUT",
+        fault,
+        Some(json!({"dependency": "pricing", "action": {"type": "abort", "status": 503}, "percent": 100,
+                    "expires_at": in_an_hour.to_string(), "reason": "game day"})),
+    )
+    .await;
+    let r = client.until("the abort fault", |r| r["code"] == "UNAVAILABLE").await;
+    assert_eq!(r["attempts"], 0, "{r}");
+    api.call("DELETE", &format!("{fault}?reason=over"), None).await;
+    client.until("the fault removed", |r| r["code"] == "OK").await;
+
+    // Retries: without them a failure reaches the caller; with three attempts two failures
+    // are retried away.
+    client.cmd(json!({"cmd": "backend", "fail_next": 1})).await;
+    let r = client.call().await;
+    assert_eq!((r["code"].as_str(), r["attempts"].as_u64()), (Some("UNAVAILABLE"), Some(1)), "{r}");
+    api.pricing(
+        json!({"attempt_timeout": "2s", "retry": {"max_attempts": 3, "base": "10ms", "cap": "50ms"}}),
+    )
+    .await;
+    let start = tokio::time::Instant::now();
+    loop {
+        client.cmd(json!({"cmd": "backend", "fail_next": 2})).await;
+        let r = client.call().await;
+        if r["code"] == "OK" {
+            assert_eq!(r["attempts"], 3, "two failures, then the answer: {r}");
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "retries: still {r}");
+    }
+    client.cmd(json!({"cmd": "backend"})).await;
+
+    // The timeout: a call slower than the attempt timeout ends DEADLINE_EXCEEDED.
+    client.cmd(json!({"cmd": "backend", "delay_ms": 1000})).await;
+    api.pricing(json!({"attempt_timeout": "200ms", "retry": {"max_attempts": 1}})).await;
+    let r = client.until("the attempt timeout", |r| r["code"] == "DEADLINE_EXCEEDED").await;
+    assert!(r["ms"].as_u64().unwrap() < 1000, "{r}");
+    api.pricing(json!({"attempt_timeout": "5s", "retry": {"max_attempts": 1}})).await;
+    client.until("a longer timeout", |r| r["code"] == "OK").await;
+
+    // The bulkhead: one call at a time; of three at once, the excess fails UNAVAILABLE.
+    api.pricing(
+        json!({"attempt_timeout": "5s", "retry": {"max_attempts": 1}, "bulkhead": {"max_concurrent": 1}}),
+    )
+    .await;
+    client.cmd(json!({"cmd": "backend", "delay_ms": 500})).await;
+    let start = tokio::time::Instant::now();
+    loop {
+        let r = client.cmd(json!({"cmd": "calls", "n": 3})).await;
+        if r["codes"] == json!(["OK", "UNAVAILABLE", "UNAVAILABLE"]) {
+            assert_eq!(r["attempts"], 1, "{r}");
+            break;
+        }
+        assert!(start.elapsed() < PATIENCE, "the bulkhead: still {r}");
+    }
+    drop(client);
+    server.shutdown().await;
+}
