@@ -148,8 +148,10 @@ impl AggregatedDiscoveryService for XdsService {
     ) -> Result<Response<AdsStream>, Status> {
         let peer = req.remote_addr();
         self.accept(req).await.inspect_err(|status| {
+            // Counted, and logged at debug only: the client is told why in the status, and a
+            // storm of refused reconnects must not flood the server's log.
             metrics::counter!("levee_server_xds_streams_refused_total").increment(1);
-            tracing::info!(peer = ?peer, code = ?status.code(), reason = %status.message(), "xDS stream refused");
+            tracing::debug!(peer = ?peer, code = ?status.code(), reason = %status.message(), "xDS stream refused");
         })
     }
 
