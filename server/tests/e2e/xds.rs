@@ -559,8 +559,10 @@ async fn grpc_proxyless_client_obeys_levees_faults_timeouts_retries_and_bulkhead
     api.call(
         "POST",
         "/environments/prod/services",
+        // A generous first timeout: the call's deadline runs while the client fetches its
+        // first resources, which a loaded machine may make slow.
         Some(json!({"name": "checkout", "reason": "xds",
-                    "policy": {"dependencies": {"pricing": {"attempt_timeout": "2s", "retry": {"max_attempts": 1}}}}})),
+                    "policy": {"dependencies": {"pricing": {"attempt_timeout": "10s", "retry": {"max_attempts": 1}}}}})),
     )
     .await;
     let token = api
@@ -639,7 +641,8 @@ async fn grpc_proxyless_client_obeys_levees_faults_timeouts_retries_and_bulkhead
         json!({"attempt_timeout": "5s", "retry": {"max_attempts": 1}, "bulkhead": {"max_concurrent": 1}}),
     )
     .await;
-    client.cmd(json!({"cmd": "backend", "delay_ms": 500})).await;
+    // Calls long enough to overlap however the client's threads are scheduled.
+    client.cmd(json!({"cmd": "backend", "delay_ms": 1500})).await;
     let start = tokio::time::Instant::now();
     loop {
         let r = client.cmd(json!({"cmd": "calls", "n": 3})).await;
