@@ -166,7 +166,19 @@ pub fn field(pointer: &str) -> FieldInfo {
     let tokens = tokens(pointer);
     let model = &*MODEL;
     let raw = model.at(&model.root, &tokens);
-    let help = raw.iter().find_map(|n| n.get("description").and_then(Value::as_str)).unwrap_or_default();
+    // An optional field's doc sits beside the `$ref` in its branch (`oneOf: [{$ref,
+    // description}, {type: null}]`), where following the reference would lose it.
+    let help = raw
+        .iter()
+        .find_map(|n| {
+            n.get("description").and_then(Value::as_str).or_else(|| {
+                ["oneOf", "anyOf", "allOf"]
+                    .iter()
+                    .flat_map(|k| n.get(*k).and_then(Value::as_array).into_iter().flatten())
+                    .find_map(|b| b.get("description").and_then(Value::as_str))
+            })
+        })
+        .unwrap_or_default();
     let mut info = FieldInfo { help: help.into(), ..FieldInfo::default() };
     let mut nodes = Vec::new();
     for n in raw {
@@ -234,5 +246,10 @@ mod tests {
     fn a_field_says_what_it_means() {
         let help = field("/dependencies/payments/enabled_flag").help;
         assert!(help.contains("bool flag"), "{help}");
+        let optional = field("/dependencies/payments/circuit_breaker/max_wait_in_half_open").help;
+        assert!(
+            optional.contains("HALF_OPEN probe"),
+            "an optional field's own doc, not its type's: {optional}"
+        );
     }
 }
