@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, Claimed, Role, ScheduledRow, now_ms};
+use crate::db::{AuditRow, Claimed, Role, ScheduledRow, ScheduledState, now_ms};
 
 /// How long a claim on a scheduled change holds. Far longer than a run takes (a few
 /// database writes); a change still running after it is taken over by another run.
@@ -63,7 +63,7 @@ fn bad(path: &str, value: impl Into<String>, message: impl Into<String>) -> Chan
 
 /// How a run ended: the state recorded, what happened, the revision made.
 struct Ran {
-    state: &'static str,
+    state: ScheduledState,
     outcome: String,
     revision: Option<u64>,
 }
@@ -71,8 +71,8 @@ struct Ran {
 impl Ran {
     fn failed(e: &ChangeError) -> Ran {
         let state = match e {
-            ChangeError::Conflict { .. } | ChangeError::ProfileActive { .. } => "conflict",
-            _ => "failed",
+            ChangeError::Conflict { .. } | ChangeError::ProfileActive { .. } => ScheduledState::Conflict,
+            _ => ScheduledState::Failed,
         };
         Ran { state, outcome: e.to_string(), revision: None }
     }
@@ -112,7 +112,7 @@ impl Actions {
             environment: env.clone(),
             run_at: new.run_at.unix_ms(),
             revert_at: new.revert_at.map(|t| t.unix_ms()),
-            state: "pending".into(),
+            state: ScheduledState::Pending,
             created_by: by.name.clone(),
             created_role: by.role.as_str().into(),
             created_user: by.user.clone(),
@@ -205,7 +205,12 @@ impl Actions {
         let action = if run_at.is_some() { Action::ScheduleUpdate } else { Action::ScheduleCancel };
         by.may(action)?;
         let missing = || ChangeError::NotFound(Missing::ScheduledChange { id });
-        let c = self.store.scheduled(id).await?.filter(|c| c.state == "pending").ok_or_else(missing)?;
+        let c = self
+            .store
+            .scheduled(id)
+            .await?
+            .filter(|c| c.state == ScheduledState::Pending)
+            .ok_or_else(missing)?;
         let target = format!("{} (scheduled change {id})", describe(&c));
         // What it reverts at now: a profile's end is its expiry, in its payload.
         let mut payload: Value = serde_json::from_str(&c.payload).unwrap_or(Value::Null);
@@ -316,7 +321,7 @@ impl Actions {
             base_revision: Some(revision),
             run_at: at,
             reverts: Some(c.id),
-            state: "pending".into(),
+            state: ScheduledState::Pending,
             created_by: c.created_by.clone(),
             created_role: c.created_role.clone(),
             created_user: c.created_user.clone(),
@@ -363,7 +368,7 @@ impl Actions {
                 }
             }
         }
-        Ok(Some(Ran { state: "applied", outcome, revision: None }))
+        Ok(Some(Ran { state: ScheduledState::Applied, outcome, revision: None }))
     }
 
     async fn run_change(&self, claimed: &Claimed) -> Ran {
@@ -407,7 +412,7 @@ impl Actions {
                     if now != c.expected {
                         let what =
                             if c.kind == "flag" { format!("flag {}", c.target) } else { "the policy".into() };
-                        return Ok(Ran { state: "conflict", outcome: conflict(what, rev), revision: None });
+                        return Ok(Ran { state: ScheduledState::Conflict, outcome: conflict(what, rev), revision: None });
                     }
                     let at = ServiceAt::new(&c.environment, svc.clone(), Some(rev));
                     let payload: Value =
@@ -430,7 +435,7 @@ impl Actions {
                         let id = self.schedule_revert(c, at, &before, after, written.snapshot.revision).await?;
                         outcome.push_str(&format!("; its revert is scheduled change {id}"));
                     }
-                    Ok(Ran { state: "applied", outcome, revision: Some(written.snapshot.revision) })
+                    Ok(Ran { state: ScheduledState::Applied, outcome, revision: Some(written.snapshot.revision) })
                 }
                 "profile" => {
                     if let Some(dead) = dead
@@ -440,7 +445,7 @@ impl Actions {
                         && a.applied_at >= c.created_at
                     {
                         return Ok(Ran {
-                            state: "applied",
+                            state: ScheduledState::Applied,
                             outcome: format!(
                                 "profile {} already active when the claim of {dead} expired: not applied again",
                                 a.profile
@@ -456,7 +461,7 @@ impl Actions {
                         })?;
                     let a = self.apply_profile(&by, &reason, &c.environment, &c.target, until).await?;
                     Ok(Ran {
-                        state: "applied",
+                        state: ScheduledState::Applied,
                         outcome: format!("profile {} applied until {until}", a.profile),
                         revision: None,
                     })
@@ -471,7 +476,7 @@ impl Actions {
         if let Some(dead) = dead {
             ran.outcome = format!("taken over after the claim of {dead} expired: {}", ran.outcome);
         }
-        if ran.state != "applied" || dead.is_some() {
+        if ran.state != ScheduledState::Applied || dead.is_some() {
             // Not applied: audited as what happened, never as applied. A takeover is
             // audited too (once: only one run claims it), whatever its outcome.
             self.audit_run(&by, &reason, c, &ran).await;
@@ -488,7 +493,8 @@ impl Actions {
         );
         audit.environment = Some(c.environment.clone());
         audit.service = c.service.clone();
-        audit.outcome = if ran.state == "applied" { "ok".into() } else { ran.state.to_string() };
+        audit.outcome =
+            if ran.state == ScheduledState::Applied { "ok".into() } else { ran.state.to_string() };
         // The scheduled change is the target: its state as this run claimed it and as
         // the run left it; what happened, in words, is the detail.
         audit.before = Some(json!({"state": c.state}).to_string());

@@ -12,7 +12,7 @@ use super::flags::ReasonQuery;
 use super::requests::{need, unknown_kind};
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewSchedule, Planned, Reason};
-use crate::db::ScheduledRow;
+use crate::db::{ScheduledRow, ScheduledState};
 use crate::web::{AppState, RequestId};
 
 /// A scheduled change and how it ended.
@@ -41,8 +41,7 @@ pub struct ScheduledView {
     /// The service's revision when it was scheduled; the target must be unchanged since,
     /// else the change ends as `conflict` without being applied.
     pub base_revision: Option<u64>,
-    /// `pending`, `running`, `applied`, `conflict`, `failed` or `cancelled`.
-    pub state: String,
+    pub state: ScheduledState,
     pub created_by: String,
     /// The break-glass reason it was scheduled with, if any: when it runs where its kind
     /// needs approval, it is applied as a bypass (audited then) instead of refused.

@@ -11,6 +11,51 @@
 //! The store knows nothing of who may do what or of HTTP: its errors are storage outcomes
 //! (not found, conflict, invalid, the caller's own refusal, database failure).
 
+/// A closed set of values a column stores as words: the enum, its `ALL` values, `as_str`
+/// (the stored word, which serde writes too), `parse` of what the database holds (an unknown
+/// word is an error naming the column) and `Display`. The words are the variants' names in
+/// snake case (checked by a test per enum).
+macro_rules! stored_words {
+    ($(#[$m:meta])* pub enum $name:ident in $column:literal {
+        $($(#[$vm:meta])* $variant:ident => $word:literal),+ $(,)?
+    }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, utoipa::ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vm])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The word stored in the column.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word),+
+                }
+            }
+
+            /// The value the stored word names.
+            ///
+            /// # Errors
+            /// A word no value has (written by a newer server, or by hand).
+            pub fn parse(word: &str) -> anyhow::Result<Self> {
+                Self::ALL.iter().copied().find(|v| v.as_str() == word).ok_or_else(|| {
+                    anyhow::anyhow!(concat!($column, " {:?} is not one this server knows"), word)
+                })
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
 mod backup;
 mod mutate;
 mod profiles;
@@ -28,7 +73,7 @@ pub use rollouts::{
     STAGEABLE_KINDS, Stage, Staging, Step,
 };
 pub use rows::*;
-pub use schedule::{Claimed, ScheduledRow};
+pub use schedule::{Claimed, ScheduledRow, ScheduledState};
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -5,52 +5,25 @@ use sqlx::any::AnyRow;
 
 use super::{AuditRow, Store, mutate, now_ms};
 
-/// Where a change request is: `open` (waiting for a second person), `approved` (that
-/// version may be applied), then `applied`, `rejected`, or `conflict` (its target changed
-/// under it). Stored and served as the lower-case word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RequestState {
-    #[default]
-    Open,
-    Approved,
-    Applied,
-    Rejected,
-    Conflict,
+stored_words! {
+    /// Where a change request is: `open` (waiting for a second person), `approved` (that
+    /// version may be applied), then `applied`, `rejected`, or `conflict` (its target
+    /// changed under it).
+    pub enum RequestState in "change_requests.state" {
+        #[default]
+        Open => "open",
+        Approved => "approved",
+        Applied => "applied",
+        Rejected => "rejected",
+        Conflict => "conflict",
+    }
 }
 
 impl RequestState {
-    const ALL: [RequestState; 5] =
-        [Self::Open, Self::Approved, Self::Applied, Self::Rejected, Self::Conflict];
-
-    /// The word stored in `change_requests.state`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Approved => "approved",
-            Self::Applied => "applied",
-            Self::Rejected => "rejected",
-            Self::Conflict => "conflict",
-        }
-    }
-
     /// Still waiting to be decided or applied (`open` or `approved`): what the landing page
     /// counts and what a second request on the same target conflicts with.
     pub const fn is_pending(self) -> bool {
         matches!(self, Self::Open | Self::Approved)
-    }
-
-    fn parse(s: &str) -> anyhow::Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| anyhow::anyhow!("change request state {s:?} is not one this server knows"))
-    }
-}
-
-impl std::fmt::Display for RequestState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -5,6 +5,21 @@ use sqlx::any::AnyRow;
 
 use super::{AuditRow, Store, mutate, now_ms};
 
+stored_words! {
+    /// Where a scheduled change is: `pending` until its time, `running` while a replica holds
+    /// its claim, then `applied`, `conflict` (its target changed since it was scheduled),
+    /// `failed` or `cancelled`.
+    pub enum ScheduledState in "scheduled_changes.state" {
+        #[default]
+        Pending => "pending",
+        Running => "running",
+        Applied => "applied",
+        Conflict => "conflict",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+}
+
 /// One scheduled change.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ScheduledRow {
@@ -30,8 +45,7 @@ pub struct ScheduledRow {
     pub revert_at: Option<i64>,
     /// The change this one reverts.
     pub reverts: Option<i64>,
-    /// `pending`, `running`, `applied`, `conflict`, `failed` or `cancelled`.
-    pub state: String,
+    pub state: ScheduledState,
     pub created_by: String,
     /// The role of its author when it was scheduled; a change scheduled by a user or an API
     /// token runs with that user's or token's role at run time instead.
@@ -88,7 +102,7 @@ impl ScheduledRow {
             run_at: r.try_get("run_at")?,
             revert_at: r.try_get("revert_at")?,
             reverts: r.try_get("reverts")?,
-            state: r.try_get("state")?,
+            state: ScheduledState::parse(r.try_get("state")?)?,
             created_by: r.try_get("created_by")?,
             created_role: r.try_get("created_role")?,
             created_at: r.try_get("created_at")?,
@@ -214,8 +228,8 @@ impl Store {
         let Some(before) = self.scheduled(id).await? else { return Ok(None) };
         let _g = self.write_guard().await;
         let res =
-            match (before.state.as_str(), &before.claimed_by) {
-                ("pending", _) => sqlx::query(
+            match (before.state, &before.claimed_by) {
+                (ScheduledState::Pending, _) => sqlx::query(
                     "UPDATE scheduled_changes SET state = 'running', claimed_by = $1, claim_expires_at = $2 \
                      WHERE id = $3 AND state = 'pending' AND run_at <= $4",
                 )
@@ -225,7 +239,7 @@ impl Store {
                 .bind(now)
                 .execute(&self.pool)
                 .await?,
-                ("running", Some(previous)) => {
+                (ScheduledState::Running, Some(previous)) => {
                     sqlx::query(
                         "UPDATE scheduled_changes SET claimed_by = $1, claim_expires_at = $2 \
                      WHERE id = $3 AND state = 'running' AND claimed_by = $4 \
@@ -246,7 +260,7 @@ impl Store {
         }
         drop(_g);
         let reclaimed_from =
-            (before.state == "running").then(|| before.claimed_by.clone().unwrap_or_default());
+            (before.state == ScheduledState::Running).then(|| before.claimed_by.clone().unwrap_or_default());
         Ok(self.scheduled(id).await?.map(|change| Claimed { change, reclaimed_from }))
     }
 
@@ -266,7 +280,7 @@ impl Store {
         &self,
         id: i64,
         by: &str,
-        state: &str,
+        state: ScheduledState,
         outcome: &str,
         revision: Option<u64>,
     ) -> anyhow::Result<bool> {
@@ -275,7 +289,7 @@ impl Store {
             "UPDATE scheduled_changes SET state = $1, outcome = $2, revision = $3, finished_at = $4 \
              WHERE id = $5 AND state = 'running' AND claimed_by = $6",
         )
-        .bind(state)
+        .bind(state.as_str())
         .bind(outcome)
         .bind(revision.map(|r| r as i64))
         .bind(now_ms())
@@ -329,5 +343,31 @@ impl Store {
         mutate::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RequestState;
+    use super::ScheduledState;
+
+    /// The stored word of every state is what serde writes (the API's value) and reads back.
+    #[test]
+    fn stored_words_are_the_serde_names_and_parse_back() {
+        fn check<T: Copy + PartialEq + std::fmt::Debug + serde::Serialize>(
+            all: &[T],
+            word: fn(T) -> &'static str,
+            parse: fn(&str) -> anyhow::Result<T>,
+        ) {
+            for &v in all {
+                assert_eq!(serde_json::to_value(v).unwrap(), serde_json::json!(word(v)));
+                assert_eq!(parse(word(v)).unwrap(), v);
+            }
+            assert!(parse("Open").is_err() && parse("").is_err());
+        }
+        check(RequestState::ALL, RequestState::as_str, RequestState::parse);
+        check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
+        let e = ScheduledState::parse("paused").unwrap_err().to_string();
+        assert_eq!(e, r#"scheduled_changes.state "paused" is not one this server knows"#);
     }
 }

@@ -298,7 +298,12 @@ async fn a_crashed_run_is_taken_over_after_its_lease(app: TestApp) {
     assert_eq!(sets, 1, "applied once: {audit}");
     // The dead run cannot record an end over the one that took over.
     let store = &app.server.as_ref().unwrap().store;
-    assert!(!store.finish_change(id, "dead-replica", "failed", "late", None).await.unwrap());
+    assert!(
+        !store
+            .finish_change(id, "dead-replica", levee_server::db::ScheduledState::Failed, "late", None)
+            .await
+            .unwrap()
+    );
     assert_eq!(get_change(&app, id).await["state"], "applied");
     // Its revert was scheduled and runs.
     its_revert_is_pending_and_puts_the_flag_back(&app, id).await;
