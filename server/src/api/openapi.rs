@@ -17,6 +17,57 @@ use super::{
     schedule, services, tokens,
 };
 
+/// Writes the defaults of duration fields as durations (`"15s"`): the schema derive prints
+/// a field's default with the Rust type's own serde form (`{"secs": 15, "nanos": 0}`), not
+/// with the field's `serde(with)` the server reads it through, and the server refuses that
+/// object. Every `default` holding exactly `secs` and `nanos` is rewritten with the agent's
+/// duration formatter, so the defaults stay where they are defined (the agent's model).
+struct DurationDefaults;
+
+impl Modify for DurationDefaults {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else { return };
+        for schema in components.schemas.values_mut() {
+            let Ok(mut v) = serde_json::to_value(&*schema) else { continue };
+            if rewrite_duration_defaults(&mut v) {
+                if let Ok(fixed) = serde_json::from_value(v) {
+                    *schema = fixed;
+                }
+            }
+        }
+    }
+}
+
+/// Rewrites every `default` under `v` that is serde's form of a `std::time::Duration`;
+/// whether any was.
+fn rewrite_duration_defaults(v: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    let mut changed = false;
+    match v {
+        Value::Object(m) => {
+            if let Some(d) = m.get_mut("default") {
+                let parts = d.as_object().filter(|o| o.len() == 2).and_then(|o| {
+                    Some(std::time::Duration::new(o.get("secs")?.as_u64()?, o.get("nanos")?.as_u64()? as u32))
+                });
+                if let Some(dur) = parts {
+                    *d = Value::String(levee_agent::policy::duration::format(dur));
+                    changed = true;
+                }
+            }
+            for child in m.values_mut() {
+                changed |= rewrite_duration_defaults(child);
+            }
+        }
+        Value::Array(a) => {
+            for child in a {
+                changed |= rewrite_duration_defaults(child);
+            }
+        }
+        _ => {}
+    }
+    changed
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -325,7 +376,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         rollouts::pause, rollouts::resume, rollouts::abort,
         tokens::update_user, document,
     ),
-    modifiers(&BearerAuth, &ProblemResponses, &InputForms),
+    modifiers(&BearerAuth, &ProblemResponses, &InputForms, &DurationDefaults),
     security(("bearer" = [])),
 )]
 #[derive(Debug)]

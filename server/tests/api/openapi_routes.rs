@@ -159,3 +159,45 @@ async fn openapi_served_document_is_the_generated_one_and_every_operation_is_rou
         );
     }
 }
+
+/// Every default the document states is a value the server reads: a duration's default is
+/// written as a duration (`"15s"`), never as the `{"secs": …, "nanos": …}` object serde
+/// would make of the Rust type (which the server refuses).
+#[test]
+fn defaults_are_written_as_the_server_reads_them() {
+    fn walk(v: &serde_json::Value, path: &str, bad: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(d) = m.get("default") {
+                    let text = d.to_string();
+                    if text.contains("\"secs\"") || text.contains("\"nanos\"") {
+                        bad.push(format!("{path}: {text}"));
+                    }
+                }
+                for (k, child) in m {
+                    walk(child, &format!("{path}/{k}"), bad);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, child) in a.iter().enumerate() {
+                    walk(child, &format!("{path}/{i}"), bad);
+                }
+            }
+            _ => {}
+        }
+    }
+    let doc = document();
+    let mut bad = Vec::new();
+    walk(&doc, "", &mut bad);
+    assert!(bad.is_empty(), "{} defaults in serde's Duration shape:\n{}", bad.len(), bad.join("\n"));
+    let schemas = &doc["components"]["schemas"];
+    for (component, field, want) in [
+        ("CircuitBreaker", "wait_in_open", "15s"),
+        ("Dependency", "fallback_timeout", "50ms"),
+        ("Bulkhead", "max_wait", "0s"),
+    ] {
+        let d = &schemas[component]["properties"][field]["default"];
+        assert_eq!(d, want, "{component}.{field}");
+        levee_agent::policy::duration::parse(want).unwrap();
+    }
+}
