@@ -277,6 +277,7 @@ impl AgentBuilder {
         };
         let shared =
             Arc::new(Shared::new(self.environment, self.service, defaults, initial, confirmed_at, cache));
+        shared.refuse_until_fresh.store(self.refuse_until_fresh, std::sync::atomic::Ordering::Relaxed);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let name = self.instance_name.as_deref().and_then(clean_instance_name);
         let instance_id = instance_id(&name.unwrap_or_else(instance_name_from_env));
@@ -297,7 +298,6 @@ impl AgentBuilder {
                 shared,
                 shutdown_tx,
                 tasks: tokio::sync::Mutex::new(tasks),
-                refuse_until_fresh: self.refuse_until_fresh,
                 instance_id,
                 admission: std::sync::OnceLock::new(),
                 runtime,
@@ -310,7 +310,6 @@ struct Inner {
     shared: Arc<Shared>,
     shutdown_tx: watch::Sender<bool>,
     tasks: tokio::sync::Mutex<Vec<JoinHandle<()>>>,
-    refuse_until_fresh: bool,
     instance_id: String,
     admission: std::sync::OnceLock<crate::admission::Admission>,
     /// The runtime the agent was built on (admission's queue task runs there).
@@ -420,7 +419,7 @@ impl Agent {
     /// dependencies nor on the control-plane connection (an outage of either must not take
     /// services out of rotation).
     pub fn readiness(&self) -> bool {
-        (!self.inner.refuse_until_fresh || self.is_fresh()) && self.inner.shared.deps.critical_ready()
+        self.inner.shared.ready()
     }
 
     /// Waits at most `timeout` for a configuration confirmed live by the server (a snapshot

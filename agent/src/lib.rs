@@ -43,6 +43,7 @@ pub mod fallback;
 pub mod fault;
 pub mod feature;
 pub mod flags;
+pub mod health;
 pub mod inbound;
 pub mod metrics_names;
 pub mod ofrep;

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -101,6 +101,11 @@ pub(crate) struct Shared {
     /// Bumped when what the status report says about breakers, fallbacks or degraded
     /// features changes; the sync client sends a report soon after.
     pub(crate) status_changes: Arc<StatusChanges>,
+    /// When the last status report was built, in ms since `started_at`: the health
+    /// windows of the next one cover the time since.
+    last_report_ms: AtomicU64,
+    /// Readiness waits for a configuration confirmed live (`refuse_until_fresh`).
+    pub(crate) refuse_until_fresh: AtomicBool,
 }
 
 impl fmt::Debug for Shared {
@@ -148,6 +153,8 @@ impl Shared {
             next_wake: ArcSwapOption::empty(),
             levers_in_force: AtomicBool::new(false),
             wake: Notify::new(),
+            last_report_ms: AtomicU64::new(0),
+            refuse_until_fresh: AtomicBool::new(false),
         };
         shared.refresh();
         shared.update_metrics();
@@ -289,15 +296,27 @@ impl Shared {
         });
     }
 
-    /// The periodic status report for the server.
+    /// Whether the service should report ready (see `Agent::readiness`): every critical
+    /// dependency callable, and a configuration confirmed live when readiness waits for one.
+    pub(crate) fn ready(&self) -> bool {
+        (!self.refuse_until_fresh.load(Ordering::Relaxed) || *self.live_tx.borrow()) && self.deps.critical_ready()
+    }
+
+    /// The periodic status report for the server. Its health windows cover the time since
+    /// the previous report was built, and their counts start again from 0: a report that
+    /// is built must be sent (a dropped one loses its window's counts, never counts twice).
     pub(crate) fn status_report(&self) -> StatusReport {
         let current = self.enforced.load();
+        let now_ms = Instant::now().saturating_duration_since(self.started_at).as_millis() as u64;
+        let window_ms = now_ms.saturating_sub(self.last_report_ms.swap(now_ms, Ordering::Relaxed));
         let mut report = StatusReport {
             service: self.service.clone(),
             applied_revision: current.revision,
             source: current.source.as_str().to_string(),
+            not_ready: !self.ready(),
             ..StatusReport::default()
         };
+        self.deps.health(window_ms, crate::health::MAX_HEALTH_WINDOWS, &mut report.health);
         self.deps.contribute(&mut report);
         self.features.contribute(&mut report);
         for c in self.contributors.load().iter() {

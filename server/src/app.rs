@@ -174,6 +174,8 @@ pub struct Server {
     pub hub: Hub,
     /// The domain actions of this replica (tests run due jobs with them explicitly).
     pub actions: crate::actions::Actions,
+    /// Agents' health as this replica aggregates it, and the queries over it.
+    pub health: crate::health::Health,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -314,14 +316,16 @@ impl Server {
         let (shutdown, shutdown_rx) = crate::shutdown::channel();
         let replica = format!("replica-{}", uuid::Uuid::new_v4().simple());
         tracing::info!(replica = %replica, "this replica's id in the agent leases");
+        let (health, health_task) = crate::health::Health::spawn(store.clone(), &replica, shutdown_rx.clone());
         let (fleet, fleet_task) = FleetWriter::spawn(store.clone(), replica, settings.agent_lease);
-        let mut tasks = vec![fleet_task];
+        let mut tasks = vec![fleet_task, health_task];
 
         let sync = SyncService::new(
             store.clone(),
             keys.clone(),
             hub.clone(),
             fleet.clone(),
+            health.clone(),
             SyncSettings {
                 heartbeat_interval: settings.heartbeat_interval,
                 max_stream_age: settings.max_stream_age,
@@ -385,6 +389,7 @@ impl Server {
         let mut state = AppState::new(store.clone(), keys, hub.clone(), settings.max_body_bytes, metrics);
         state.trusted_proxies = settings.trusted_proxies.clone().into();
         state.shutdown = shutdown_rx.clone();
+        state.health = health.clone();
         state.metrics_token =
             settings.metrics_token.as_ref().map(|t| crate::web::MetricsToken::new(t.expose()));
         let actions = state.actions.clone();
@@ -468,6 +473,7 @@ impl Server {
             store,
             hub,
             actions,
+            health,
             shutdown,
             tasks,
         })

@@ -15,6 +15,7 @@ pub mod db;
 pub mod diff;
 pub mod fleet;
 pub mod fuzz;
+pub mod health;
 pub mod hub;
 pub mod import;
 pub mod listener;

@@ -48,6 +48,8 @@ pub struct AppState {
     /// The server's stop flag: set, the readiness probes answer 503 and long-lived
     /// responses (the live page's events, the agents' long polls) end at once.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Agents' health reports of this replica, and the queries over every replica's.
+    pub health: crate::health::Health,
 }
 
 impl AppState {
@@ -59,7 +61,9 @@ impl AppState {
         max_body_bytes: usize,
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
+        let replica = format!("replica-{}", uuid::Uuid::new_v4().simple());
         AppState {
+            health: crate::health::Health::spawn(store.clone(), &replica, crate::shutdown::never()).0,
             actions: Actions::new(store.clone(), hub.clone(), keys.clone()),
             hub,
             store,

@@ -29,13 +29,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("alerts", &["actions", "advice", "db", "shutdown"]),
     ("auth", &["db"]),
     ("fleet", &["db"]),
+    // health: agents' windowed counts, bounded by agent_text, kept in memory and in db.
+    ("health", &["agent_text", "db", "shutdown"]),
     ("actions", &["advice", "auth", "db", "hub", "rollout"]),
     // sweeper: a rollout it halts goes to the alert webhook.
     ("sweeper", &["actions", "alerts", "db", "rollout", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("agent_text", &[]),
     ("tls", &["shutdown"]),
-    ("sync", &["agent_text", "auth", "db", "fleet", "hub", "rollout", "shutdown"]),
+    ("sync", &["agent_text", "auth", "db", "fleet", "health", "hub", "rollout", "shutdown"]),
     // xds: the outbound policy over Envoy's ADS, pushed as the hub publishes, to the
     // instance's revision during a rollout.
     ("xds", &["agent_text", "auth", "db", "hub", "rollout", "shutdown"]),
@@ -43,8 +45,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // files, the endpoints xDS serves).
     ("config", &["fleet", "sync", "tls", "xds"]),
     // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
-    ("web", &["actions", "auth", "db", "hub", "shutdown"]),
-    ("api", &["actions", "advice", "auth", "db", "diff", "manifest", "rollout", "shutdown", "web"]),
+    ("web", &["actions", "auth", "db", "health", "hub", "shutdown"]),
+    ("api", &["actions", "advice", "auth", "db", "diff", "health", "manifest", "rollout", "shutdown", "web"]),
     // ui reads `diff` for the policy editor's preview, the revision history and the diff a
     // change request's reviewer approves.
     ("ui", &["actions", "advice", "auth", "db", "diff", "rollout", "shutdown", "web"]),
@@ -54,8 +56,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "app",
         &[
-            "actions", "alerts", "api", "auth", "config", "db", "fleet", "hub", "listener", "shutdown",
-            "sweeper", "sync", "tls", "ui", "web", "xds",
+            "actions", "alerts", "api", "auth", "config", "db", "fleet", "health", "hub", "listener",
+            "shutdown", "sweeper", "sync", "tls", "ui", "web", "xds",
         ],
     ),
 ];
@@ -69,6 +71,7 @@ const HTTP_FREE: &[&str] = &[
     "db",
     "diff",
     "fleet",
+    "health",
     "hub",
     "listener",
     "manifest",

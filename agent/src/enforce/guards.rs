@@ -18,6 +18,7 @@ use crate::applied::StatusChanges;
 use crate::breaker::CircuitBreaker;
 use crate::bulkhead::Bulkhead;
 use crate::fault::FaultInjector;
+use crate::health::HealthCounters;
 use crate::metrics_names::{self as names, Labels};
 use crate::policy;
 use crate::retry::{AdaptiveThrottle, Retrier, RetryBudget};
@@ -186,6 +187,9 @@ pub(crate) struct DepState {
     pub(crate) faults: FaultInjector,
     pub(crate) fallback: OnFallback,
     pub(crate) throttle: AdaptiveThrottle,
+    /// What its calls ended as since the last status report (one window per dependency,
+    /// whatever the operation).
+    pub(crate) health: HealthCounters,
     changes: Arc<StatusChanges>,
 }
 
@@ -269,6 +273,7 @@ impl DepState {
             op_calls: OperationCalls::new(),
             faults,
             fallback: OnFallback::new(changes.clone()),
+            health: HealthCounters::default(),
             changes,
             throttle,
         }

@@ -404,6 +404,27 @@ impl Registry<DepView> {
         }
     }
 
+    /// Appends the health window of every dependency that saw calls since the last
+    /// report (`window_ms` long), at most `room` of them; the others keep their counts for
+    /// a later report.
+    pub(crate) fn health(&self, window_ms: u64, room: usize, out: &mut Vec<crate::proto::HealthWindow>) {
+        for (name, slot) in self.all().iter() {
+            if out.len() >= room {
+                return;
+            }
+            let view = slot.load();
+            let opens: u64 = std::iter::once(&view.default_scope.guards)
+                .chain(view.ops.values().map(|s| &s.guards).filter(|g| !Arc::ptr_eq(g, &view.default_scope.guards)))
+                .flat_map(|g| g.breaker.snapshot().transitions)
+                .filter(|t| t.to == BreakerState::Open)
+                .map(|t| t.count)
+                .sum();
+            if let Some(w) = view.state.health.take(crate::health::KIND_DEPENDENCY, name, window_ms, opens) {
+                out.push(w);
+            }
+        }
+    }
+
     /// Whether every **critical** dependency can be called now: switched on and its
     /// breaker not open. Non-critical dependencies never affect readiness.
     pub(crate) fn critical_ready(&self) -> bool {
@@ -584,6 +605,7 @@ impl Dependency {
             Err(e) => {
                 let value = fallback(&e).await;
                 view.state.fallback.served(level);
+                view.state.health.fallback();
                 WithFallback { value, level, cause: Some(e) }
             }
         }
@@ -638,6 +660,7 @@ impl Dependency {
                 match cache.get_if_error(&key) {
                     Some(stale) => {
                         view.state.fallback.served(FallbackLevel::Stale);
+                        view.state.health.fallback();
                         Ok(WithFallback { value: stale.value, level: FallbackLevel::Stale, cause: Some(e) })
                     }
                     None => Err(e),

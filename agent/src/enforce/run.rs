@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
-use super::guards::CallOutcome;
+use super::guards::{CallCounters, CallOutcome};
 use super::{
     AttemptTimeout, CallError, CallsAt, DeadlineError, DepView, InjectedFault, Judgement, KillSwitched,
     Scope, ScopeAt,
@@ -20,6 +20,7 @@ use crate::breaker::{BreakerOpen, DetachedBreakerPermit, Outcome};
 use crate::bulkhead::{BulkheadError, DetachedBulkheadPermit};
 use crate::deadline;
 use crate::fault::FaultDecision;
+use crate::health::HealthOutcome;
 use crate::retry::{CallInfo, Classify, Decision, ErrorKind, Throttled};
 
 /// Why one attempt did not succeed.
@@ -332,6 +333,8 @@ struct Core<V: Deref<Target = DepView>, Op: OperationName, A> {
     ctx: Option<deadline::RequestContext>,
     /// The clock read at the start, reused by the first attempt when nothing waited.
     first_now: Option<Instant>,
+    /// When the call began (the same reading), for its latency in the health window.
+    call_start: Option<Instant>,
     info: CallInfo,
     /// Attempts started (the running one included).
     n: u32,
@@ -385,6 +388,7 @@ where
                 calls_at: CallsAt::Scope,
                 ctx: None,
                 first_now: None,
+                call_start: None,
                 info: CallInfo {
                     idempotent: false,
                     deadline: None,
@@ -417,7 +421,7 @@ where
         let calls = view.calls_by(self.calls_at, scope);
         // 1. kill switch
         if !view.enabled {
-            calls.count(CallOutcome::KillSwitched);
+            self.count(calls, CallOutcome::KillSwitched, CallOutcome::KillSwitched);
             return Begin::Fail(CallError::KillSwitched(KillSwitched::new(view.name.clone())));
         }
         // 2. deadline
@@ -425,12 +429,14 @@ where
         self.ctx = ctx;
         let deadline = ctx.map(|c| c.deadline);
         // The clock is read once here; the first attempt reuses the reading when nothing
-        // waited in between (each read costs tens of ns on the success path).
-        let now = deadline.map(|_| Instant::now());
-        if let (Some(d), Some(now)) = (deadline, now)
+        // waited in between (each read costs tens of ns on the success path). It is also
+        // the start of the call's latency in its health window.
+        let now = Instant::now();
+        self.call_start = Some(now);
+        if let Some(d) = deadline
             && now >= d.instant()
         {
-            calls.count(CallOutcome::DeadlineExceeded);
+            self.count(calls, CallOutcome::DeadlineExceeded, CallOutcome::DeadlineExceeded);
             return Begin::Fail(CallError::DeadlineExceeded(
                 DeadlineError::new("the request's deadline had passed before the call", None),
                 None,
@@ -451,7 +457,7 @@ where
         match scope.guards.bulkhead.try_acquire() {
             Ok(p) => {
                 self.slot = Some(p.detach());
-                self.first_now = now;
+                self.first_now = Some(now);
                 Begin::Attempt
             }
             Err(_) => {
@@ -475,11 +481,11 @@ where
                 Ok(())
             }
             Err(BulkheadError::Full(e)) => {
-                calls.count(CallOutcome::BulkheadFull);
+                self.count(calls, CallOutcome::BulkheadFull, CallOutcome::BulkheadFull);
                 Err(CallError::BulkheadFull(e))
             }
             Err(BulkheadError::DeadlineExceeded(_)) => {
-                calls.count(CallOutcome::DeadlineExceeded);
+                self.count(calls, CallOutcome::DeadlineExceeded, CallOutcome::DeadlineExceeded);
                 Err(CallError::DeadlineExceeded(
                     DeadlineError::new("the deadline passed while waiting for a bulkhead slot", None),
                     None,
@@ -492,8 +498,32 @@ where
         self.view.scope_by(self.scope_at)
     }
 
-    fn calls(&self) -> &super::guards::CallCounters {
+    fn calls(&self) -> &CallCounters {
         self.view.calls_by(self.calls_at, self.scope())
+    }
+
+    /// Counts the end of the call: `outcome` in `levee_calls_total`, and in the
+    /// dependency's health window as `health` says (the outcome of the last attempt when
+    /// the deadline stopped the retries after the dependency failed: a dependency that
+    /// times out every attempt is failing, not shed).
+    fn count(&self, calls: &CallCounters, outcome: CallOutcome, health: CallOutcome) {
+        calls.count(outcome);
+        let health = match health {
+            CallOutcome::Ok => HealthOutcome::Success,
+            CallOutcome::Failed | CallOutcome::Injected => HealthOutcome::Failure,
+            CallOutcome::Timeout => HealthOutcome::Timeout,
+            CallOutcome::KillSwitched
+            | CallOutcome::BreakerOpen
+            | CallOutcome::BulkheadFull
+            | CallOutcome::DeadlineExceeded
+            | CallOutcome::Throttled
+            | CallOutcome::RefusedLocally => HealthOutcome::Shed,
+        };
+        let elapsed = match (health, self.call_start) {
+            (HealthOutcome::Shed, _) | (_, None) => Duration::ZERO,
+            (_, Some(start)) => start.elapsed(),
+        };
+        self.view.state.health.record(health, elapsed);
     }
 
     /// Starts attempt `n + 1`: 5. client-side throttle, 6. circuit breaker, 7. per-attempt
@@ -634,7 +664,7 @@ where
         };
         let (outcome, err) = match last {
             AttemptFailure::Value(v, kind, _) => {
-                calls.count(failed(kind));
+                self.count(calls, failed(kind), failed(kind));
                 return Err(Ok(v));
             }
             AttemptFailure::Inner(e, kind, _) => (failed(kind), CallError::Inner(e)),
@@ -643,7 +673,7 @@ where
             AttemptFailure::Injected(e) => (CallOutcome::Injected, CallError::Injected(e)),
             AttemptFailure::Throttled(e) => (CallOutcome::Throttled, CallError::Throttled(e)),
             AttemptFailure::NoBudget => {
-                calls.count(CallOutcome::DeadlineExceeded);
+                self.count(calls, CallOutcome::DeadlineExceeded, CallOutcome::DeadlineExceeded);
                 let why = format!(
                     "no time left for attempt {} (remaining budget does not exceed the {:?} reserve)",
                     attempts, view.reserve
@@ -652,11 +682,11 @@ where
             }
         };
         if deadline_stop {
-            calls.count(CallOutcome::DeadlineExceeded);
+            self.count(calls, CallOutcome::DeadlineExceeded, outcome);
             let why = format!("{reason} after {attempts} attempt(s)");
             return Err(Err(CallError::DeadlineExceeded(DeadlineError::new(why, None), Some(Box::new(err)))));
         }
-        calls.count(outcome);
+        self.count(calls, outcome, outcome);
         Err(Err(err))
     }
 
@@ -725,7 +755,7 @@ where
             match result {
                 Ok(v) => {
                     core.scope().guards.retrier.budget().deposit();
-                    core.calls().count(CallOutcome::Ok);
+                    core.count(core.calls(), CallOutcome::Ok, CallOutcome::Ok);
                     core.finish();
                     this.stage.set(Stage::Done);
                     return Poll::Ready(Ok(v));

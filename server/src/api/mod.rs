@@ -16,6 +16,7 @@ mod error;
 mod extract;
 mod flags;
 mod fleet;
+mod health;
 mod ofrep;
 mod openapi;
 mod overrides;
@@ -83,6 +84,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/environments/{env}/services/{svc}/agents", get(fleet::agents))
         .route("/environments/{env}/services/{svc}/nacks", get(fleet::nacks))
+        .route("/environments/{env}/services/{svc}/health", get(health::get))
         .route("/sync/{env}/{svc}", get(agent_sync::poll))
         .route("/ofrep/v1/evaluate/flags", post(ofrep::evaluate_all))
         .route("/ofrep/v1/evaluate/flags/{key}", post(ofrep::evaluate_one))

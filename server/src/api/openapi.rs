@@ -13,7 +13,8 @@ use crate::auth::{MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS};
 use super::services::IF_MATCH_PATTERN;
 
 use super::{
-    agent_sync, audit, auth_routes, envs, flags, fleet, ofrep, overrides, plan, profiles, requests, rollouts,
+    agent_sync, audit, auth_routes, envs, flags, fleet, health, ofrep, overrides, plan, profiles, requests,
+    rollouts,
     schedule, services, tokens,
 };
 
@@ -363,7 +364,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         overrides::list_faults, overrides::put_fault, overrides::delete_fault,
         fleet::agents, fleet::nacks, agent_sync::poll,
         ofrep::evaluate_one, ofrep::evaluate_all,
-        fleet::propagation,
+        fleet::propagation, health::get,
         audit::list,
         tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,

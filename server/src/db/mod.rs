@@ -57,6 +57,7 @@ macro_rules! stored_words {
 }
 
 mod backup;
+mod health;
 mod mutate;
 mod profiles;
 mod requests;
@@ -65,6 +66,7 @@ mod rows;
 mod schedule;
 
 pub use backup::{Contents, check_file, restore_file, sqlite_path};
+pub use health::HealthRow;
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::{RequestRow, RequestState};

@@ -32,6 +32,7 @@ use crate::agent_text;
 use crate::auth::{AuthError, Keys, authenticate_agent};
 use crate::db::Store;
 use crate::fleet::FleetWriter;
+use crate::health::Health;
 use crate::hub::Hub;
 
 mod limits;
@@ -90,6 +91,7 @@ struct Inner {
     keys: Keys,
     hub: Hub,
     fleet: FleetWriter,
+    health: Health,
     settings: SyncSettings,
     limiter: StreamLimiter,
     shutdown: watch::Receiver<bool>,
@@ -100,13 +102,14 @@ struct Inner {
 
 impl SyncService {
     /// The service over `store`, authenticating agents with `keys`, pushing what `hub`
-    /// publishes, recording agent state through `fleet`; its streams end (with `GoAway`)
-    /// once `shutdown` is set.
+    /// publishes, recording agent state through `fleet` and the health of their reports
+    /// through `health`; its streams end (with `GoAway`) once `shutdown` is set.
     pub fn new(
         store: Store,
         keys: Keys,
         hub: Hub,
         fleet: FleetWriter,
+        health: Health,
         settings: SyncSettings,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
@@ -117,6 +120,7 @@ impl SyncService {
                 keys,
                 hub,
                 fleet,
+                health,
                 settings,
                 limiter,
                 shutdown,

@@ -206,6 +206,7 @@ impl Session {
                         st.source = agent_text::one_of(&report.source, agent_text::SOURCES).to_string();
                     }
                     st.report = serde_json::from_str(&status_json(&report)).ok();
+                    self.inner.health.report(&self.env, &self.instance, report.applied_revision, &report);
                     self.upsert(&report.service, true);
                 }
             }

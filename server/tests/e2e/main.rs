@@ -23,6 +23,7 @@ mod crash;
 mod db_outage;
 mod delivery;
 mod haproxy;
+mod health;
 mod http_fallback;
 mod kill_switch;
 mod kubernetes;
