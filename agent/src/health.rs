@@ -88,7 +88,13 @@ impl HealthCounters {
     /// The window since the last call, swapping every counter back to 0; `None` when
     /// nothing happened (no window is sent for an idle subject). `opens_total` is the
     /// running total of breaker opens of the subject.
-    pub(crate) fn take(&self, kind: &str, name: &str, window_ms: u64, opens_total: u64) -> Option<HealthWindow> {
+    pub(crate) fn take(
+        &self,
+        kind: &str,
+        name: &str,
+        window_ms: u64,
+        opens_total: u64,
+    ) -> Option<HealthWindow> {
         let before = self.opens_reported.swap(opens_total, Relaxed);
         let breaker_opens = opens_total.saturating_sub(before);
         let successes = self.successes.swap(0, Relaxed);

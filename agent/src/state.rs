@@ -299,7 +299,8 @@ impl Shared {
     /// Whether the service should report ready (see `Agent::readiness`): every critical
     /// dependency callable, and a configuration confirmed live when readiness waits for one.
     pub(crate) fn ready(&self) -> bool {
-        (!self.refuse_until_fresh.load(Ordering::Relaxed) || *self.live_tx.borrow()) && self.deps.critical_ready()
+        (!self.refuse_until_fresh.load(Ordering::Relaxed) || *self.live_tx.borrow())
+            && self.deps.critical_ready()
     }
 
     /// The periodic status report for the server. Its health windows cover the time since

@@ -316,7 +316,8 @@ impl Server {
         let (shutdown, shutdown_rx) = crate::shutdown::channel();
         let replica = format!("replica-{}", uuid::Uuid::new_v4().simple());
         tracing::info!(replica = %replica, "this replica's id in the agent leases");
-        let (health, health_task) = crate::health::Health::spawn(store.clone(), &replica, shutdown_rx.clone());
+        let (health, health_task) =
+            crate::health::Health::spawn(store.clone(), &replica, shutdown_rx.clone());
         let (fleet, fleet_task) = FleetWriter::spawn(store.clone(), replica, settings.agent_lease);
         let mut tasks = vec![fleet_task, health_task];
 

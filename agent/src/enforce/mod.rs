@@ -414,7 +414,12 @@ impl Registry<DepView> {
             }
             let view = slot.load();
             let opens: u64 = std::iter::once(&view.default_scope.guards)
-                .chain(view.ops.values().map(|s| &s.guards).filter(|g| !Arc::ptr_eq(g, &view.default_scope.guards)))
+                .chain(
+                    view.ops
+                        .values()
+                        .map(|s| &s.guards)
+                        .filter(|g| !Arc::ptr_eq(g, &view.default_scope.guards)),
+                )
                 .flat_map(|g| g.breaker.snapshot().transitions)
                 .filter(|t| t.to == BreakerState::Open)
                 .map(|t| t.count)

@@ -89,7 +89,12 @@ impl Store {
     }
 
     /// Every replica's rows of one service whose slot starts at or after `from_ms`.
-    pub async fn health_rows(&self, env: &str, service: &str, from_ms: i64) -> anyhow::Result<Vec<HealthRow>> {
+    pub async fn health_rows(
+        &self,
+        env: &str,
+        service: &str,
+        from_ms: i64,
+    ) -> anyhow::Result<Vec<HealthRow>> {
         let _t = timed("health_rows");
         let rows = sqlx::query(
             "SELECT replica, environment, service, revision, slot_ms, kind, name, calls, successes, failures, \
@@ -131,8 +136,10 @@ impl Store {
     /// Deletes the rows of slots that started before `before_ms`. Returns how many.
     pub async fn prune_health(&self, before_ms: i64) -> anyhow::Result<u64> {
         let _g = self.write_guard().await;
-        let res =
-            sqlx::query("DELETE FROM health_windows WHERE slot_ms < $1").bind(before_ms).execute(&self.pool).await?;
+        let res = sqlx::query("DELETE FROM health_windows WHERE slot_ms < $1")
+            .bind(before_ms)
+            .execute(&self.pool)
+            .await?;
         Ok(res.rows_affected())
     }
 }

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use levee_agent::health::{KIND_DEPENDENCY, KIND_ROUTE, LATENCY_BOUNDS_MS, LATENCY_BUCKETS, MAX_HEALTH_WINDOWS};
+use levee_agent::health::{
+    KIND_DEPENDENCY, KIND_ROUTE, LATENCY_BOUNDS_MS, LATENCY_BUCKETS, MAX_HEALTH_WINDOWS,
+};
 use levee_agent::proto::StatusReport;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -249,7 +251,8 @@ pub(crate) fn windows_of(r: &StatusReport) -> Vec<Window> {
             let window_ms = w.window_ms.clamp(1, MAX_WINDOW_MS);
             let cap = MAX_CALLS_PER_SEC.saturating_mul(window_ms.div_ceil(1000));
             let c = |v: u64| v.min(cap);
-            let (successes, failures, timeouts, shed) = (c(w.successes), c(w.failures), c(w.timeouts), c(w.shed));
+            let (successes, failures, timeouts, shed) =
+                (c(w.successes), c(w.failures), c(w.timeouts), c(w.shed));
             let latency_buckets = if w.latency_buckets.len() == LATENCY_BUCKETS {
                 w.latency_buckets.iter().map(|v| c(*v)).collect()
             } else {
@@ -283,8 +286,17 @@ pub(crate) fn slot_of(at_ms: i64) -> i64 {
 pub(crate) enum Msg {
     Report(Report),
     /// This replica's rows of one service not yet known to be in the database.
-    Pending { environment: String, service: String, reply: oneshot::Sender<Vec<HealthRow>> },
-    Instances { environment: String, service: String, since_ms: i64, reply: oneshot::Sender<Vec<InstanceHealth>> },
+    Pending {
+        environment: String,
+        service: String,
+        reply: oneshot::Sender<Vec<HealthRow>>,
+    },
+    Instances {
+        environment: String,
+        service: String,
+        since_ms: i64,
+        reply: oneshot::Sender<Vec<InstanceHealth>>,
+    },
     Flush(oneshot::Sender<anyhow::Result<()>>),
 }
 
@@ -316,7 +328,8 @@ impl Health {
         shutdown: watch::Receiver<bool>,
     ) -> (Health, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let handle = tokio::spawn(task::run(store.clone(), replica.to_string(), flush_interval, rx, shutdown));
+        let handle =
+            tokio::spawn(task::run(store.clone(), replica.to_string(), flush_interval, rx, shutdown));
         (Health { tx, store, replica: replica.into() }, handle)
     }
 
@@ -362,7 +375,9 @@ impl Health {
             Err(_) => Vec::new(),
         };
         type Key = (String, u64, i64, String, String);
-        let key = |r: &HealthRow| -> Key { (r.replica.clone(), r.revision, r.slot_ms, r.kind.clone(), r.name.clone()) };
+        let key = |r: &HealthRow| -> Key {
+            (r.replica.clone(), r.revision, r.slot_ms, r.kind.clone(), r.name.clone())
+        };
         let mut all: BTreeMap<Key, HealthRow> = stored.into_iter().map(|r| (key(&r), r)).collect();
         for r in pending.into_iter().filter(|r| r.slot_ms >= from_ms) {
             all.insert(key(&r), r);
@@ -422,10 +437,20 @@ impl Health {
     ///
     /// # Errors
     /// The task has ended.
-    pub async fn instances(&self, env: &str, service: &str, since_ms: i64) -> anyhow::Result<Vec<InstanceHealth>> {
+    pub async fn instances(
+        &self,
+        env: &str,
+        service: &str,
+        since_ms: i64,
+    ) -> anyhow::Result<Vec<InstanceHealth>> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Msg::Instances { environment: env.to_string(), service: service.to_string(), since_ms, reply })
+            .send(Msg::Instances {
+                environment: env.to_string(),
+                service: service.to_string(),
+                since_ms,
+                reply,
+            })
             .await
             .map_err(|_| anyhow::anyhow!("the health task has ended"))?;
         rx.await.map_err(|_| anyhow::anyhow!("the health task has ended"))

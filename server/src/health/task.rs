@@ -72,10 +72,7 @@ impl State {
             slot.not_ready.insert(r.instance.clone());
         }
         for w in &r.windows {
-            slot.subjects
-                .entry((w.kind, w.name.clone()))
-                .or_insert_with(HealthTotals::empty)
-                .add(&w.counts);
+            slot.subjects.entry((w.kind, w.name.clone())).or_insert_with(HealthTotals::empty).add(&w.counts);
         }
         self.instances.insert(
             (r.environment, r.service, r.instance.clone()),
@@ -132,7 +129,8 @@ impl State {
     /// are let go once written (a reader asking this replica for its rows after reading
     /// the database finds them here or there, never in neither).
     async fn flush(&mut self, store: &Store) -> anyhow::Result<()> {
-        let dirty: Vec<SlotKey> = self.slots.iter().filter(|(_, s)| s.dirty).map(|(k, _)| k.clone()).collect();
+        let dirty: Vec<SlotKey> =
+            self.slots.iter().filter(|(_, s)| s.dirty).map(|(k, _)| k.clone()).collect();
         let rows: Vec<HealthRow> = dirty.iter().flat_map(|k| self.rows_of(k, &self.slots[k])).collect();
         if !rows.is_empty() {
             store.write_health(&rows).await?;
