@@ -457,7 +457,7 @@ fn every_policy_snippet_in_the_docs_decodes_with_the_real_types() {
 fn the_snippet_checker_catches_a_wrong_field() {
     let properties = openapi_properties();
     let bad = "Window: `{\"type\": \"count\", \"calls\": 100}`, or\n`circuit_breaker.window: {\"type\": \"count\",\n\"size\": 100, \"calls\": 5}`.\n\n\
-               `inbound.retries_pausd: true` and `PUT {policy, reasn}` and `{type: count, calls: 100}`\n\n\
+               `inbound.retries_pausd: true` and `PUT {policy, reasn}` and `{type: count, callz: 100}`\n\n\
                ```json\n{\"policy\": {\"dependencys\": {}}}\n```\n\n\
                ```sh\ncurl -s $API/environments -H \"$AUTH\" -d '{\"name\":\"prod\",\"reasons\":\"x\"}'\n\
                curl -s $API/environments/prod/services -H \"$AUTH\" -d '{\"name\": \"c\", \"reason\": \"r\",\n\
@@ -472,7 +472,7 @@ fn the_snippet_checker_catches_a_wrong_field() {
             "bad.md:2: `circuit_breaker.window: {\"type\": \"count\", \"size\": 100, \"calls\": 5}` decodes as no policy or request type",
             "bad.md:5: `inbound.retries_pausd: true` decodes as no policy or request type",
             "bad.md:5: `{policy, reasn}`",
-            "bad.md:5: `{type: count, calls: 100}`",
+            "bad.md:5: `{type: count, callz: 100}`",
             "bad.md:7: json block decodes as no policy or request type",
             "bad.md:11: curl -X POST $API/environments",
             "bad.md:11: curl -X POST $API/environments/prod/services",
