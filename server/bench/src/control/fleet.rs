@@ -24,7 +24,9 @@ pub struct Flips {
 
 #[derive(Debug)]
 pub struct Fleet {
-    pub agents: Vec<Agent>,
+    pub agents: std::sync::Arc<Vec<Agent>>,
+    /// The task making the agents' calls (`--calls-per-sec`).
+    traffic: Option<tokio::task::JoinHandle<()>>,
     _cache: Option<tempfile::TempDir>,
 }
 
@@ -48,7 +50,9 @@ impl Fleet {
             }
             agents.push(b.build()?);
         }
-        Ok(Fleet { agents, _cache: cache })
+        let agents = std::sync::Arc::new(agents);
+        let traffic = (common.calls_per_sec > 0.0).then(|| tokio::spawn(traffic(agents.clone(), common.calls_per_sec)));
+        Ok(Fleet { agents, traffic, _cache: cache })
     }
 
     /// How many agents have a stream established.
@@ -129,6 +133,31 @@ impl Fleet {
     }
 
     pub async fn shutdown(self) {
+        if let Some(t) = &self.traffic {
+            t.abort();
+        }
         futures::future::join_all(self.agents.iter().map(|a| a.shutdown())).await;
+    }
+}
+
+/// Every agent calls dependency `recommendations` `rate` times per second (an immediate
+/// success), spread over the second in ticks of 10 ms, so each status report carries a
+/// health window. Runs until aborted.
+async fn traffic(agents: std::sync::Arc<Vec<Agent>>, rate: f64) {
+    let deps: Vec<_> = agents.iter().map(|a| a.dependency("recommendations")).collect();
+    let tick = Duration::from_millis(10);
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Calls owed, in agent-calls: rate × agents per second, 1/100 of it per tick.
+    let per_tick = rate * deps.len() as f64 / 100.0;
+    let (mut owed, mut next) = (0.0, 0usize);
+    loop {
+        interval.tick().await;
+        owed += per_tick;
+        while owed >= 1.0 {
+            owed -= 1.0;
+            let _ = deps[next].call("GET /recommendations", || async { Ok::<_, std::io::Error>(()) }).await;
+            next = (next + 1) % deps.len();
+        }
     }
 }

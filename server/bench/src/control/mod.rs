@@ -71,6 +71,11 @@ pub struct Common {
     /// the end); default: a temporary directory in /dev/shm (else the system temp dir).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Calls per second each agent makes to a dependency (an immediate success), so its
+    /// status reports carry health windows as a serving agent's do; 0: agents that call
+    /// nothing (reports without health).
+    #[arg(long, default_value_t = 1.0)]
+    pub calls_per_sec: f64,
 }
 
 impl Common {
