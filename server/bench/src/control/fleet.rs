@@ -51,7 +51,8 @@ impl Fleet {
             agents.push(b.build()?);
         }
         let agents = std::sync::Arc::new(agents);
-        let traffic = (common.calls_per_sec > 0.0).then(|| tokio::spawn(traffic(agents.clone(), common.calls_per_sec)));
+        let traffic =
+            (common.calls_per_sec > 0.0).then(|| tokio::spawn(traffic(agents.clone(), common.calls_per_sec)));
         Ok(Fleet { agents, traffic, _cache: cache })
     }
 
