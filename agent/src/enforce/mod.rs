@@ -416,8 +416,8 @@ impl Registry<DepView> {
             let opens: u64 = std::iter::once(&view.default_scope.guards)
                 .chain(
                     view.ops
-                        .values()
-                        .map(|s| &s.guards)
+                        .iter()
+                        .map(|(_, s)| &s.guards)
                         .filter(|g| !Arc::ptr_eq(g, &view.default_scope.guards)),
                 )
                 .flat_map(|g| g.breaker.snapshot().transitions)
