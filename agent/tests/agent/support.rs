@@ -95,7 +95,7 @@ pub fn snapshot(revision: u64, body: &str) -> Snapshot {
         service: SERVICE.into(),
         revision,
         hash: content_hash(body.as_bytes()),
-        body: body.as_bytes().to_vec(),
+        body: body.as_bytes().to_vec().into(),
         nonce: 0,
         schema_version: SCHEMA_VERSION,
         environment: ENV.into(),

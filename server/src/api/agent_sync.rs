@@ -131,7 +131,7 @@ fn answer(snap: &SnapshotRow) -> Response {
         service: snap.service.clone(),
         revision: snap.revision,
         hash: snap.hash.clone(),
-        body: snap.body.clone().into_bytes(),
+        body: snap.body.clone().into_bytes().into(),
         nonce: 0,
         schema_version: SCHEMA_VERSION,
         environment: snap.environment.clone(),

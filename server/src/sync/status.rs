@@ -21,8 +21,9 @@ impl ServiceState {
 }
 
 /// The status report as stored: every string bounded and escaped, every word from a fixed
-/// vocabulary either known or [`agent_text::UNRECOGNIZED`], lists capped (SEC-2).
-pub(super) fn status_json(r: &levee_agent::proto::StatusReport) -> String {
+/// vocabulary either known or [`agent_text::UNRECOGNIZED`], lists capped (SEC-2). Its
+/// health windows are not part of it: they go to `crate::health`.
+pub(super) fn status_value(r: &levee_agent::proto::StatusReport) -> serde_json::Value {
     use crate::db::{MAX_COUNTER_NAME, MAX_STATUS_COUNTERS};
     use agent_text::{MAX_REASON_CHARS, MAX_REPORT_ENTRIES as N, name, one_of, text};
     serde_json::json!({
@@ -59,7 +60,6 @@ pub(super) fn status_json(r: &levee_agent::proto::StatusReport) -> String {
             "since": (f.since_ms > 0).then(|| levee_agent::policy::Timestamp::from_unix_ms(f.since_ms)),
         })).collect::<Vec<_>>(),
     })
-    .to_string()
 }
 
 /// A rate an agent reported, or `null` for NaN and infinities (which JSON cannot hold).
@@ -86,7 +86,7 @@ mod tests {
             ],
             ..StatusReport::default()
         };
-        let json: serde_json::Value = serde_json::from_str(&super::status_json(&report)).unwrap();
+        let json = super::status_value(&report);
         assert_eq!(json["features"][0]["degraded_since"], "2025-12-01T12:00:00.000Z");
         assert_eq!(json["features"][1]["degraded_since"], serde_json::Value::Null);
         assert!(json["features"][0].get("degraded_since_ms").is_none());

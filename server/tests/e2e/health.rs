@@ -125,3 +125,49 @@ async fn health_reports_are_summed_per_revision_and_instance_and_persisted(app) 
     b.shutdown().await;
 }
 }
+
+on_both_backends! {
+/// Issue 20: a status report that says nothing new is not written again (at 10,000 agents
+/// every 10 s that was 1,000 upserts a second): an idle agent reporting every 100 ms keeps
+/// the row stored when it connected, while a report that changes something (its breaker
+/// opened) is stored at once.
+async fn unchanged_status_reports_are_not_written_again(app) {
+    let api = Api::login(&app.base).await;
+    api.seed().await;
+    let token = api.agent_token("prod", &["checkout"]).await;
+    let a = reporting_agent(&app, &token, "pod-a");
+    a.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    // The row once the agent is live (its first report after the ACK says so).
+    let mut stored = None;
+    for _ in 0..500 {
+        let rows = app.store().agents("prod", "checkout").await.unwrap();
+        if let Some(r) = rows.into_iter().find(|r| r.connected && r.source == "live") {
+            stored = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stored = stored.expect("the agent's row");
+    // Ten more reports, each the same.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let rows = app.store().agents("prod", "checkout").await.unwrap();
+    assert_eq!(rows[0].last_seen, stored.last_seen, "unchanged reports were written again");
+
+    // A change is stored at once: failures open the breaker of `pricing` (20 calls at least).
+    let pricing = a.dependency("pricing");
+    for _ in 0..30 {
+        let _ = pricing.call("POST /price", || async { Err::<(), _>(std::io::Error::other("down")) }).await;
+    }
+    let mut seen = false;
+    for _ in 0..500 {
+        let rows = app.store().agents("prod", "checkout").await.unwrap();
+        if rows[0].status.as_ref().is_some_and(|s| s.to_string().contains("\"OPEN\"")) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "the open breaker was not stored");
+    a.shutdown().await;
+}
+}
