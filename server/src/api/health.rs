@@ -1,5 +1,7 @@
 //! Agents' health per revision and subject (`crate::health`).
 
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use levee_agent::health::LATENCY_BOUNDS_MS;
@@ -33,10 +35,20 @@ pub struct HealthFigures {
     pub error_rate: f64,
     /// `shed / calls`, 0..1.
     pub shed_rate: f64,
-    /// Median latency, ms: the upper bound of its bucket; `null` without measured calls.
-    pub p50_ms: Option<f64>,
-    /// 99th percentile latency, ms, as `p50_ms`.
-    pub p99_ms: Option<f64>,
+    /// Median latency (a duration, `"5ms"`): the upper bound of its bucket; absent without
+    /// measured calls.
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "5ms")]
+    pub p50: Option<Duration>,
+    /// 99th percentile latency, as `p50`.
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "100ms")]
+    pub p99: Option<Duration>,
+}
+
+/// A latency bucket's upper bound (whole milliseconds) as a duration.
+fn bound(ms: f64) -> Duration {
+    Duration::from_millis(ms as u64)
 }
 
 impl From<HealthTotals> for HealthFigures {
@@ -44,8 +56,8 @@ impl From<HealthTotals> for HealthFigures {
         HealthFigures {
             error_rate: totals.error_rate(),
             shed_rate: totals.shed_rate(),
-            p50_ms: totals.p50_ms(),
-            p99_ms: totals.p99_ms(),
+            p50: totals.p50_ms().map(bound),
+            p99: totals.p99_ms().map(bound),
             totals,
         }
     }
@@ -91,9 +103,10 @@ pub struct ServiceHealth {
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub since: i64,
-    /// Upper bounds of the latency buckets, ms; one more bucket counts the calls past the
-    /// last.
-    pub latency_bounds_ms: Vec<u64>,
+    /// Upper bounds of the latency buckets (durations, `"1ms"` to `"5s"`); one more bucket
+    /// counts the calls past the last.
+    #[schema(example = json!(["1ms", "2ms", "5ms"]))]
+    pub latency_bounds: Vec<String>,
     /// Per revision, oldest first.
     pub revisions: Vec<RevisionHealth>,
 }
@@ -162,7 +175,10 @@ pub async fn get(
         environment: env,
         service: svc,
         since,
-        latency_bounds_ms: LATENCY_BOUNDS_MS.to_vec(),
+        latency_bounds: LATENCY_BOUNDS_MS
+            .iter()
+            .map(|&ms| levee_agent::policy::duration::format(Duration::from_millis(ms)))
+            .collect(),
         revisions,
     }))
 }

@@ -14,8 +14,7 @@ use super::services::IF_MATCH_PATTERN;
 
 use super::{
     agent_sync, audit, auth_routes, envs, flags, fleet, health, ofrep, overrides, plan, profiles, requests,
-    rollouts,
-    schedule, services, tokens,
+    rollouts, schedule, services, tokens,
 };
 
 /// Writes the defaults of duration fields as durations (`"15s"`): the schema derive prints

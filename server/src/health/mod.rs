@@ -115,7 +115,7 @@ pub struct HealthTotals {
     pub shed: u64,
     /// Times a circuit breaker opened.
     pub breaker_opens: u64,
-    /// Calls per latency bucket; bounds in `latency_bounds_ms` of the answer
+    /// Calls per latency bucket; bounds in `latency_bounds` of the answer
     /// (`levee_agent::health::LATENCY_BOUNDS_MS`, then one bucket past the last).
     pub latency_buckets: Vec<u64>,
     /// Instances that reported: the most in one 10-second slot of the range (an instance
