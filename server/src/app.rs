@@ -444,6 +444,8 @@ impl Server {
 
         tasks.push(tokio::spawn(crate::sweeper::run(
             actions.clone(),
+            health.clone(),
+            store.clone(),
             settings.alert_webhook_url.clone(),
             shutdown_rx.clone(),
         )));

@@ -1,7 +1,8 @@
 //! Staged rollouts: the rules. Which instances are in a rollout's cohort, which snapshot an
 //! instance is served, how a stage's cohort covers its instances, and when the cohort's
-//! health halts the rollout. Pure functions over what the callers read; the state lives in
-//! the database (`db::RolloutRow`) and each replica's hub.
+//! health halts the rollout (`halt_reason`, the one rule). Pure functions over what the
+//! callers read, and `sides`, which reads a rollout's health as that rule compares it; the
+//! state lives in the database (`db::RolloutRow`) and each replica's hub.
 //!
 //! The cohort is deterministic from the instance id: an instance's bucket is
 //! `levee_agent::flags::rollout_bucket` (the flags' rollout hash, one copy of it) of its
@@ -10,11 +11,15 @@
 //! the cohort, and a restart under the same id keeps it; a rollout of another change draws
 //! another cohort.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use levee_agent::flags::{ROLLOUT_BUCKETS, rollout_bucket};
+use levee_agent::policy::Policy;
 
-use crate::db::{Plan, RolloutRow, SnapshotRow};
+use crate::db::{Plan, RolloutRow, SnapshotRow, Store};
+use crate::health::{Health, HealthTotals, RevisionTotals, SubjectKind};
 
 /// The bucket of `instance` (an id agents announce) in rollout `row`
 /// (`0..ROLLOUT_BUCKETS`), drawn from its instance name (`levee_agent::instance_name_of`:
@@ -77,24 +82,42 @@ pub fn stage_threshold(row: &RolloutRow, stage: usize, connected: &[String]) -> 
     share.max(cover).max(if stage == row.stage { row.threshold } else { 0 })
 }
 
-/// One side of a comparison: the cohort or the rest, over the same time.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// How many standard errors of the difference the cohort's share must exceed the rest's
+/// by, besides the plan's `max_error_rate_increase`, before it halts: a small cohort's
+/// chance bad luck does not halt, a consistent difference does within a few dozen calls.
+pub const HALT_STANDARD_ERRORS: f64 = 3.0;
+/// Instance reports (an instance counts once per 10-second health slot it reported in)
+/// the cohort must have made before its readiness is judged.
+pub const MIN_READINESS_SLOTS: u64 = 3;
+/// How far back a rollout's health is summed (never before the rollout started): what
+/// the candidate did lately, at a cost that does not grow with a long bake.
+pub const HEALTH_LOOKBACK: Duration = Duration::from_secs(15 * 60);
+
+/// One side of a comparison: the cohort (the revisions carrying the candidate policy) or
+/// the rest (those carrying the policy it replaces), over the same time.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Side {
-    /// Calls made (dependencies and inbound routes).
-    pub calls: u64,
-    /// Of which failed or timed out.
-    pub bad: u64,
+    /// What the calls of each dependency and inbound route did.
+    pub subjects: BTreeMap<(SubjectKind, String), HealthTotals>,
+    /// Instance reports: one per instance and 10-second slot it reported in.
+    pub instance_slots: u64,
+    /// Of which it said it was not ready.
+    pub not_ready_slots: u64,
 }
 
 impl Side {
-    /// Bad calls per call; 0 without calls.
-    pub fn error_rate(&self) -> f64 {
-        if self.calls == 0 { 0.0 } else { self.bad as f64 / self.calls as f64 }
+    /// Adds the health of one revision.
+    pub fn add(&mut self, t: &RevisionTotals) {
+        self.instance_slots += t.instance_slots;
+        self.not_ready_slots += t.not_ready_slots;
+        for (subject, totals) in &t.subjects {
+            self.subjects.entry(subject.clone()).or_default().add(totals);
+        }
     }
 }
 
 /// What a rollout is judged on.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Evidence {
     pub cohort: Side,
     pub rest: Side,
@@ -102,7 +125,41 @@ pub struct Evidence {
     pub nacks: u64,
 }
 
-/// Why the cohort is worse than the plan tolerates, or `None`.
+/// Calls of a subject that did not succeed: failed, timed out, or shed on the agent's
+/// machine (an open breaker sheds, so its openings count through the calls it refused;
+/// a fallback answers one of these, so it is counted with them).
+fn unsuccessful(t: &HealthTotals) -> u64 {
+    t.failures + t.timeouts + t.shed
+}
+
+/// Whether `bad` of `n` (the cohort) is worse than `rest_bad` of `rest_n` beyond what
+/// `max_increase` tolerates: the cohort's share exceeds the rest's by more than
+/// `max_increase` and by more than [`HALT_STANDARD_ERRORS`] standard errors of the
+/// difference. A rest without any is taken as a share of 0 known exactly.
+fn worse(bad: u64, n: u64, rest_bad: u64, rest_n: u64, max_increase: f64) -> bool {
+    if n == 0 {
+        return false;
+    }
+    let share = |bad: u64, n: u64| if n == 0 { 0.0 } else { bad as f64 / n as f64 };
+    let (c, r) = (share(bad, n), share(rest_bad, rest_n));
+    let variance = |p: f64, n: u64| if n == 0 { 0.0 } else { p * (1.0 - p) / n as f64 };
+    let se = (variance(c, n) + variance(r, rest_n)).sqrt();
+    c - r > max_increase && c - r > HALT_STANDARD_ERRORS * se
+}
+
+fn percent(bad: u64, n: u64) -> f64 {
+    if n == 0 { 0.0 } else { bad as f64 * 100.0 / n as f64 }
+}
+
+/// Why the cohort is worse than the plan tolerates, or `None`. The one rule of a halt:
+///
+/// * more cohort instances NACKed the candidate than `max_nacks`;
+/// * for a dependency or inbound route the cohort called at least `min_calls` times (at
+///   least once), its share of calls that did not succeed (failed, timed out or shed)
+///   exceeds the rest's on the same subject by more than `max_error_rate_increase`, and
+///   by more than [`HALT_STANDARD_ERRORS`] standard errors;
+/// * over at least [`MIN_READINESS_SLOTS`] instance reports, the cohort's share of
+///   reports saying "not ready" exceeds the rest's the same way.
 pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
     if e.nacks > plan.max_nacks {
         return Some(format!(
@@ -112,21 +169,102 @@ pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
             plan.max_nacks
         ));
     }
-    if e.cohort.calls >= plan.min_calls.max(1) {
-        let (c, r) = (e.cohort.error_rate(), e.rest.error_rate());
-        if c - r > plan.max_error_rate_increase {
+    let tolerance = plan.max_error_rate_increase;
+    let none = HealthTotals::default();
+    for ((kind, name), c) in &e.cohort.subjects {
+        if c.calls < plan.min_calls.max(1) {
+            continue;
+        }
+        let r = e.rest.subjects.get(&(*kind, name.clone())).unwrap_or(&none);
+        if worse(unsuccessful(c), c.calls, unsuccessful(r), r.calls, tolerance) {
             return Some(format!(
-                "the cohort's error rate is {:.1} % over {} calls against {:.1} % for the rest over {} calls: \
-                 more than the {:.1} points the plan tolerates",
-                c * 100.0,
-                e.cohort.calls,
-                r * 100.0,
-                e.rest.calls,
-                plan.max_error_rate_increase * 100.0
+                "{} {name}: {:.1} % of the cohort's {} calls did not succeed ({} failed, {} timed out, {} shed; \
+                 {} fallbacks, {} breaker openings) against {:.1} % of the rest's {}: more than the {:.1} points \
+                 the plan tolerates",
+                kind.as_str(),
+                percent(unsuccessful(c), c.calls),
+                c.calls,
+                c.failures,
+                c.timeouts,
+                c.shed,
+                c.fallbacks,
+                c.breaker_opens,
+                percent(unsuccessful(r), r.calls),
+                r.calls,
+                tolerance * 100.0
             ));
         }
     }
+    let (c, r) = (&e.cohort, &e.rest);
+    if c.instance_slots >= MIN_READINESS_SLOTS
+        && worse(c.not_ready_slots, c.instance_slots, r.not_ready_slots, r.instance_slots, tolerance)
+    {
+        return Some(format!(
+            "the cohort's instances said they were not ready in {} of {} reports ({:.1} %) against {} of {} \
+             ({:.1} %) for the rest: more than the {:.1} points the plan tolerates",
+            c.not_ready_slots,
+            c.instance_slots,
+            percent(c.not_ready_slots, c.instance_slots),
+            r.not_ready_slots,
+            r.instance_slots,
+            percent(r.not_ready_slots, r.instance_slots),
+            tolerance * 100.0
+        ));
+    }
     None
+}
+
+/// The cohort's and the rest's health in rollout `r` since it started (at most
+/// [`HEALTH_LOOKBACK`] before `now_ms`), from every replica's agents: each revision the
+/// agents reported on counts for the side whose policy it carries — the candidate's (the
+/// cohort), or the one the rollout started from (the rest); a revision with another
+/// policy counts for neither. An immediate change during the rollout writes a revision
+/// of each, so both sides keep their history across it.
+///
+/// # Errors
+/// The database could not be read.
+pub async fn sides(
+    health: &Health,
+    store: &Store,
+    r: &RolloutRow,
+    now_ms: i64,
+) -> anyhow::Result<(Side, Side)> {
+    let since = r.created_at.max(now_ms - HEALTH_LOOKBACK.as_millis() as i64);
+    let per_revision = health.by_revision_and_subject(&r.environment, &r.service, since).await?;
+    let (mut cohort, mut rest) = (Side::default(), Side::default());
+    let base: Option<Policy> = serde_json::from_str(&r.base_policy).ok();
+    let mut candidate: Option<Option<Policy>> = None;
+    for (revision, totals) in &per_revision {
+        let side = if *revision == r.candidate_revision {
+            Some(&mut cohort)
+        } else if *revision == r.stable_revision {
+            Some(&mut rest)
+        } else {
+            let policy = store
+                .revision(&r.environment, &r.service, *revision)
+                .await?
+                .and_then(|s| s.config().ok())
+                .map(|c| c.policy);
+            if candidate.is_none() {
+                candidate = Some(
+                    store
+                        .revision(&r.environment, &r.service, r.candidate_revision)
+                        .await?
+                        .and_then(|s| s.config().ok())
+                        .map(|c| c.policy),
+                );
+            }
+            match policy {
+                Some(p) if Some(&p) == base.as_ref() => Some(&mut rest),
+                Some(p) if Some(&p) == candidate.as_ref().and_then(Option::as_ref) => Some(&mut cohort),
+                _ => None,
+            }
+        };
+        if let Some(side) = side {
+            side.add(totals);
+        }
+    }
+    Ok((cohort, rest))
 }
 
 #[cfg(test)]
@@ -229,18 +367,85 @@ mod tests {
         assert_eq!(stage_threshold(&r2, 1, &connected), ROLLOUT_BUCKETS);
     }
 
+    /// A side whose `subject` dependency made `calls` calls of which `failed` failed and
+    /// `shed` were refused locally, over `slots` instance reports, `not_ready` of them not
+    /// ready.
+    fn side(calls: u64, failed: u64, shed: u64, slots: u64, not_ready: u64) -> Side {
+        let totals = HealthTotals {
+            calls,
+            successes: calls - failed - shed,
+            failures: failed,
+            shed,
+            ..HealthTotals::default()
+        };
+        let mut subjects = BTreeMap::new();
+        if calls > 0 {
+            subjects.insert((SubjectKind::Dependency, "pricing".to_string()), totals);
+        }
+        Side { subjects, instance_slots: slots, not_ready_slots: not_ready }
+    }
+
+    fn judge(cohort: Side, rest: Side) -> Option<String> {
+        halt_reason(&Plan::default(), &Evidence { cohort, rest, nacks: 0 })
+    }
+
     #[test]
-    fn halts_on_nacks_and_on_a_worse_error_rate_only() {
+    fn halts_on_nacks() {
         let plan = Plan::default();
-        let side = |calls, bad| Side { calls, bad };
-        assert!(halt_reason(&plan, &Evidence { nacks: 1, ..Default::default() }).is_some());
-        let bad = Evidence { cohort: side(100, 40), rest: side(1000, 10), nacks: 0 };
-        assert!(halt_reason(&plan, &bad).unwrap().contains("40.0 %"));
-        // Too few calls to judge, or no worse than the rest.
-        assert_eq!(halt_reason(&plan, &Evidence { cohort: side(5, 5), ..Default::default() }), None);
-        assert_eq!(
-            halt_reason(&plan, &Evidence { cohort: side(100, 12), rest: side(100, 10), nacks: 0 }),
-            None
+        assert!(halt_reason(&plan, &Evidence { nacks: 1, ..Default::default() }).unwrap().contains("NACK"));
+        let tolerant = Plan { max_nacks: 1, ..Plan::default() };
+        assert_eq!(halt_reason(&tolerant, &Evidence { nacks: 1, ..Default::default() }), None);
+    }
+
+    #[test]
+    fn halts_when_a_subject_does_worse_in_the_cohort_beyond_the_threshold_and_chance() {
+        // Every call times out, fails or is shed in the cohort: the first 20 calls decide.
+        let why = judge(side(20, 20, 0, 0, 0), side(1000, 10, 0, 0, 0)).expect("halted");
+        assert!(why.starts_with("dependency pricing: 100.0 % of the cohort's 20 calls"), "{why}");
+        assert!(why.contains("against 1.0 % of the rest's 1000"), "{why}");
+        // Shed calls count (an open breaker, a full bulkhead): the same verdict.
+        assert!(judge(side(40, 0, 40, 0, 0), side(1000, 0, 0, 0, 0)).is_some());
+        // 40 % against 1 % over 100 calls: far beyond chance.
+        assert!(judge(side(100, 40, 0, 0, 0), side(1000, 10, 0, 0, 0)).is_some());
+        // A subject the rest never called: taken against 0.
+        assert!(judge(side(30, 30, 0, 0, 0), Side::default()).is_some());
+    }
+
+    #[test]
+    fn a_small_sample_or_a_small_difference_does_not_halt() {
+        // Fewer calls than min_calls (20), all failed.
+        assert_eq!(judge(side(19, 19, 0, 0, 0), side(1000, 0, 0, 0, 0)), None);
+        // Within the 5 points the plan tolerates.
+        assert_eq!(judge(side(100, 12, 0, 0, 0), side(100, 10, 0, 0, 0)), None);
+        // 30 % against 10 % over 20 calls: past the 5 points, but 6 of 20 happens by chance
+        // when the rest sees 10 % (the standard error is about 10 points).
+        assert_eq!(judge(side(20, 6, 0, 0, 0), side(1000, 100, 0, 0, 0)), None);
+        // The same shares over 200 calls are no longer chance.
+        assert!(judge(side(200, 60, 0, 0, 0), side(1000, 100, 0, 0, 0)).is_some());
+        // No worse than the rest (a dependency down for everyone).
+        assert_eq!(judge(side(100, 100, 0, 0, 0), side(1000, 1000, 0, 0, 0)), None);
+    }
+
+    #[test]
+    fn readiness_halts_over_enough_reports_only() {
+        let why = judge(side(0, 0, 0, 3, 3), side(0, 0, 0, 40, 0)).expect("halted");
+        assert!(why.contains("not ready in 3 of 3 reports (100.0 %) against 0 of 40"), "{why}");
+        // Two reports are too few; one not ready of six is chance.
+        assert_eq!(judge(side(0, 0, 0, 2, 2), side(0, 0, 0, 40, 0)), None);
+        assert_eq!(judge(side(0, 0, 0, 6, 1), side(0, 0, 0, 40, 0)), None);
+    }
+
+    #[test]
+    fn a_side_sums_its_revisions() {
+        let mut t = RevisionTotals { instance_slots: 2, not_ready_slots: 1, ..Default::default() };
+        t.subjects.insert(
+            (SubjectKind::Route, "GET /".into()),
+            HealthTotals { calls: 3, successes: 3, ..HealthTotals::default() },
         );
+        let mut s = Side::default();
+        s.add(&t);
+        s.add(&t);
+        assert_eq!((s.instance_slots, s.not_ready_slots), (4, 2));
+        assert_eq!(s.subjects[&(SubjectKind::Route, "GET /".to_string())].calls, 6);
     }
 }

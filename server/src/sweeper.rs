@@ -7,14 +7,23 @@ use levee_agent::policy::Timestamp;
 use tokio::sync::watch;
 
 use crate::actions::Actions;
-use crate::rollout::Side;
+use crate::db::{RolloutRow, Store};
+use crate::health::Health;
+use crate::rollout;
 use crate::shutdown::stopped;
 
 /// How often expired flags, fault rules and breaker overrides are removed.
 pub const EXPIRY_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Runs until `shutdown` is set; a rollout the server halts is POSTed to `webhook`.
-pub async fn run(actions: Actions, webhook: Option<String>, mut shutdown: watch::Receiver<bool>) {
+/// Runs until `shutdown` is set; rollouts are judged on the agents' health as `health`
+/// and `store` hold it, and one the server halts is POSTed to `webhook`.
+pub async fn run(
+    actions: Actions,
+    health: Health,
+    store: Store,
+    webhook: Option<String>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let client = reqwest::Client::new();
     let mut tick = tokio::time::interval(EXPIRY_SWEEP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -34,11 +43,14 @@ pub async fn run(actions: Actions, webhook: Option<String>, mut shutdown: watch:
         if let Err(e) = actions.expire(Timestamp::now()).await {
             tracing::warn!(error = ?e, "expiry sweep query failed");
         }
-        // Staged rollouts: halts first (in the same turn as the stage that baked), then stages.
-        // Outcome counts come with the agents' health reports; until then NACKs decide.
-        let no_counts =
-            |_: crate::db::RolloutRow| async { Ok::<_, anyhow::Error>((Side::default(), Side::default())) };
-        match actions.drive_rollouts(Timestamp::now().unix_ms(), no_counts).await {
+        // Staged rollouts: halts first (in the same turn as the stage that baked), then stages,
+        // each judged on the cohort's health against the rest's and on its NACKs.
+        let now = Timestamp::now().unix_ms();
+        let sides = |r: RolloutRow| {
+            let (health, store) = (health.clone(), store.clone());
+            async move { rollout::sides(&health, &store, &r, now).await }
+        };
+        match actions.drive_rollouts(now, sides).await {
             Ok(halted) => {
                 for h in halted {
                     if let Some(url) = webhook.clone() {

@@ -23,7 +23,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("shutdown", &[]),
     ("hub", &["db"]),
     // rollout: the rules of staged rollouts (cohort, what an instance is served, halting).
-    ("rollout", &["db"]),
+    ("rollout", &["db", "health"]),
     ("advice", &["db"]),
     // The alert_after watcher: advice's rule over the store, a task stopped like the others.
     ("alerts", &["actions", "advice", "db", "shutdown"]),
@@ -33,7 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("health", &["agent_text", "db", "shutdown"]),
     ("actions", &["advice", "auth", "db", "hub", "rollout"]),
     // sweeper: a rollout it halts goes to the alert webhook.
-    ("sweeper", &["actions", "alerts", "db", "rollout", "shutdown"]),
+    ("sweeper", &["actions", "alerts", "db", "health", "rollout", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("agent_text", &[]),
     ("tls", &["shutdown"]),

@@ -329,7 +329,8 @@ impl Actions {
     /// the others still run.
     ///
     /// `health` reads the outcome counts the agents reported for a rollout: the cohort's
-    /// (its candidate revision) and the rest's (its stable revision).
+    /// (the candidate's revisions) and the rest's (the stable ones), as
+    /// `rollout::sides` reads them.
     pub async fn drive_rollouts<F, Fut>(&self, now_ms: i64, health: F) -> anyhow::Result<Vec<Halted>>
     where
         F: Fn(RolloutRow) -> Fut,
@@ -361,7 +362,7 @@ impl Actions {
     ) -> Result<Option<Halted>, ChangeError> {
         let server = Actor::server();
         let connected = self.connected(r).await?;
-        let evidence = self.evidence(r, sides).await?;
+        let evidence = self.evidence(r, sides.clone()).await?;
         if let Some(why) = rollout::halt_reason(&r.plan, &evidence) {
             let reason = Reason::parse(&format!("automatic halt: {why}"))
                 .unwrap_or_else(|_| Reason::parse("automatic halt").expect("a valid reason"));

@@ -31,9 +31,9 @@ pub const MAX_BAKE: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_STAGES: [u32; 4] = [5, 25, 50, 100];
 /// Default bake time of a stage.
 pub const DEFAULT_BAKE: Duration = Duration::from_secs(300);
-/// Default: the cohort's error rate may exceed the rest's by at most 5 points.
+/// Default: the cohort may do worse than the rest by at most 5 points.
 pub const DEFAULT_MAX_ERROR_RATE_INCREASE: f64 = 0.05;
-/// Default: the cohort's error rate is judged once it made at least this many calls.
+/// Default: a dependency or route is judged once the cohort made this many calls to it.
 pub const DEFAULT_MIN_CALLS: u64 = 20;
 /// Default: NACKs of the candidate by cohort instances tolerated (the first one halts).
 pub const DEFAULT_MAX_NACKS: u64 = 0;
@@ -64,11 +64,14 @@ pub struct Plan {
     #[serde(with = "levee_agent::policy::duration", default = "default_bake")]
     #[schema(value_type = levee_agent::policy::duration::Text, example = "5m")]
     pub bake: Duration,
-    /// Halt when the cohort's error rate (failures and timeouts per call) exceeds the
-    /// rest's by more than this (0–1).
+    /// Halt when, on a dependency or inbound route, the cohort's share of calls that did
+    /// not succeed (failed, timed out or shed), or its share of reports saying not ready,
+    /// exceeds the rest's by more than this (0–1) and by more than three standard errors
+    /// (`rollout::halt_reason`).
     #[serde(default = "default_increase")]
     pub max_error_rate_increase: f64,
-    /// Calls the cohort must have made before its error rate is judged (0–10^9).
+    /// Calls the cohort must have made to a dependency or route before it is judged on
+    /// it (0–10^9).
     #[serde(default = "default_min_calls")]
     pub min_calls: u64,
     /// NACKs of the candidate by cohort instances tolerated before a halt (0–10 000).

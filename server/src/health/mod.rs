@@ -149,6 +149,11 @@ pub struct RevisionTotals {
     pub instances: u64,
     /// As [`HealthTotals::not_ready`].
     pub not_ready: u64,
+    /// Instance reports summed over the slots: each instance counts once per 10-second
+    /// slot it reported in (an instance reports about every 10 s).
+    pub instance_slots: u64,
+    /// Of those, the ones in which the instance said it was not ready.
+    pub not_ready_slots: u64,
     /// Per (kind, name).
     pub subjects: BTreeMap<(SubjectKind, String), HealthTotals>,
 }
@@ -420,6 +425,12 @@ impl Health {
             r.not_ready = t.not_ready;
         }
         for r in &rows {
+            if r.kind.is_empty() {
+                let t = out.entry(r.revision).or_default();
+                t.instance_slots += r.instances;
+                t.not_ready_slots += r.not_ready;
+                continue;
+            }
             let Some(kind) = SubjectKind::parse(&r.kind) else { continue };
             out.entry(r.revision)
                 .or_default()

@@ -370,3 +370,201 @@ async fn a_policy_change_during_a_rollout_and_a_bad_plan_are_refused_with_what_t
     assert_eq!(body["type"], "urn:levee:problem:rollout-conflict", "{body}");
     assert!(body["detail"].as_str().unwrap().contains("promote or abort"), "{body}");
 }
+
+/// One checkout instance under real traffic: an agent named `name` reporting its health
+/// every 100 ms, the example's checkout with its own pricing and recommendations around
+/// it (recommendations answering in 20 ms), and a client calling it every 10 ms.
+struct Shop {
+    name: String,
+    agent: Agent,
+}
+
+async fn shop(
+    grpc: &str,
+    token: &str,
+    cache: &Path,
+    name: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Shop {
+    let agent = Agent::builder(grpc, token, "prod", "checkout")
+        .instance_name(name)
+        .cache_dir(cache.join(name))
+        .defaults(crate::checkout_app::safe_defaults())
+        .sync_settings(levee_agent::SyncClientSettings {
+            status_interval: Duration::from_millis(100),
+            min_report_gap: Duration::from_millis(50),
+            ..fast_sync()
+        })
+        .build()
+        .expect("agent builds");
+    agent.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    let (url, recs) = crate::support::start_example(&agent).await;
+    recs.delay_ms.store(20, std::sync::atomic::Ordering::Relaxed);
+    let mut stop = stop.clone();
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            // Whatever checkout answers: the agent counts what its calls did.
+            let _ = client.get(format!("{url}/checkout/alice")).send().await;
+        }
+    });
+    Shop { name: name.to_string(), agent }
+}
+
+/// Writes a policy whose recommendations attempt timeout is `timeout` (staged as the
+/// environment says); returns the write's answer.
+async fn write_recs_timeout(api: &Api, timeout: &str) -> Value {
+    let current = api.send(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let rev = current["revision"].as_u64().unwrap().to_string();
+    let mut policy = current["policy"].clone();
+    policy["dependencies"]["recommendations"]["attempt_timeout"] = json!(timeout);
+    api.send_with(
+        Method::PUT,
+        "/environments/prod/services/checkout/policy",
+        Some(json!({"policy": policy, "reason": "e2e staged change"})),
+        &[("if-match", &format!("\"{rev}\""))],
+    )
+    .await
+}
+
+/// A receiver of the alert webhook: its URL and what it was POSTed.
+async fn webhook() -> (String, std::sync::Arc<tokio::sync::Mutex<Vec<Value>>>) {
+    let got: std::sync::Arc<tokio::sync::Mutex<Vec<Value>>> = Default::default();
+    let seen = got.clone();
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |axum::Json(v): axum::Json<Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().await.push(v);
+                axum::http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, receiver).await.unwrap() });
+    (url, got)
+}
+
+/// CD-4 and issue 18's end-to-end rollout: five checkout instances under real traffic. A
+/// staged change that times out every recommendations call is halted by the server while
+/// it is in the canary cohort (two instances), on the agents' health alone, and reverted
+/// for everyone; no instance outside the cohort ever ACKed it; the halt is audited and
+/// POSTed to the webhook. Then a good change completes every stage with the same traffic.
+async fn bad_change_halted_at_the_canary_good_change_completes(db: crate::backends::Db) {
+    let (hook, posted) = webhook().await;
+    let Some(app) = TestApp::spawn_on_with(db, |s| s.alert_webhook_url = Some(hook)).await else { return };
+    let api = Api::login(&app.base).await;
+    api.seed().await;
+    stage_policies(&api, "1h").await;
+    let token = api.agent_token("prod", &["checkout"]).await;
+    let caches = tempfile::tempdir().unwrap();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut shops = Vec::new();
+    for i in 0..5 {
+        shops.push(shop(&app.grpc, &token, caches.path(), &format!("pod-{i}"), &stop).await);
+    }
+    let agents: Vec<(String, Agent)> = shops.iter().map(|s| (s.name.clone(), s.agent.clone())).collect();
+    for _ in 0..500 {
+        if app.store().agents("prod", "checkout").await.unwrap().iter().filter(|a| a.connected).count() == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The bad change: recommendations answer in 20 ms, the candidate gives them 1 ms.
+    let written = write_recs_timeout(&api, "1ms").await;
+    let id = written["rollout"]["id"].as_i64().expect("the write started a rollout");
+    let candidate = written["revision"].as_u64().unwrap();
+    let mut halted = Value::Null;
+    for _ in 0..3000 {
+        halted = rollout(&api, id).await;
+        if halted["rollout"]["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(halted["rollout"]["state"], "halted", "{halted}");
+    assert_eq!(halted["rollout"]["stage"], 0, "halted in the canary stage: {halted}");
+    let outcome = halted["rollout"]["outcome"].as_str().unwrap();
+    assert!(outcome.contains("dependency recommendations:"), "{outcome}");
+    assert!(outcome.contains("did not succeed"), "{outcome}");
+    let cohort = names_in_cohort(&halted);
+    assert_eq!(cohort.len(), 2, "{halted}");
+    let revert = halted["rollout"]["revert_revision"].as_u64().unwrap();
+    wait_revision(&agents, |_| revert, "the revert").await;
+
+    // The canary received it; nobody else ever did.
+    let received = ackers(app.store(), &[candidate]).await;
+    assert!(!received.is_empty(), "the cohort applied the candidate before the halt");
+    assert!(
+        received.is_subset(&cohort),
+        "instances outside the cohort ACKed the candidate: {received:?} vs {cohort:?}"
+    );
+    let audit = api.send(Method::GET, "/audit?service=checkout&action=rollout.halt", None).await;
+    let halt = &audit.as_array().unwrap()[0];
+    assert_eq!(halt["actor"], "levee", "{halt}");
+    let mut hooked = Vec::new();
+    for _ in 0..1000 {
+        hooked = posted.lock().await.clone();
+        if !hooked.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let event = hooked.first().expect("the halt was POSTed to the webhook");
+    assert_eq!(event["event"], "rollout_halted", "{event}");
+    assert_eq!(
+        (event["rollout"].as_i64(), event["revert_revision"].as_u64()),
+        (Some(id), Some(revert)),
+        "{event}"
+    );
+    assert!(event["reason"].as_str().unwrap().contains("recommendations"), "{event}");
+
+    // The good change, baking 1 s per stage, under the same traffic: every stage, then done.
+    stage_policies(&api, "1s").await;
+    let written = write_recs_timeout(&api, "150ms").await;
+    let id = written["rollout"]["id"].as_i64().expect("the write started a rollout");
+    let candidate = written["revision"].as_u64().unwrap();
+    let mut done = Value::Null;
+    for _ in 0..3000 {
+        done = rollout(&api, id).await;
+        if done["rollout"]["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(done["rollout"]["state"], "completed", "{done}");
+    wait_revision(&agents, |_| candidate, "the completed rollout").await;
+    let audit = api.send(Method::GET, "/audit?service=checkout&action=rollout.stage", None).await;
+    let stages: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["target"] == format!("rollout {id}"))
+        .filter_map(|a| a["detail"].as_str())
+        .collect();
+    assert!(stages.iter().any(|d| d.starts_with("stage 2 of 2 starts")), "{stages:?}");
+    assert!(stages.iter().any(|d| d.starts_with("completed")), "{stages:?}");
+
+    let _ = stop_tx.send(true);
+    for s in shops {
+        s.agent.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cd_4_a_bad_change_is_halted_at_the_canary_and_a_good_one_completes_sqlite() {
+    bad_change_halted_at_the_canary_good_change_completes(crate::backends::Db::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cd_4_a_bad_change_is_halted_at_the_canary_and_a_good_one_completes_postgres() {
+    bad_change_halted_at_the_canary_good_change_completes(crate::backends::Db::Postgres).await;
+}
