@@ -16,7 +16,7 @@ use crate::enforce::Dependency;
 use crate::flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 use crate::policy::{self, ServiceConfig, Timestamp};
 use crate::state::{AgentStatus, Shared, StatusContributor};
-use crate::sync::{SyncClient, SyncClientSettings, run_housekeeping};
+use crate::sync::{SyncClient, SyncClientSettings, TokenProblem, TokenSource, run_housekeeping};
 
 /// Why [`AgentBuilder::build`] failed. Each is a programming or deployment error, found at
 /// startup rather than at the first call.
@@ -41,10 +41,18 @@ pub enum BuildError {
         /// The URI parser's error.
         source: tonic::transport::Error,
     },
-    /// The token cannot be sent as gRPC metadata (not visible ASCII). The token itself is
-    /// never printed.
+    /// The token cannot be sent as gRPC metadata (not visible ASCII), or the token file is
+    /// empty. The token itself is never printed.
     #[error("the agent token is not valid ASCII header text")]
     InvalidToken,
+    /// The token file ([`AgentBuilder::token_file`]) cannot be read.
+    #[error("cannot read the agent token file {path:?}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The file system's error.
+        source: std::io::Error,
+    },
     /// The compiled-in defaults do not validate.
     #[error("the compiled-in defaults are invalid: {0}")]
     InvalidDefaults(#[from] policy::ValidationErrors),
@@ -75,7 +83,9 @@ pub struct InitialSyncTimeout {
 /// Configures and starts an [`Agent`]. Create with [`Agent::builder`].
 pub struct AgentBuilder {
     server: String,
+    fallback_servers: Vec<String>,
     token: String,
+    token_file: Option<PathBuf>,
     environment: String,
     service: String,
     cache_dir: Option<PathBuf>,
@@ -145,7 +155,9 @@ impl fmt::Debug for AgentBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AgentBuilder")
             .field("server", &self.server)
+            .field("fallback_servers", &self.fallback_servers)
             .field("token", &"<redacted>")
+            .field("token_file", &self.token_file)
             .field("environment", &self.environment)
             .field("service", &self.service)
             .field("cache_dir", &self.cache_dir)
@@ -158,6 +170,26 @@ impl fmt::Debug for AgentBuilder {
 }
 
 impl AgentBuilder {
+    /// Another address of the server's gRPC endpoint (a replica reached directly, or a
+    /// second load balancer), of the same scheme as the first: the agent moves to the next
+    /// address after an attempt that failed before any message or a replica that said it
+    /// is stopping, and stays on the one that answers. Call once per address.
+    pub fn fallback_server(mut self, server: impl Into<String>) -> Self {
+        self.fallback_servers.push(server.into());
+        self
+    }
+
+    /// Reads the token from this file (its content without surrounding whitespace)
+    /// instead of the one given to [`Agent::builder`], now and again before every
+    /// connection attempt, so a rotated token (`levee tokens rotate`) written there is used
+    /// without a restart. While the server refuses the token in use, the file is read
+    /// every [`crate::sync::TOKEN_FILE_POLL`] and a new token ends the long wait at once.
+    /// A file that cannot be read or is empty at a later read keeps the token in use.
+    pub fn token_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.token_file = Some(path.into());
+        self
+    }
+
     /// The name this instance shows in the server's fleet view (the id it announces is the
     /// name, `-` and 8 random hex digits). Characters other than ASCII letters, digits,
     /// `.`, `_` and `-` become `_`; at most [`MAX_INSTANCE_NAME_CHARS`] are kept. Default:
@@ -220,24 +252,36 @@ impl AgentBuilder {
             })?;
         }
         self.defaults.validate()?;
-        let mut endpoint = SyncClient::endpoint(&self.server, &self.settings)
-            .map_err(|source| BuildError::InvalidAddress { address: self.server.clone(), source })?;
-        let https = endpoint.uri().scheme_str() == Some("https");
-        match (&self.tls_ca_pem, https) {
-            (Some(pem), true) => {
-                let tls = tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(pem));
-                endpoint = endpoint
-                    .tls_config(tls)
-                    .map_err(|source| BuildError::InvalidAddress { address: self.server.clone(), source })?;
+        let mut endpoints = Vec::with_capacity(1 + self.fallback_servers.len());
+        for address in std::iter::once(&self.server).chain(&self.fallback_servers) {
+            let mut endpoint = SyncClient::endpoint(address, &self.settings)
+                .map_err(|source| BuildError::InvalidAddress { address: address.clone(), source })?;
+            let https = endpoint.uri().scheme_str() == Some("https");
+            match (&self.tls_ca_pem, https) {
+                (Some(pem), true) => {
+                    let tls = tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                    endpoint = endpoint
+                        .tls_config(tls)
+                        .map_err(|source| BuildError::InvalidAddress { address: address.clone(), source })?;
+                }
+                (None, false) => {}
+                (Some(_), false) | (None, true) => {
+                    return Err(BuildError::TlsMismatch { address: address.clone() });
+                }
             }
-            (None, false) => {}
-            (Some(_), false) => return Err(BuildError::TlsMismatch { address: self.server.clone() }),
-            (None, true) => return Err(BuildError::TlsMismatch { address: self.server.clone() }),
+            endpoints.push(endpoint);
         }
-        let mut authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
-            format!("Bearer {}", self.token).parse().map_err(|_| BuildError::InvalidToken)?;
-        authorization.set_sensitive(true);
+        let token = match &self.token_file {
+            Some(path) => TokenSource::file(path),
+            None => TokenSource::fixed(&self.token),
+        }
+        .map_err(|e| match e {
+            TokenProblem::Invalid => BuildError::InvalidToken,
+            TokenProblem::Unreadable(source) => {
+                BuildError::TokenFile { path: self.token_file.clone().unwrap_or_default(), source }
+            }
+        })?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
 
         let defaults = Arc::new(self.defaults);
@@ -283,8 +327,9 @@ impl AgentBuilder {
         let instance_id = instance_id(&name.unwrap_or_else(instance_name_from_env));
         let client = SyncClient {
             shared: shared.clone(),
-            endpoint,
-            authorization,
+            endpoints,
+            current: 0,
+            token,
             instance_id: instance_id.clone(),
             settings: self.settings.clone(),
             shutdown: shutdown_rx.clone(),
@@ -368,8 +413,9 @@ impl Agent {
     /// Starts configuring an agent.
     ///
     /// Inputs: `server`, the `http://host:port` address of the server's gRPC endpoint;
-    /// `token`, the agent's JWT (sent as `authorization: Bearer <token>`); `environment`
-    /// and `service`, the names the token is scoped to.
+    /// `token`, the agent's JWT (sent as `authorization: Bearer <token>`; or read from a
+    /// file that may change, [`AgentBuilder::token_file`]); `environment` and `service`,
+    /// the names the token is scoped to. More addresses: [`AgentBuilder::fallback_server`].
     pub fn builder(
         server: impl Into<String>,
         token: impl Into<String>,
@@ -378,7 +424,9 @@ impl Agent {
     ) -> AgentBuilder {
         AgentBuilder {
             server: server.into(),
+            fallback_servers: Vec::new(),
             token: token.into(),
+            token_file: None,
             environment: environment.into(),
             service: service.into(),
             cache_dir: None,

@@ -68,7 +68,7 @@ pub use enforce::{
 pub use flags::{FlagBool, FlagFloat, FlagInt, FlagJson, FlagString};
 pub use inbound::{InboundContext, InboundContextLayer};
 pub use state::{AgentStatus, LastNack, StatusContributor};
-pub use sync::SyncClientSettings;
+pub use sync::{SyncClientSettings, TOKEN_FILE_POLL};
 
 /// The Rust blocks of `docs/agent-guide.md` and `docs/patterns.md`, compiled (and run,
 /// unless marked otherwise) as doctests so the guides cannot drift from the API.

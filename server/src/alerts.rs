@@ -154,6 +154,8 @@ pub async fn deliver<E: Serialize + Eventful>(client: &reqwest::Client, url: &st
                 tracing::warn!(status = r.status().as_u16(), attempt, subject = %event.subject(), "alert webhook refused")
             }
             Err(e) => {
+                // Without the URL: a chat webhook's URL is its secret.
+                let e = e.without_url();
                 tracing::warn!(error = %e, attempt, subject = %event.subject(), "alert webhook unreachable")
             }
         }

@@ -456,7 +456,7 @@ impl Server {
         )));
         tasks.push(tokio::spawn(crate::alerts::run(
             store.clone(),
-            settings.alert_webhook_url.clone(),
+            settings.alert_webhook_url.as_ref().map(|u| u.expose().to_string()),
             shutdown_rx.clone(),
         )));
         if store.backend() == Backend::Postgres {

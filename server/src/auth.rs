@@ -145,6 +145,9 @@ pub struct AgentPrincipal {
     pub services: Vec<String>,
     /// Token id (`jti`).
     pub jti: String,
+    /// When a rotation's overlap ends the token (ms since the epoch); `None`: not rotated.
+    /// Checked again when the token is accepted from memory while the database is away.
+    pub revoked_at: Option<i64>,
 }
 
 /// Why a token was refused.
@@ -406,7 +409,7 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
         "api" if door == Door::Api => {
             let row = store.token(&claims.jti).await.map_err(unavailable)?;
             match row {
-                Some(t) if t.revoked_at.is_none() && t.kind == TokenKind::Api => Ok(Principal {
+                Some(t) if !t.revoked(crate::db::now_ms()) && t.kind == TokenKind::Api => Ok(Principal {
                     actor: format!("token:{}", t.name),
                     role: t.role.unwrap_or(Role::Viewer),
                     person: t.person(),
@@ -421,7 +424,8 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
     }
 }
 
-/// Authenticates an agent: an agent-audience JWT whose token row is not revoked.
+/// Authenticates an agent: an agent-audience JWT whose token row is not revoked (a
+/// revocation scheduled by a rotation counts from its time).
 /// [`AuthError::Unavailable`] when the row cannot be read (the caller may fall back on a
 /// recent verification of the same token).
 pub async fn authenticate_agent(
@@ -460,11 +464,12 @@ async fn authenticate_scoped(
     }
     let row = store.token(&claims.jti).await.map_err(unavailable)?;
     match row {
-        Some(t) if t.revoked_at.is_none() && t.kind == kind => Ok(AgentPrincipal {
+        Some(t) if !t.revoked(crate::db::now_ms()) && t.kind == kind => Ok(AgentPrincipal {
             name: t.name,
             environment: t.environment.unwrap_or_default(),
             services: t.services,
             jti: t.id,
+            revoked_at: t.revoked_at,
         }),
         _ => Err(AuthError::Revoked),
     }

@@ -137,13 +137,16 @@ pub struct ServeArgs {
     #[arg(long, env = "LEVEE_METRICS_TOKEN_FILE")]
     pub metrics_token_file: Option<PathBuf>,
     /// URL that receives one JSON POST each time a feature's fallback passes its
-    /// `alert_after`, or stops.
-    #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL")]
+    /// `alert_after`, or stops (a secret: chat webhooks carry their token in the URL).
+    #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL", hide_env_values = true)]
     pub alert_webhook_url: Option<String>,
     /// Endpoints of dependencies served over xDS, `ENVIRONMENT/DEPENDENCY=IP:PORT`,
     /// comma-separated (one entry per endpoint).
     #[arg(long, env = "LEVEE_XDS_ENDPOINTS", value_delimiter = ',')]
     pub xds_endpoints: Option<Vec<String>>,
+    /// File holding the alert webhook URL (instead of --alert-webhook-url).
+    #[arg(long, env = "LEVEE_ALERT_WEBHOOK_URL_FILE")]
+    pub alert_webhook_url_file: Option<PathBuf>,
 }
 
 /// The TOML file layer.
@@ -181,6 +184,7 @@ struct FileLayer {
     metrics_token_file: Option<PathBuf>,
     alert_webhook_url: Option<String>,
     xds_endpoints: Option<Vec<String>>,
+    alert_webhook_url_file: Option<PathBuf>,
 }
 
 /// Validated settings of a running server; the module documentation gives the flag,
@@ -229,11 +233,12 @@ pub struct Settings {
     pub ops_addr: Option<SocketAddr>,
     /// The bearer token `/metrics` asks for; `None`: open.
     pub metrics_token: Option<Secret>,
-    /// Where features past their `alert_after` are POSTed (`http://` or `https://`).
-    pub alert_webhook_url: Option<String>,
     /// Where each environment's dependencies run, for the endpoints served over xDS
     /// (Levee stores policies, not a service registry).
     pub xds_endpoints: crate::xds::Endpoints,
+    /// Where features past their `alert_after` are POSTed (`http://` or `https://`); a
+    /// secret, since chat webhooks carry their token in the URL.
+    pub alert_webhook_url: Option<Secret>,
 }
 
 impl Settings {
@@ -391,8 +396,12 @@ impl Settings {
             agent_lease >= Duration::from_secs(1) && agent_lease <= Duration::from_secs(600),
             "agent_lease (LEVEE_AGENT_LEASE) must be between 1s and 10m"
         );
-        let alert_webhook_url = args.alert_webhook_url.or(file.alert_webhook_url);
-        if let Some(u) = &alert_webhook_url {
+        let alert_webhook_url = secret(
+            "alert_webhook_url",
+            (args.alert_webhook_url, args.alert_webhook_url_file),
+            (file.alert_webhook_url, file.alert_webhook_url_file),
+        )?;
+        if let Some(u) = alert_webhook_url.as_ref().map(Secret::expose) {
             anyhow::ensure!(
                 u.starts_with("http://") || u.starts_with("https://"),
                 "alert_webhook_url (LEVEE_ALERT_WEBHOOK_URL) must be an http:// or https:// URL"
@@ -596,6 +605,16 @@ mod tests {
         std::fs::write(&toml, format!("jwt_secret_file = {:?}\n", jwt.display().to_string())).unwrap();
         let s = Settings::load(ServeArgs { config: Some(toml), ..Default::default() }).unwrap();
         assert!(s.jwt_secret.unwrap().expose().ends_with("-from-file"));
+        // A chat webhook's URL is its token: a secret too, never in Debug.
+        let hook = dir.path().join("hook");
+        std::fs::write(&hook, "https://hooks.example/services/T0/B0/s3cr3t\n").unwrap();
+        let s =
+            Settings::load(ServeArgs { alert_webhook_url_file: Some(hook), ..Default::default() }).unwrap();
+        assert_eq!(
+            s.alert_webhook_url.as_ref().unwrap().expose(),
+            "https://hooks.example/services/T0/B0/s3cr3t"
+        );
+        assert!(!format!("{s:?}").contains("s3cr3t"));
     }
 
     #[test]
@@ -683,6 +702,7 @@ mod tests {
                 "jwt_secret",
                 "jwt_previous_secrets",
                 "metrics_token",
+                "alert_webhook_url",
             ]
             .contains(&key);
             assert!(

@@ -72,7 +72,8 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum UsersCommand {
     /// Creates a user, or sets the password and role of an existing one. The password is
-    /// read from the LEVEE_USER_PASSWORD environment variable.
+    /// read from the LEVEE_USER_PASSWORD environment variable, or from the file
+    /// LEVEE_USER_PASSWORD_FILE names.
     Set {
         /// Login name (the rule for names is in the error for a bad one).
         username: String,
@@ -185,8 +186,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
             let role = Role::parse(&role)
                 .ok_or_else(|| anyhow::anyhow!("--role must be viewer, operator or admin"))?;
             levee_agent::policy::check_name(&username).map_err(|m| anyhow::anyhow!("username {m}"))?;
-            let password = std::env::var("LEVEE_USER_PASSWORD")
-                .map_err(|_| anyhow::anyhow!("set LEVEE_USER_PASSWORD to the new password"))?;
+            let password = user_password()?;
             levee_server::auth::check_password(&password).map_err(|m| anyhow::anyhow!("the password {m}"))?;
             if s.database_url.expose().starts_with("sqlite:") {
                 levee_server::db::private_dir(&s.data_dir)?;
@@ -214,6 +214,31 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         }
     };
     done.map(|()| std::process::ExitCode::SUCCESS)
+}
+
+/// The password of `levee users set`: `LEVEE_USER_PASSWORD`, or the content of the file
+/// `LEVEE_USER_PASSWORD_FILE` names without its final line ending (as every secret
+/// setting's `_FILE` twin).
+fn user_password() -> anyhow::Result<String> {
+    match (std::env::var("LEVEE_USER_PASSWORD"), std::env::var_os("LEVEE_USER_PASSWORD_FILE")) {
+        (Ok(_), Some(_)) => {
+            anyhow::bail!("LEVEE_USER_PASSWORD and LEVEE_USER_PASSWORD_FILE are both set: give one")
+        }
+        (Ok(p), None) => Ok(p),
+        (Err(_), Some(path)) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                anyhow::anyhow!(
+                    "reading LEVEE_USER_PASSWORD_FILE {}: {e}",
+                    std::path::Path::new(&path).display()
+                )
+            })?;
+            let p = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+            Ok(p.to_string())
+        }
+        (Err(_), None) => {
+            anyhow::bail!("set LEVEE_USER_PASSWORD (or LEVEE_USER_PASSWORD_FILE) to the new password")
+        }
+    }
 }
 
 /// The actions over `store` for a command run without a server (the token keys are the

@@ -2,8 +2,11 @@
 //!
 //! Run with `cargo run --release -p levee-agent --features reqwest-middleware,axum
 //! --example checkout`. Environment:
-//! * `LEVEE_AGENT_TOKEN` (required): agent token scoped to the environment and `checkout`.
-//! * `LEVEE_GRPC_URL`: the server's sync endpoint (default `http://127.0.0.1:8081`).
+//! * `LEVEE_AGENT_TOKEN`: agent token scoped to the environment and `checkout`; or
+//!   `LEVEE_AGENT_TOKEN_FILE`: a file holding it, read again before every connection (a
+//!   mounted secret: a rotated token is used without a restart). One of them is required.
+//! * `LEVEE_GRPC_URL`: the server's sync endpoint (default `http://127.0.0.1:8081`); a
+//!   comma-separated list is tried in turn.
 //! * `LEVEE_ENVIRONMENT`: environment (default `prod`).
 //! * `LEVEE_CACHE_DIR`: disk cache (default `./levee-agent-cache`, relative to the
 //!   directory the command runs in).
@@ -35,17 +38,30 @@ fn init_logging() {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     init_logging();
     let _ = app::metrics_handle(); // the Prometheus recorder, before anything registers a metric
-    let token = std::env::var("LEVEE_AGENT_TOKEN")
-        .map_err(|_| "set LEVEE_AGENT_TOKEN to an agent token (see README)")?;
-    let agent = Agent::builder(
-        env("LEVEE_GRPC_URL", "http://127.0.0.1:8081"),
-        token,
-        env("LEVEE_ENVIRONMENT", "prod"),
-        "checkout",
-    )
-    .cache_dir(env("LEVEE_CACHE_DIR", "levee-agent-cache"))
-    .defaults(app::safe_defaults())
-    .build()?;
+    let token_file = std::env::var_os("LEVEE_AGENT_TOKEN_FILE");
+    let token = match (&token_file, std::env::var("LEVEE_AGENT_TOKEN")) {
+        (Some(_), _) => String::new(),
+        (None, Ok(t)) => t,
+        (None, Err(_)) => {
+            return Err(
+                "set LEVEE_AGENT_TOKEN (or LEVEE_AGENT_TOKEN_FILE) to an agent token (see README)".into()
+            );
+        }
+    };
+    let urls = env("LEVEE_GRPC_URL", "http://127.0.0.1:8081");
+    let mut urls = urls.split(',').map(str::trim).filter(|u| !u.is_empty());
+    let mut builder =
+        Agent::builder(urls.next().unwrap_or_default(), token, env("LEVEE_ENVIRONMENT", "prod"), "checkout");
+    for url in urls {
+        builder = builder.fallback_server(url);
+    }
+    if let Some(path) = token_file {
+        builder = builder.token_file(path);
+    }
+    let agent = builder
+        .cache_dir(env("LEVEE_CACHE_DIR", "levee-agent-cache"))
+        .defaults(app::safe_defaults())
+        .build()?;
     let control = Arc::new(app::RecsControl::default());
     let pricing = app::start_pricing(env("PRICING_ADDR", "127.0.0.1:3001").parse()?).await?;
     let recs =

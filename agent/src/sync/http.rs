@@ -87,7 +87,7 @@ impl SyncClient {
         );
         let have = self.shared.current.load().revision;
         let req = match http::Request::get(&uri)
-            .header(http::header::AUTHORIZATION, self.authorization.as_bytes())
+            .header(http::header::AUTHORIZATION, self.token.header().as_bytes())
             .header(http::header::IF_NONE_MATCH, format!("\"{have}\""))
             .header(http::header::USER_AGENT, concat!("levee-agent/", env!("CARGO_PKG_VERSION")))
             .body(Empty::new())

@@ -18,12 +18,20 @@
 //! * with an `http_fallback` URL, after `http_fallback_after` attempts in a row failed
 //!   before any message: long-poll the snapshot over HTTP (`http.rs`) for
 //!   `http_fallback_period`, then try the stream again (one more failure returns to HTTP).
+//!
+//! With several server addresses, an attempt that failed before any message, or a server
+//! that said it is stopping, moves the next attempt to the next address. With a token file
+//! (`token.rs`), the file is read again before every attempt, and while the token is
+//! refused every `TOKEN_FILE_POLL`: a rotated token ends the long wait.
 
 mod apply;
 mod http;
 mod settings;
+mod token;
 
 pub use settings::*;
+pub use token::TOKEN_FILE_POLL;
+pub(crate) use token::{TokenProblem, TokenSource};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,8 +82,13 @@ enum Ended {
 
 pub(crate) struct SyncClient {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) endpoint: Endpoint,
-    pub(crate) authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    /// The server's addresses, tried in turn: the stream stays on the one that answers and
+    /// moves to the next after an attempt that failed before any message or a server that
+    /// said it is stopping.
+    pub(crate) endpoints: Vec<Endpoint>,
+    /// Index in `endpoints` of the address the next attempt uses.
+    pub(crate) current: usize,
+    pub(crate) token: TokenSource,
     pub(crate) instance_id: String,
     pub(crate) settings: SyncClientSettings,
     pub(crate) shutdown: watch::Receiver<bool>,
@@ -129,10 +142,26 @@ impl SyncClient {
                 }
                 _ => {}
             }
+            if matches!(ended, Ended::Dropped { received: false, .. } | Ended::ServerStopping { .. })
+                && self.endpoints.len() > 1
+            {
+                self.current = (self.current + 1) % self.endpoints.len();
+                tracing::debug!(next = %self.endpoints[self.current].uri(), "trying the next server address");
+            }
             self.shared.set_connected(false);
+            // Set while the wait is the long one of a refused token: a new token in the
+            // token file ends it.
+            let mut refused = false;
             let delay = match ended {
                 Ended::Shutdown => return,
+                Ended::Unauthorized(error) if self.token.reload() => {
+                    // The token was rotated and the file already holds the new one.
+                    self.shared.set_error(error.clone());
+                    last_logged = Some(error);
+                    uniform(Duration::ZERO, self.settings.reconnect_jitter)
+                }
                 Ended::Unauthorized(error) => {
+                    refused = true;
                     if last_logged.as_deref() != Some(error.as_str()) {
                         tracing::error!(
                             environment = %self.shared.environment,
@@ -181,6 +210,9 @@ impl SyncClient {
             };
             tokio::select! {
                 _ = sleep(delay) => {}
+                _ = self.token.changed(), if refused => {
+                    self.token.reload();
+                }
                 _ = self.shutdown.changed() => return,
             }
             if *self.shutdown.borrow() {
@@ -210,9 +242,10 @@ impl SyncClient {
     }
 
     async fn connect(&mut self) -> Result<Channel, String> {
+        let endpoint = &self.endpoints[self.current];
         tokio::select! {
-            r = self.endpoint.connect() => r.map_err(|e| {
-                format!("cannot connect to {}: {}", self.endpoint.uri(), crate::report::ErrorChain(&e))
+            r = endpoint.connect() => r.map_err(|e| {
+                format!("cannot connect to {}: {}", endpoint.uri(), crate::report::ErrorChain(&e))
             }),
             _ = self.shutdown.changed() => Err(String::new()),
         }
@@ -220,6 +253,7 @@ impl SyncClient {
 
     /// One stream, from connecting to its end.
     async fn session(&mut self) -> Ended {
+        self.token.reload();
         let channel = match self.connect().await {
             Ok(c) => c,
             Err(_) if *self.shutdown.borrow() => return Ended::Shutdown,
@@ -233,7 +267,7 @@ impl SyncClient {
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         tx.try_send(self.hello()).expect("a fresh queue has room for the hello");
         let mut request = Request::new(ReceiverStream::new(rx));
-        request.metadata_mut().insert("authorization", self.authorization.clone());
+        request.metadata_mut().insert("authorization", self.token.header().clone());
 
         let interval = self.settings.heartbeat_interval;
         let opened = Instant::now();

@@ -10,6 +10,7 @@ mod clients;
 mod delivery;
 mod local_refusals;
 mod support;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -81,6 +81,11 @@ impl Conn {
         nonce
     }
 
+    /// Ends the stream with `status`, as the server ends a revoked token's stream.
+    pub async fn end(&self, status: Status) {
+        self.tx.send(Err(status)).await.expect("agent stream open");
+    }
+
     pub async fn heartbeat(&self, revision: u64, interval: Duration) {
         self.send(server_message::Kind::Heartbeat(Heartbeat {
             services: vec![ServiceRevision { service: SERVICE.into(), revision }],
@@ -108,6 +113,8 @@ struct Sync {
     events: mpsc::UnboundedSender<Event>,
     refuse: Arc<AtomicBool>,
     unavailable: Arc<AtomicBool>,
+    /// The tokens accepted (at first [`TOKEN`] alone).
+    tokens: Arc<arc_swap::ArcSwap<Vec<String>>>,
 }
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
@@ -118,7 +125,11 @@ impl LeveeSync for Sync {
 
     async fn sync(&self, request: Request<Streaming<AgentMessage>>) -> Result<Response<Outbound>, Status> {
         let auth = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
-        if self.refuse.load(Ordering::SeqCst) || auth.as_deref() != Some(&format!("Bearer {TOKEN}")) {
+        let known = auth
+            .as_deref()
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .is_some_and(|t| self.tokens.load().iter().any(|k| k == t));
+        if self.refuse.load(Ordering::SeqCst) || !known {
             let _ = self.events.send(Event::Refused { at: Instant::now() });
             return Err(Status::unauthenticated("token revoked"));
         }
@@ -159,6 +170,7 @@ pub struct TestServer {
     pub events: mpsc::UnboundedReceiver<Event>,
     refuse: Arc<AtomicBool>,
     unavailable: Arc<AtomicBool>,
+    tokens: Arc<arc_swap::ArcSwap<Vec<String>>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -177,7 +189,13 @@ impl TestServer {
         let (events_tx, events) = mpsc::unbounded_channel();
         let refuse = Arc::new(AtomicBool::new(false));
         let unavailable = Arc::new(AtomicBool::new(false));
-        let svc = Sync { events: events_tx, refuse: refuse.clone(), unavailable: unavailable.clone() };
+        let tokens = Arc::new(arc_swap::ArcSwap::from_pointee(vec![TOKEN.to_string()]));
+        let svc = Sync {
+            events: events_tx,
+            refuse: refuse.clone(),
+            unavailable: unavailable.clone(),
+            tokens: tokens.clone(),
+        };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         // No Nagle: a write held back for a delayed ACK waits in *real* time, which the
         // ticking virtual clock would turn into seconds.
@@ -197,7 +215,7 @@ impl TestServer {
                 .await
                 .expect("test server");
         });
-        Self { addr, events, refuse, unavailable, stop: Some(stop_tx), task: Some(task) }
+        Self { addr, events, refuse, unavailable, tokens, stop: Some(stop_tx), task: Some(task) }
     }
 
     pub fn url(&self) -> String {
@@ -207,6 +225,11 @@ impl TestServer {
     /// Refuse every new stream with UNAUTHENTICATED.
     pub fn refuse_all(&self) {
         self.refuse.store(true, Ordering::SeqCst);
+    }
+
+    /// Accept exactly these tokens on new streams (streams already open stay).
+    pub fn accept_tokens(&self, tokens: &[&str]) {
+        self.tokens.store(Arc::new(tokens.iter().map(|t| t.to_string()).collect()));
     }
 
     /// Answer every new stream with UNAVAILABLE (before any message).

@@ -14,6 +14,66 @@ pub const MIN_TOKEN_TTL: Duration = Duration::from_secs(60);
 pub const MAX_TOKEN_TTL_DAYS: u64 = 3650;
 /// Most services one agent token may read.
 pub const MAX_AGENT_TOKEN_SERVICES: usize = 100;
+/// Overlap of a rotation when none is given: how long the old token keeps working beside
+/// the new one, for the new one to reach every instance.
+pub const DEFAULT_ROTATION_OVERLAP: Duration = Duration::from_secs(3600);
+/// Longest overlap of a rotation, in days.
+pub const MAX_ROTATION_OVERLAP_DAYS: u64 = 30;
+
+/// A rotation to make, checked for its form.
+#[derive(Clone, Copy, Debug)]
+pub struct Rotation {
+    overlap: Duration,
+    ttl: Option<Duration>,
+}
+
+impl Rotation {
+    /// Checks `overlap` (default [`DEFAULT_ROTATION_OVERLAP`], from 0 — the old token ends
+    /// now — to [`MAX_ROTATION_OVERLAP_DAYS`]) and `expires_in` (the new token's lifetime,
+    /// in the range of a minted token; default: the old token's lifetime).
+    ///
+    /// # Errors
+    /// [`BadInput`] naming the field.
+    pub fn new(overlap: Option<Duration>, expires_in: Option<Duration>) -> Result<Rotation, BadInput> {
+        let overlap = overlap.unwrap_or(DEFAULT_ROTATION_OVERLAP);
+        if overlap > Duration::from_secs(MAX_ROTATION_OVERLAP_DAYS * 86400) {
+            return Err(BadInput::rule(
+                "overlap",
+                levee_agent::policy::duration::format(overlap),
+                format!("must be between 0s and {MAX_ROTATION_OVERLAP_DAYS}d"),
+            ));
+        }
+        if let Some(ttl) = expires_in {
+            check_ttl(ttl)?;
+        }
+        Ok(Rotation { overlap, ttl: expires_in })
+    }
+}
+
+/// A rotation made: the new token and the old one as it is now (its `revoked_at` is the
+/// end of the overlap).
+#[derive(Clone, Debug)]
+pub struct Rotated {
+    /// The new token, of the old one's kind, name and scope.
+    pub minted: Minted,
+    /// The old token, ending at its `revoked_at`.
+    pub replaced: TokenRow,
+}
+
+/// A minted token's lifetime within [`MIN_TOKEN_TTL`] and [`MAX_TOKEN_TTL_DAYS`].
+fn check_ttl(ttl: Duration) -> Result<(), BadInput> {
+    if ttl < MIN_TOKEN_TTL || ttl > Duration::from_secs(MAX_TOKEN_TTL_DAYS * 86400) {
+        return Err(BadInput::rule(
+            "expires_in",
+            levee_agent::policy::duration::format(ttl),
+            format!(
+                "must be between {} and {MAX_TOKEN_TTL_DAYS}d",
+                levee_agent::policy::duration::format(MIN_TOKEN_TTL)
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// A token to mint, checked for its form.
 #[derive(Clone, Debug)]
@@ -45,16 +105,7 @@ impl NewToken {
     ) -> Result<NewToken, BadInput> {
         let name = Name::parse("name", name)?;
         let ttl = expires_in.unwrap_or(TOKEN_TTL);
-        if ttl < MIN_TOKEN_TTL || ttl > Duration::from_secs(MAX_TOKEN_TTL_DAYS * 86400) {
-            return Err(BadInput::rule(
-                "expires_in",
-                levee_agent::policy::duration::format(ttl),
-                format!(
-                    "must be between {} and {MAX_TOKEN_TTL_DAYS}d",
-                    levee_agent::policy::duration::format(MIN_TOKEN_TTL)
-                ),
-            ));
-        }
+        check_ttl(ttl)?;
         match kind {
             TokenKind::Agent | TokenKind::Flags => {
                 let what = if kind == TokenKind::Agent { "an agent" } else { "a flags" };
@@ -257,6 +308,69 @@ impl Actions {
         // database within `listener::REVOCATION_POLL`.
         self.hub.revocations().revoke([id.to_string()]);
         Ok(())
+    }
+
+    /// Rotates token `id` (audited as `token.rotate`, the old row as `before`, the new one
+    /// and the old one's end as `after`): mints a token of the same kind, name and scope
+    /// (role, or environment and services) and schedules the old one's revocation at the
+    /// end of the overlap, so instances that still present it keep working until the new
+    /// one reached them. An overlap of 0 ends the old token now, as a revocation does; an
+    /// overlap never makes a token last longer than its expiry or an earlier rotation's end.
+    ///
+    /// # Errors
+    /// [`TokenError`]: [`Missing::Token`]; [`TokenError::Ended`] when the token is already
+    /// revoked or expired.
+    pub async fn rotate_token(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: &str,
+        rotation: Rotation,
+    ) -> Result<Rotated, TokenError> {
+        by.may(Action::TokenRotate)?;
+        let old = self
+            .store
+            .token(id)
+            .await?
+            .ok_or_else(|| TokenError::NotFound(Missing::Token { id: id.to_string() }))?;
+        let now = now_ms();
+        let ttl = rotation.ttl.map_or(old.expires_at - old.created_at, |t| t.as_millis() as i64);
+        let row = TokenRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            kind: old.kind,
+            name: old.name.clone(),
+            role: old.role,
+            environment: old.environment.clone(),
+            services: old.services.clone(),
+            created_by: by.name.clone(),
+            created_at: now,
+            expires_at: now + ttl,
+            revoked_at: None,
+            // The same token under a new secret: it acts for the person the old one did.
+            person: Some(old.person()),
+        };
+        let token = self.keys.mint(&row)?;
+        let ends_at = now + rotation.overlap.as_millis() as i64;
+        let mut audit = audit_row(by, reason, Action::TokenRotate, format!("token {}", old.name));
+        audit.before = serde_json::to_string(&old).ok();
+        audit.after = Some(
+            serde_json::json!({
+                "new": &row,
+                "old_ends_at": levee_agent::policy::Timestamp::from_unix_ms(ends_at.min(old.ends_at())).to_rfc3339(),
+            })
+            .to_string(),
+        );
+        let replaced = self
+            .store
+            .rotate_token(id, ends_at, &row, &audit)
+            .await?
+            .ok_or_else(|| TokenError::NotFound(Missing::Token { id: id.to_string() }))?;
+        if replaced.revoked(now_ms()) {
+            // Streams open with it on this replica end now; other replicas learn it within
+            // `listener::REVOCATION_POLL`, as they learn every revocation when its time comes.
+            self.hub.revocations().revoke([id.to_string()]);
+        }
+        Ok(Rotated { minted: Minted { row, token }, replaced })
     }
 
     /// Changes a user's password, role and/or whether it is disabled (audited as

@@ -135,6 +135,8 @@ pub enum Action {
     TokenCreate,
     /// Revokes a token.
     TokenRevoke,
+    /// Mints a token of another's scope and ends that one after an overlap.
+    TokenRotate,
     /// Creates a user.
     UserCreate,
     /// Changes a user's password or role (ending the user's sessions).
@@ -208,6 +210,7 @@ impl Action {
             Action::Expiry => "expiry",
             Action::TokenCreate => "token.create",
             Action::TokenRevoke => "token.revoke",
+            Action::TokenRotate => "token.rotate",
             Action::UserCreate => "user.create",
             Action::UserUpdate => "user.update",
             Action::ServiceApply => "service.apply",
@@ -275,6 +278,7 @@ impl Action {
             | Action::Expiry
             | Action::TokenCreate
             | Action::TokenRevoke
+            | Action::TokenRotate
             | Action::UserCreate
             | Action::UserUpdate
             | Action::ApprovalRules

@@ -239,6 +239,9 @@ pub enum TokenError {
     /// No token of that id.
     #[error(transparent)]
     NotFound(Missing),
+    /// The token to rotate is revoked or expired.
+    #[error(transparent)]
+    Ended(crate::db::TokenEnded),
     /// The database or the signing key failed; the cause is for the log only.
     #[error("storage failed")]
     Storage(#[source] anyhow::Error),
@@ -246,6 +249,9 @@ pub enum TokenError {
 
 impl From<anyhow::Error> for TokenError {
     fn from(e: anyhow::Error) -> Self {
-        TokenError::Storage(e)
+        match e.downcast::<crate::db::TokenEnded>() {
+            Ok(ended) => TokenError::Ended(ended),
+            Err(e) => TokenError::Storage(e),
+        }
     }
 }

@@ -43,7 +43,8 @@ mod service;
 
 pub use crate::db::Via;
 pub use access::{
-    MAX_AGENT_TOKEN_SERVICES, MAX_TOKEN_TTL_DAYS, MIN_TOKEN_TTL, Minted, NewToken, NewUser, UserChange,
+    DEFAULT_ROTATION_OVERLAP, MAX_AGENT_TOKEN_SERVICES, MAX_ROTATION_OVERLAP_DAYS, MAX_TOKEN_TTL_DAYS,
+    MIN_TOKEN_TTL, Minted, NewToken, NewUser, Rotated, Rotation, UserChange,
 };
 pub use actor::{Action, Actor, Forbidden};
 pub use environments::NewEnvironment;

@@ -542,7 +542,7 @@ impl Actions {
             }
         } else if let Some(t) = &c.created_token {
             match self.store.token(t).await? {
-                Some(t) if t.revoked_at.is_none() && t.expires_at > now_ms() => {
+                Some(t) if !t.revoked(now_ms()) && t.expires_at > now_ms() => {
                     t.role.unwrap_or(Role::Viewer)
                 }
                 Some(t) => {

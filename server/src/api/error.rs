@@ -75,6 +75,9 @@ pub enum ApiError {
     /// the rollout is not in a state for the step asked.
     #[error("{0}")]
     Rollout(String),
+    /// 409: the token to rotate is revoked or expired (mint a new one).
+    #[error("{0}")]
+    TokenEnded(String),
     /// 409: a stored revision does not decode with this server version.
     #[error("{0}; if it is the current revision, roll back to one that reads (POST .../rollback)")]
     Unreadable(Unreadable),
@@ -194,7 +197,8 @@ impl ApiError {
             | ApiError::ProfileWouldUndo { .. }
             | ApiError::ApprovalVoid(_)
             | ApiError::Rollout(_)
-            | ApiError::Unreadable(_) => StatusCode::CONFLICT,
+            | ApiError::Unreadable(_)
+            | ApiError::TokenEnded(_) => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
@@ -221,6 +225,7 @@ impl ApiError {
             ApiError::ApprovalVoid(_) => "approval-void",
             ApiError::Unreadable(_) => "revision-unreadable",
             ApiError::Rollout(_) => "rollout-conflict",
+            ApiError::TokenEnded(_) => "token-ended",
             ApiError::TooLarge { .. } => "body-too-large",
             ApiError::UnsupportedMediaType(_) => "unsupported-media-type",
             ApiError::PreconditionRequired(_) => "precondition-required",
@@ -318,6 +323,7 @@ impl From<TokenError> for ApiError {
             TokenError::Forbidden(f) => f.into(),
             TokenError::InvalidField(f) => ApiError::invalid_field(f),
             TokenError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            TokenError::Ended(e) => ApiError::TokenEnded(e.to_string()),
             TokenError::Storage(cause) => ApiError::storage(cause),
         }
     }

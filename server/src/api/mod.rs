@@ -122,6 +122,7 @@ pub fn router(state: AppState) -> Router {
         .route("/audit", get(audit::list))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
+        .route("/tokens/{id}/rotate", axum::routing::post(tokens::rotate))
         .route("/users", get(tokens::list_users).post(tokens::create_user))
         .route("/users/{username}", axum::routing::patch(tokens::update_user))
         .route("/openapi.json", get(openapi::document))

@@ -365,7 +365,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         ofrep::evaluate_one, ofrep::evaluate_all,
         fleet::propagation, health::get,
         audit::list,
-        tokens::create, tokens::list, tokens::revoke, tokens::list_users, tokens::create_user,
+        tokens::create, tokens::list, tokens::revoke, tokens::rotate, tokens::list_users, tokens::create_user,
         services::put_service, services::delete_service, plan::plan,
         profiles::list, profiles::get_one, profiles::put, profiles::delete, profiles::apply,
         profiles::active, profiles::activations, profiles::revert,

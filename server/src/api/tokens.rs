@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, NewToken, NewUser, Reason, UserChange};
+use crate::actions::{Action, NewToken, NewUser, Reason, Rotation, UserChange};
 use crate::db::{Role, TokenKind, TokenRow, now_ms};
 use crate::web::{AppState, RequestId};
 
@@ -103,6 +103,63 @@ pub async fn revoke(
     let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
     s.actions.revoke_token(&by, &reason, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Body of `POST /tokens/{id}/rotate`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateToken {
+    /// How long the old token keeps working beside the new one, e.g. `1h` (default) or
+    /// `0s` to end it now; at most 30 days, never past its own expiry.
+    #[serde(default, with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "1h")]
+    pub overlap: Option<Duration>,
+    /// Lifetime of the new token, e.g. `90d`; default: the old token's lifetime.
+    #[serde(default, with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "90d")]
+    pub expires_in: Option<Duration>,
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// A rotation: the new token (its secret shown this once) and the old one, whose
+/// `revoked_at` is the end of the overlap.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RotatedToken {
+    /// The new token, of the old one's kind, name and scope.
+    #[serde(flatten)]
+    pub minted: MintedToken,
+    /// The old token as it is now.
+    pub replaced: TokenRow,
+}
+
+/// Rotates a token (admin): mints one of the same kind, name and scope and ends the old
+/// one after `overlap`, so every instance can move to the new token without a restart
+/// while the old one still works. Agent streams opened with the old token end when the
+/// overlap does (on every replica).
+#[utoipa::path(post, path = "/api/v1/tokens/{id}/rotate", tag = "tokens", request_body = RotateToken,
+    params(("id" = String, Path)),
+    responses((status = 201, body = RotatedToken), (status = 400, body = super::Problem),
+              (status = 403, body = super::Problem), (status = 404, body = super::Problem),
+              (status = 409, body = super::Problem)))]
+pub async fn rotate(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RotateToken>,
+) -> ApiResult<(StatusCode, Json<RotatedToken>)> {
+    let by = auth.actor(Action::TokenRotate, &rid)?;
+    let reason = Reason::parse(&req.reason)?;
+    let rotation = Rotation::new(req.overlap, req.expires_in)?;
+    let rotated = s.actions.rotate_token(&by, &reason, &id, rotation).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(RotatedToken {
+            minted: MintedToken { meta: rotated.minted.row, token: rotated.minted.token },
+            replaced: rotated.replaced,
+        }),
+    ))
 }
 
 /// A user as listed.

@@ -1,5 +1,5 @@
 //! The `levee` command line as a client of the HTTP API: `login`, `get`, `export`,
-//! `apply`, `flip`, `profile` and `rollout`. It never opens the database; everything goes through `/api/v1`
+//! `apply`, `flip`, `profile`, `rollout` and `tokens`. It never opens the database; everything goes through `/api/v1`
 //! with a bearer token, and every write sends `If-Match` with the revision it was based
 //! on and a reason.
 //!
@@ -11,6 +11,7 @@ mod apply;
 mod profile;
 mod rollout;
 mod session;
+mod tokens;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +25,7 @@ pub use apply::ApplyArgs;
 pub use profile::ProfileCommand;
 pub use rollout::RolloutCommand;
 pub use session::{Api, CliError, Credentials, DEFAULT_SERVER, credentials_path};
+pub use tokens::TokensCommand;
 
 use crate::manifest::{self, ServiceManifest};
 
@@ -106,6 +108,13 @@ pub enum ClientCommand {
     /// the previous policy back for every instance.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// Lists, mints, rotates and revokes API and agent tokens (admin).
+    ///
+    /// `levee tokens rotate checkout-prod --overlap 1h --out token --reason "…"` mints a
+    /// token of the same scope and ends the old one an hour later; agents reading a token
+    /// file pick the new one up when they reconnect.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
 }
 
 /// `levee login`.
@@ -175,6 +184,7 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
         ClientCommand::Flip(a) => flip(a).await,
         ClientCommand::Profile(c) => profile::run(c).await,
         ClientCommand::Rollout(c) => rollout::run(c).await,
+        ClientCommand::Tokens(c) => tokens::run(c).await,
     };
     match result {
         Ok(code) => code,

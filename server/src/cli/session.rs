@@ -75,26 +75,36 @@ impl Credentials {
     /// # Errors
     /// The file system's, with the path.
     pub fn save(&self, path: &Path) -> Result<(), CliError> {
-        let err = |e: std::io::Error| CliError::Usage(format!("cannot write {}: {e}", path.display()));
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let mut builder = std::fs::DirBuilder::new();
-        builder.recursive(true);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder.create(dir).map_err(err)?;
         let text = toml::to_string(self).map_err(|e| CliError::Usage(e.to_string()))?;
-        let tmp = dir.join(format!(".{}.tmp-{}", file_name(path), std::process::id()));
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = options.open(&tmp).map_err(err)?;
-        f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).map_err(err)?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(err)?;
-        Ok(())
+        write_private(path, text.as_bytes())
     }
+}
+
+/// Writes a file that holds a secret: mode 0600 (its directory, when created, 0700),
+/// replaced atomically (written beside it, then renamed), so a reader — an agent watching
+/// its token file — never sees half of it.
+///
+/// # Errors
+/// The file system's, with the path.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
+    let err = |e: std::io::Error| CliError::Usage(format!("cannot write {}: {e}", path.display()));
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(err)?;
+    let tmp = dir.join(format!(".{}.tmp-{}", file_name(path), std::process::id()));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = options.open(&tmp).map_err(err)?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(())
 }
 
 fn file_name(path: &Path) -> String {

@@ -124,7 +124,8 @@ pub struct TokenRow {
     #[serde(with = "levee_agent::policy::rfc3339")]
     #[schema(value_type = String, format = DateTime)]
     pub expires_at: i64,
-    /// Revoked at; `null` while valid.
+    /// Revoked at; `null` while valid. A time in the future is the end of a rotation's
+    /// overlap: the token works until then (and its streams end then).
     #[serde(with = "levee_agent::policy::rfc3339::option")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub revoked_at: Option<i64>,
@@ -139,6 +140,18 @@ impl TokenRow {
     /// The person this token acts for ([`TokenRow::person`], else its `created_by`).
     pub fn person(&self) -> String {
         self.person.clone().unwrap_or_else(|| self.created_by.clone())
+    }
+
+    /// Whether the token is revoked at `now` (ms since the epoch): the one rule every door
+    /// (API, agent stream, HTTP fallback, the verified-token memory) applies, so a
+    /// revocation scheduled by a rotation takes effect everywhere at the same instant.
+    pub fn revoked(&self, now: i64) -> bool {
+        self.revoked_at.is_some_and(|at| at <= now)
+    }
+
+    /// When the token stops working: its expiry, or its scheduled revocation if sooner.
+    pub fn ends_at(&self) -> i64 {
+        self.revoked_at.map_or(self.expires_at, |at| at.min(self.expires_at))
     }
 
     pub(crate) fn from_row(r: &AnyRow) -> anyhow::Result<Self> {

@@ -73,6 +73,7 @@ async fn render(
             created: time(u.created_at),
         })
         .collect();
+    let now = crate::db::now_ms();
     let tokens = s
         .store
         .tokens()
@@ -85,12 +86,14 @@ async fn render(
                     format!("{} / {}", t.environment.clone().unwrap_or_default(), t.services.join(", "))
                 }
             },
+            // A rotated token works until its overlap ends: that is when it expires, and it
+            // is not shown revoked (nor without its revoke button) before then.
+            expires: time(t.ends_at()),
+            revoked: t.revoked_at.filter(|_| t.revoked(now)).map(time),
             id: t.id,
             kind: t.kind.as_str(),
             name: t.name,
             by: t.created_by,
-            expires: time(t.expires_at),
-            revoked: t.revoked_at.map(time),
         })
         .collect();
     let status = if error.is_some() { StatusCode::BAD_REQUEST } else { StatusCode::OK };

@@ -116,7 +116,7 @@ impl From<crate::actions::TokenError> for UiError {
         match e {
             E::Forbidden(f) => f.into(),
             E::NotFound(m) => UiError::NotFound(m.to_string()),
-            e @ E::InvalidField(_) => UiError::BadRequest(e.to_string()),
+            e @ (E::InvalidField(_) | E::Ended(_)) => UiError::BadRequest(e.to_string()),
             E::Storage(cause) => UiError::Internal(cause),
         }
     }

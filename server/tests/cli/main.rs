@@ -807,3 +807,95 @@ async fn cd_3_get_and_flip_of_an_undecodable_revision_say_so() {
         assert!(!r.stderr.contains("internal") && !r.stderr.contains("500"), "{args:?}: {r:?}");
     }
 }
+
+/// `levee tokens`: create writes the secret to a 0600 file (nothing on stdout), rotate by
+/// name mints a token of the same scope and leaves the old one working for the overlap,
+/// revoke ends it, list hides ended tokens unless --all; mistakes name what to give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_create_rotate_and_revoke_from_the_command_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("secrets").join("checkout-token");
+    let out_s = out.to_str().unwrap();
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &[
+            "tokens",
+            "create",
+            "checkout-prod",
+            "--environment",
+            "prod",
+            "--service",
+            "checkout",
+            "--expires-in",
+            "90d",
+            "--reason",
+            "checkout agents",
+            "--out",
+            out_s,
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(r.stdout, "", "the secret goes to the file only: {r:?}");
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+    let first = std::fs::read_to_string(&out).unwrap().trim().to_string();
+    // The token is an agent token of prod/checkout: the API refuses it.
+    let (s, _, _) = app.call_as(&first, Method::GET, "/api/v1/environments", None, &[]).await;
+    assert_eq!(s, 401);
+
+    // Rotate by name, the new secret on stdout alone.
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["tokens", "rotate", "checkout-prod", "--overlap", "2h", "--reason", "drill"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let second = r.stdout.trim().to_string();
+    assert!(!second.is_empty() && second != first && !second.contains('\n'), "{r:?}");
+    assert!(r.stderr.contains("works until it is revoked"), "{r:?}");
+    let (_, _, list) = app.call(Method::GET, "/api/v1/tokens", None).await;
+    let named: Vec<&Value> =
+        list.as_array().unwrap().iter().filter(|t| t["name"] == "checkout-prod").collect();
+    assert_eq!(named.len(), 2, "{list}");
+    assert!(
+        named.iter().all(|t| t["environment"] == "prod" && t["services"] == json!(["checkout"])),
+        "{list}"
+    );
+    // Two tokens that still work share the name now: the name alone is refused.
+    let r = levee(&app, home.path(), None, &["tokens", "revoke", "checkout-prod", "--reason", "x"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("2 tokens that still work are named \"checkout-prod\""), "{r:?}");
+    let old_id =
+        named.iter().find(|t| !t["revoked_at"].is_null()).unwrap()["id"].as_str().unwrap().to_string();
+    let r = levee(&app, home.path(), None, &["tokens", "list"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains(&old_id) && r.stdout.contains("revoked 20"), "{r:?}");
+
+    // Revoke the old one by id: it ends now, and list hides it unless --all.
+    let r = levee(&app, home.path(), None, &["tokens", "revoke", &old_id, "--reason", "rotation done"]).await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = levee(&app, home.path(), None, &["tokens", "list"]).await;
+    assert!(!r.stdout.contains(&old_id), "{r:?}");
+    let r = levee(&app, home.path(), None, &["tokens", "list", "--all"]).await;
+    assert!(r.stdout.contains(&old_id) && r.stdout.contains("(ended)"), "{r:?}");
+    // Rotating an ended token says to mint one instead; a bad overlap names its range.
+    let r = levee(&app, home.path(), None, &["tokens", "rotate", &old_id, "--reason", "again"]).await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("409") && r.stderr.contains("mint a new token"), "{r:?}");
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["tokens", "rotate", "checkout-prod", "--overlap", "31d", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("overlap") && r.stderr.contains("between 0s and 30d"), "{r:?}");
+}

@@ -37,4 +37,5 @@ mod rollout;
 mod security;
 mod shutdown;
 mod tls;
+mod token_rotation;
 mod xds;
