@@ -542,9 +542,7 @@ impl Actions {
             }
         } else if let Some(t) = &c.created_token {
             match self.store.token(t).await? {
-                Some(t) if !t.revoked(now_ms()) && t.expires_at > now_ms() => {
-                    t.role.unwrap_or(Role::Viewer)
-                }
+                Some(t) if !t.revoked(now_ms()) && t.expires_at > now_ms() => t.role.unwrap_or(Role::Viewer),
                 Some(t) => {
                     return Err(ChangeError::AuthorGone {
                         what: format!("token {} is revoked or expired", t.name),
