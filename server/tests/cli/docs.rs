@@ -59,7 +59,7 @@ fn words(line: &str) -> Vec<String> {
 /// Every `levee <client command> …` of a block, up to the end of its line or a shell
 /// operator.
 fn commands(body: &str) -> Vec<Vec<String>> {
-    let client = ["login", "get", "export", "apply", "flip", "profile"];
+    let client = ["login", "get", "export", "apply", "flip", "profile", "tokens"];
     let mut out = Vec::new();
     for line in body.lines() {
         let w = words(line);
@@ -103,7 +103,7 @@ fn the_examples_in_docs_cli_md_parse() {
         }
     }
     assert!(manifests >= 1);
-    for sub in ["login", "get", "export", "apply", "flip", "profile"] {
+    for sub in ["login", "get", "export", "apply", "flip", "profile", "tokens"] {
         assert!(parsed.iter().any(|p| p == sub), "docs/cli.md shows no checked `levee {sub}`: {parsed:?}");
     }
 }
