@@ -446,7 +446,7 @@ impl Server {
             actions.clone(),
             health.clone(),
             store.clone(),
-            settings.alert_webhook_url.clone(),
+            settings.alert_webhook_url.as_ref().map(|u| u.expose().to_string()),
             shutdown_rx.clone(),
         )));
         tasks.push(tokio::spawn(crate::listener::follow_revocations(
