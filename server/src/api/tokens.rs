@@ -112,11 +112,11 @@ pub struct RotateToken {
     /// How long the old token keeps working beside the new one, e.g. `1h` (default) or
     /// `0s` to end it now; at most 30 days, never past its own expiry.
     #[serde(default, with = "levee_agent::policy::duration::option")]
-    #[schema(value_type = Option<String>, example = "1h")]
+    #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "1h")]
     pub overlap: Option<Duration>,
     /// Lifetime of the new token, e.g. `90d`; default: the old token's lifetime.
     #[serde(default, with = "levee_agent::policy::duration::option")]
-    #[schema(value_type = Option<String>, example = "90d")]
+    #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "90d")]
     pub expires_in: Option<Duration>,
     /// Why, recorded in the audit log; required.
     pub reason: String,

@@ -1,4 +1,4 @@
-//! `levee tokens list|create|rotate|revoke`: API and agent tokens from the command line
+//! `levee tokens list|create|rotate|revoke`: API, agent and flags tokens from the command line
 //! (admin). A new token's secret goes to `--out FILE` (0600, replaced atomically: what an
 //! agent's token file or a mounted secret reads) or, without it, alone on stdout, so
 //! `$(levee tokens rotate …)` captures it; everything else goes to stderr.
@@ -20,7 +20,8 @@ use super::{CliError, Connection};
 pub enum TokensCommand {
     /// Lists tokens: id, kind, name, scope, expiry, and when a revoked or rotated one ends.
     List(ListArgs),
-    /// Mints a token (an agent token: --environment and --service; an API token: --role).
+    /// Mints a token (an agent or flags token: --environment and --service; an API token:
+    /// --role).
     Create(CreateArgs),
     /// Mints a token of the same kind, name and scope as TOKEN and ends TOKEN after
     /// --overlap, so instances move to the new one without a restart.
@@ -49,13 +50,14 @@ pub struct CreateArgs {
     pub connection: Connection,
     /// A name for people, e.g. checkout-prod.
     pub name: String,
-    /// agent (sync, scoped to an environment and services) or api (automation, a role).
-    #[arg(long, default_value = "agent", value_parser = ["agent", "api"])]
+    /// agent (sync, scoped to an environment and services), flags (OFREP flag evaluation,
+    /// scoped as an agent token) or api (automation, a role).
+    #[arg(long, default_value = "agent", value_parser = ["agent", "flags", "api"])]
     pub kind: String,
-    /// The environment an agent token may read.
+    /// The environment an agent or flags token may read.
     #[arg(long)]
     pub environment: Option<String>,
-    /// A service an agent token may read (repeat, or comma-separated).
+    /// A service an agent or flags token may read (repeat, or comma-separated).
     #[arg(long = "service", value_delimiter = ',')]
     pub services: Vec<String>,
     /// Role of an API token: viewer (default), operator or admin.
@@ -135,7 +137,7 @@ impl Listed {
 
     fn scope(&self) -> String {
         match self.kind.as_str() {
-            "agent" => {
+            "agent" | "flags" => {
                 format!("{}/{}", self.environment.as_deref().unwrap_or(""), self.services.join(","))
             }
             _ => format!("role {}", self.role.as_deref().unwrap_or("viewer")),

@@ -136,6 +136,12 @@ pub struct TokenRow {
     pub person: Option<String>,
 }
 
+/// Whether a token whose `revoked_at` is this is revoked at `now` (ms since the epoch): a
+/// time in the future is the end of a rotation's overlap, when it starts to count.
+pub fn revoked(revoked_at: Option<i64>, now: i64) -> bool {
+    revoked_at.is_some_and(|at| at <= now)
+}
+
 impl TokenRow {
     /// The person this token acts for ([`TokenRow::person`], else its `created_by`).
     pub fn person(&self) -> String {
@@ -143,10 +149,10 @@ impl TokenRow {
     }
 
     /// Whether the token is revoked at `now` (ms since the epoch): the one rule every door
-    /// (API, agent stream, HTTP fallback, the verified-token memory) applies, so a
+    /// (API, agent stream, HTTP fallback, OFREP, the verified-token memory) applies, so a
     /// revocation scheduled by a rotation takes effect everywhere at the same instant.
     pub fn revoked(&self, now: i64) -> bool {
-        self.revoked_at.is_some_and(|at| at <= now)
+        revoked(self.revoked_at, now)
     }
 
     /// When the token stops working: its expiry, or its scheduled revocation if sooner.

@@ -41,7 +41,7 @@ impl VerifiedTokens {
         let m = self.map.lock().await;
         let now = crate::db::now_ms();
         m.get(jti)
-            .filter(|(p, at)| at.elapsed() < VERIFIED_TOKEN_TTL && p.revoked_at.is_none_or(|r| r > now))
+            .filter(|(p, at)| at.elapsed() < VERIFIED_TOKEN_TTL && !crate::db::revoked(p.revoked_at, now))
             .map(|(p, _)| p.clone())
     }
 }

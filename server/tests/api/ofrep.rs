@@ -26,6 +26,16 @@ impl TestApp {
         (b["token"].as_str().unwrap().to_string(), b["id"].as_str().unwrap().to_string())
     }
 
+    /// Rotates token `id` with `overlap`.
+    async fn rotate_token(&self, id: &str, overlap: &str) -> (StatusCode, HeaderMap, Value) {
+        self.call(
+            Method::POST,
+            &format!("/api/v1/tokens/{id}/rotate"),
+            Some(json!({"overlap": overlap, "reason": "rotation drill"})),
+        )
+        .await
+    }
+
     async fn flip(&self, on: bool) {
         let (s, _, b) = self
             .call(
@@ -218,4 +228,55 @@ async fn ofrep_flags_tokens_are_scoped_and_read_only() {
     assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
     let (s, h, b) = app.ofrep(&flags, &one, "{}", &[]).await;
     assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+}
+
+on_both_backends! {
+    /// A flags token rotates as an agent token does: the new one, of the same kind and
+    /// scope, reads at once; the old one keeps reading during the overlap and is refused
+    /// from its end (TokenRow::revoked, the rule of every door), whether the overlap is
+    /// cut short by a revocation or is `0s`.
+    async fn ofrep_flags_tokens_rotate_with_an_overlap(app) {
+        app.seed().await;
+        let one = format!("{SINGLE}/{SWITCH}");
+        let (first, first_id) = app.flags_token(&["checkout"]).await;
+        let (s, _, b) = app.rotate_token(&first_id, "1h").await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        assert_eq!((b["kind"].as_str(), b["name"].as_str()), (Some("flags"), Some("ofrep")), "{b}");
+        assert_eq!((&b["environment"], &b["services"]), (&json!("prod"), &json!(["checkout"])), "{b}");
+        assert_eq!(b["replaced"]["id"], first_id.as_str(), "{b}");
+        assert!(b["replaced"]["revoked_at"].is_string(), "the end of the overlap: {b}");
+        let (second, second_id) = (b["token"].as_str().unwrap().to_string(), b["id"].as_str().unwrap().to_string());
+        for token in [&first, &second] {
+            let (s, _, b) = app.ofrep(token, &one, "{}", &[]).await;
+            assert_eq!(s, StatusCode::OK, "both tokens read during the overlap: {b}");
+        }
+        // Still a flags token: the sync stream's HTTP fallback refuses it.
+        let (s, h, b) = app.call_as(&second, Method::GET, "/api/v1/sync/prod/checkout", None, &[]).await;
+        assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+
+        // Revoking the old token ends its overlap now.
+        let (s, _, b) = app.call(Method::DELETE, &format!("/api/v1/tokens/{first_id}?reason=moved"), None).await;
+        assert_eq!(s, StatusCode::NO_CONTENT, "{b}");
+        let (s, h, b) = app.ofrep(&first, &one, "{}", &[]).await;
+        assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+        let (s, _, b) = app.ofrep(&second, &one, "{}", &[]).await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+
+        // An overlap of 0s ends the old token at once; an overlap past 30 days is a range
+        // the document states in words (422, naming the field); an ended token is not
+        // rotated (409).
+        let (s, _, b) = app.rotate_token(&second_id, "31d").await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+        assert_eq!(b["errors"][0]["path"], "overlap", "{b}");
+        let (s, _, b) = app.rotate_token(&second_id, "0s").await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        let third = b["token"].as_str().unwrap().to_string();
+        let (s, h, b) = app.ofrep(&second, &one, "{}", &[]).await;
+        assert_problem(s, &h, &b, StatusCode::UNAUTHORIZED);
+        let (s, _, b) = app.ofrep(&third, &one, "{}", &[]).await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+        let (s, h, b) = app.rotate_token(&second_id, "1h").await;
+        assert_problem(s, &h, &b, StatusCode::CONFLICT);
+        assert_eq!(b["type"], "urn:levee:problem:token-ended", "{b}");
+    }
 }
