@@ -13,7 +13,6 @@ use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::control_plane::open;
-use crate::helpers::TestApp;
 use crate::support::{Api, fast_sync};
 
 fn file_agent(grpc: &str, token_file: &std::path::Path, cache: &std::path::Path) -> Agent {
@@ -52,9 +51,11 @@ fn ms(v: &serde_json::Value) -> i64 {
     Timestamp::parse(v.as_str().unwrap()).unwrap().unix_ms()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rotation_overlaps_then_ends_the_old_token_and_the_agent_follows_its_file() {
-    let app = TestApp::spawn().await;
+on_both_backends! {
+/// Both tokens open streams during the overlap; at its end (brought forward by a second
+/// rotation) the old token's stream ends on every replica, the file agent comes back with
+/// the file's token at once, and the old token is refused and cannot be rotated again.
+async fn rotation_overlaps_then_ends_the_old_token_and_the_agent_follows_its_file(app) {
     let api = Api::login(&app.base).await;
     api.seed().await;
     let minted = api
@@ -150,4 +151,5 @@ async fn rotation_overlaps_then_ends_the_old_token_and_the_agent_follows_its_fil
     let p: serde_json::Value = res.json().await.unwrap();
     assert_eq!(p["type"], "urn:levee:problem:token-ended", "{p}");
     a.shutdown().await;
+}
 }
