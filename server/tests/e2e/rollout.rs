@@ -459,7 +459,12 @@ async fn webhook() -> (String, std::sync::Arc<tokio::sync::Mutex<Vec<Value>>>) {
 /// POSTed to the webhook. Then a good change completes every stage with the same traffic.
 async fn bad_change_halted_at_the_canary_good_change_completes(db: crate::backends::Db) {
     let (hook, posted) = webhook().await;
-    let Some(app) = TestApp::spawn_on_with(db, |s| s.alert_webhook_url = Some(levee_server::config::Secret::new(hook))).await else { return };
+    let Some(app) =
+        TestApp::spawn_on_with(db, |s| s.alert_webhook_url = Some(levee_server::config::Secret::new(hook)))
+            .await
+    else {
+        return;
+    };
     let api = Api::login(&app.base).await;
     api.seed().await;
     stage_policies(&api, "1h").await;
