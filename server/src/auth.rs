@@ -46,8 +46,10 @@ pub const AUDIENCE_FLAGS: &str = "levee-flags";
 pub const EXPIRY_LEEWAY: u64 = 5;
 /// Lifetime of a login session.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// Default lifetime of minted API and agent tokens.
-pub const TOKEN_TTL: Duration = Duration::from_secs(365 * 86400);
+/// Default lifetime of minted tokens: a quarter, so a token nobody rotates stops working
+/// within one (rotation with an overlap, `levee tokens rotate`, replaces one without a
+/// restart of the instances that use it).
+pub const TOKEN_TTL: Duration = Duration::from_secs(90 * 86400);
 /// Failed logins of one account from one client address that cost nothing; each one past
 /// them makes that pair wait ([`login_delay`]).
 pub const LOGIN_FREE_FAILURES: u32 = 5;

@@ -470,7 +470,7 @@ mod tests {
         let agent = |env, services: &[String], role, ttl| {
             NewToken::new(TokenKind::Agent, "checkout-prod", role, env, services, ttl)
         };
-        assert!(agent(Some("prod"), &svc, None, None).is_ok());
+        assert_eq!(agent(Some("prod"), &svc, None, None).unwrap().ttl, Duration::from_secs(90 * 86400));
         assert_eq!(agent(None, &svc, None, None).unwrap_err().0.path, "environment");
         assert_eq!(agent(Some("prod"), &[], None, None).unwrap_err().0.path, "services");
         assert_eq!(agent(Some("prod"), &["Bad".into()], None, None).unwrap_err().0.path, "services[0]");

@@ -31,7 +31,7 @@ pub struct CreateToken {
     /// The services an agent or flags token may read; required for those.
     #[serde(default)]
     pub services: Vec<String>,
-    /// Lifetime, e.g. `90d`; default 365 days (the allowed range is in the 400 answer).
+    /// Lifetime, e.g. `30d`; default 90 days (the allowed range is in the 422 answer).
     #[serde(default, with = "levee_agent::policy::duration::option")]
     #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "90d")]
     pub expires_in: Option<Duration>,

@@ -63,7 +63,7 @@ pub struct CreateArgs {
     /// Role of an API token: viewer (default), operator or admin.
     #[arg(long)]
     pub role: Option<String>,
-    /// Lifetime, e.g. 90d (default: the server's, 365d).
+    /// Lifetime, e.g. 30d (default: the server's, 90d).
     #[arg(long, value_name = "DURATION")]
     pub expires_in: Option<String>,
     /// Why, recorded in the audit log; required.
