@@ -15,6 +15,11 @@ use serde_json::json;
 use super::session::{seg, write_private};
 use super::{CliError, Connection};
 
+/// A token that expires within this is marked by `levee tokens list` (and counted on
+/// stderr): time to rotate it. A token whose end a rotation or a revocation set is not:
+/// its end is the one an operator chose.
+pub const EXPIRING_SOON: Duration = Duration::from_secs(14 * 86400);
+
 /// `levee tokens …`.
 #[derive(Debug, clap::Subcommand)]
 pub enum TokensCommand {
@@ -135,6 +140,13 @@ impl Listed {
         }
     }
 
+    /// Whether it expires within [`EXPIRING_SOON`] of `now` with no end set by a rotation
+    /// or a revocation.
+    fn expires_soon(&self, now: i64) -> bool {
+        let expiry = Timestamp::parse(&self.expires_at).map_or(i64::MAX, Timestamp::unix_ms);
+        self.revoked_at.is_none() && expiry > now && expiry - now <= EXPIRING_SOON.as_millis() as i64
+    }
+
     fn scope(&self) -> String {
         match self.kind.as_str() {
             "agent" | "flags" => {
@@ -164,13 +176,27 @@ pub async fn run(cmd: TokensCommand) -> Result<ExitCode, CliError> {
             let api = a.connection.api()?;
             let tokens: Vec<Listed> = api.get("/tokens").await?;
             println!("{:<36}  {:<5}  {:<24}  {:<32}  ENDS", "ID", "KIND", "NAME", "SCOPE");
+            let mut soon = 0;
             for t in &tokens {
                 let (end, ended) = t.end(now);
                 if ended && !a.all {
                     continue;
                 }
-                let end = if ended { format!("{end} (ended)") } else { end };
+                let end = if ended {
+                    format!("{end} (ended)")
+                } else if t.expires_soon(now) {
+                    soon += 1;
+                    format!("{end} (soon: rotate it)")
+                } else {
+                    end
+                };
                 println!("{:<36}  {:<5}  {:<24}  {:<32}  {end}", t.id, t.kind, t.name, t.scope());
+            }
+            if soon > 0 {
+                eprintln!(
+                    "{soon} token(s) expire within {}: levee tokens rotate TOKEN --expires-in …",
+                    levee_agent::policy::duration::format(EXPIRING_SOON)
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

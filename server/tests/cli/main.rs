@@ -877,6 +877,40 @@ async fn tokens_create_rotate_and_revoke_from_the_command_line() {
     let r = levee(&app, home.path(), None, &["tokens", "list"]).await;
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains(&old_id) && r.stdout.contains("revoked 20"), "{r:?}");
+    assert!(!r.stdout.contains("soon") && !r.stderr.contains("expire within"), "{r:?}");
+    // A token that expires within 14 days is marked, and counted on stderr.
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &["tokens", "create", "short-lived", "--environment", "prod", "--service", "checkout"],
+    )
+    .await;
+    assert_ne!(r.code, 0, "--reason is required: {r:?}");
+    let r = levee(
+        &app,
+        home.path(),
+        None,
+        &[
+            "tokens",
+            "create",
+            "short-lived",
+            "--environment",
+            "prod",
+            "--service",
+            "checkout",
+            "--expires-in",
+            "7d",
+            "--reason",
+            "trial",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:?}");
+    let r = levee(&app, home.path(), None, &["tokens", "list"]).await;
+    let line = r.stdout.lines().find(|l| l.contains("short-lived")).unwrap_or_else(|| panic!("{r:?}"));
+    assert!(line.ends_with("(soon: rotate it)"), "{r:?}");
+    assert!(r.stderr.contains("1 token(s) expire within 14d"), "{r:?}");
 
     // Revoke the old one by id: it ends now, and list hides it unless --all.
     let r = levee(&app, home.path(), None, &["tokens", "revoke", &old_id, "--reason", "rotation done"]).await;
