@@ -318,3 +318,16 @@ async fn logout_ends_the_session_token_and_api_tokens_are_revoked_elsewhere() {
     assert_problem(s, &h, &b, StatusCode::FORBIDDEN);
     assert!(b["detail"].as_str().unwrap().contains("DELETE /api/v1/tokens"), "{b}");
 }
+
+on_both_backends! {
+    /// A JWT secret the operator gives is never written to the database (a copy of the
+    /// database, a backup included, holds no key that signs tokens); only a server started
+    /// without one generates and stores its own.
+    async fn a_given_jwt_secret_is_not_stored(app) {
+        let row = sqlx::query("SELECT value FROM settings WHERE key = 'jwt_secret'")
+            .fetch_optional(app.store().pool())
+            .await
+            .unwrap();
+        assert!(row.is_none(), "the operator's JWT secret was written to the database");
+    }
+}
