@@ -123,6 +123,11 @@ pub struct Evidence {
     pub rest: Side,
     /// Cohort instances that NACKed the candidate.
     pub nacks: u64,
+    /// Connected instances outside the cohort now. With none (a stage that covers the whole
+    /// fleet) the rest's figures can only come from earlier minutes, under other traffic,
+    /// so health is not compared: the stages before judged the candidate against instances
+    /// running beside it, and only NACKs halt.
+    pub rest_instances: u64,
 }
 
 /// Calls of a subject that did not succeed: failed, timed out, or shed on the agent's
@@ -168,6 +173,9 @@ pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
             if e.nacks == 1 { "" } else { "s" },
             plan.max_nacks
         ));
+    }
+    if e.rest_instances == 0 {
+        return None;
     }
     let tolerance = plan.max_error_rate_increase;
     let none = HealthTotals::default();
@@ -386,7 +394,17 @@ mod tests {
     }
 
     fn judge(cohort: Side, rest: Side) -> Option<String> {
-        halt_reason(&Plan::default(), &Evidence { cohort, rest, nacks: 0 })
+        halt_reason(&Plan::default(), &Evidence { cohort, rest, nacks: 0, rest_instances: 3 })
+    }
+
+    #[test]
+    fn a_stage_over_the_whole_fleet_is_judged_on_nacks_only() {
+        // The same figures that halt beside a running rest do not once nothing runs beside it.
+        let (cohort, rest) = (side(20, 20, 0, 0, 0), side(1000, 10, 0, 0, 0));
+        assert!(judge(cohort.clone(), rest.clone()).is_some());
+        let alone = Evidence { cohort, rest, nacks: 0, rest_instances: 0 };
+        assert_eq!(halt_reason(&Plan::default(), &alone), None);
+        assert!(halt_reason(&Plan::default(), &Evidence { nacks: 1, ..alone }).unwrap().contains("NACK"));
     }
 
     #[test]

@@ -362,7 +362,7 @@ impl Actions {
     ) -> Result<Option<Halted>, ChangeError> {
         let server = Actor::server();
         let connected = self.connected(r).await?;
-        let evidence = self.evidence(r, sides.clone()).await?;
+        let evidence = self.evidence(r, sides.clone(), &connected).await?;
         if let Some(why) = rollout::halt_reason(&r.plan, &evidence) {
             let reason = Reason::parse(&format!("automatic halt: {why}"))
                 .unwrap_or_else(|_| Reason::parse("automatic halt").expect("a valid reason"));
@@ -401,12 +401,18 @@ impl Actions {
         Ok(None)
     }
 
-    /// What `r` is judged on now: the cohort's NACKs of the candidate and the outcome
-    /// counts of both sides.
-    async fn evidence(&self, r: &RolloutRow, (cohort, rest): (Side, Side)) -> anyhow::Result<Evidence> {
+    /// What `r` is judged on now: the cohort's NACKs of the candidate, the outcome counts
+    /// of both sides and how many of the `connected` instances run outside the cohort.
+    async fn evidence(
+        &self,
+        r: &RolloutRow,
+        (cohort, rest): (Side, Side),
+        connected: &[String],
+    ) -> anyhow::Result<Evidence> {
         let nacking = self.store.nacking_instances(&r.environment, &r.service, r.candidate_revision).await?;
         let nacks = nacking.iter().filter(|i| rollout::in_cohort(r, i)).count() as u64;
-        Ok(Evidence { cohort, rest, nacks })
+        let rest_instances = connected.iter().filter(|i| !rollout::in_cohort(r, i)).count() as u64;
+        Ok(Evidence { cohort, rest, nacks, rest_instances })
     }
 }
 
