@@ -1,8 +1,6 @@
 //! People who sign in: users (password hash, role) and the sessions ended before their expiry.
 
-use sqlx::Row;
-
-use super::{AuditRow, Role, Store, UserRow, now_ms, timed};
+use super::{AuditRow, Role, Store, UserRow, mutate, now_ms, timed};
 
 impl Store {
     /// Creates a user, with its audit row in the same transaction when one is given.

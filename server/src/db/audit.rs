@@ -1,8 +1,6 @@
 //! The audit log: appended in the transaction of the change it records, read with filters.
 
-use sqlx::Row;
-
-use super::{AuditFilter, AuditRow, Store, timed};
+use super::{AuditFilter, AuditRow, Store, mutate, timed};
 
 impl Store {
     /// Appends an audit row outside of a mutation (e.g. a refused attempt).

@@ -3,7 +3,7 @@
 
 use sqlx::Row;
 
-use super::{AuditRow, EnvironmentRow, RevisionMeta, ServiceRow, SnapshotRow, Store, now_ms, timed};
+use super::{AuditRow, EnvironmentRow, RevisionMeta, ServiceRow, SnapshotRow, Store, mutate, now_ms, timed};
 
 impl Store {
     /// Creates an environment and appends its audit row, in one transaction. Returns `None`

@@ -3,7 +3,7 @@
 
 use sqlx::Row;
 
-use super::{AuditRow, Store, TokenRow, now_ms, timed};
+use super::{AuditRow, Store, TokenRow, mutate, now_ms, timed};
 
 /// Inserts a token row (minted or a rotation's new token).
 async fn insert_token_row(conn: &mut sqlx::AnyConnection, t: &TokenRow) -> anyhow::Result<()> {
