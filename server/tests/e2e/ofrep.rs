@@ -2,6 +2,8 @@
 //! Python, with the standard OFREP providers (clients nobody here wrote), read a kill switch
 //! from the `levee` binary and from `levee sidecar`, see a flip, keep the last value through
 //! the sidecar with the server killed, and again after the sidecar restarts from its cache.
+//! The sidecar as production runs it (a token file, several server addresses) fails over
+//! past a dead address and follows a rotated token.
 //!
 //! The programs (`tests/clients/`: `rust/`, `ofrep_client.cjs`, `ofrep_client.py`) use what
 //! `.ci/run` builds and installs (the Rust one into `target/ofrep-rust`, npm packages under
@@ -36,15 +38,31 @@ struct SidecarProcess {
 }
 
 impl SidecarProcess {
-    async fn start(grpc: &str, token: &str, cache: &Path) -> SidecarProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_levee"))
-            .arg("sidecar")
-            .args(["--server", grpc, "--environment", "prod", "--service", "checkout"])
+    /// `levee sidecar` of prod/checkout on a free loopback port, named `e2e-sidecar`, with
+    /// its cache in `cache`; the caller says where it syncs from and its token.
+    fn command(cache: &Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_levee"));
+        cmd.arg("sidecar")
+            .args(["--environment", "prod", "--service", "checkout"])
             .args(["--listen", "127.0.0.1:0", "--instance-name", "e2e-sidecar"])
             .arg("--cache-dir")
             .arg(cache)
-            .env("LEVEE_AGENT_TOKEN", token)
-            .env("LEVEE_LOG", "warn")
+            .env_remove("LEVEE_SYNC_URL")
+            .env_remove("LEVEE_AGENT_TOKEN")
+            .env_remove("LEVEE_AGENT_TOKEN_FILE")
+            .env("LEVEE_LOG", "warn");
+        cmd
+    }
+
+    async fn start(grpc: &str, token: &str, cache: &Path) -> SidecarProcess {
+        let mut cmd = Self::command(cache);
+        cmd.args(["--server", grpc]).env("LEVEE_AGENT_TOKEN", token);
+        Self::spawn(cmd).await
+    }
+
+    /// Runs `cmd` and waits for the address it prints.
+    async fn spawn(mut cmd: Command) -> SidecarProcess {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -279,4 +297,115 @@ async fn ofrep_clients_in_three_languages_read_kill_switches_through_the_sidecar
         assert!(name == "rust" || r.reason == "CACHED", "{name} from the restarted sidecar: {r:?}");
     }
     sidecar.kill().await;
+}
+
+/// Reads the kill switch from the sidecar over OFREP until it is `want`; panics after
+/// [`PATIENCE`] with the last answer.
+async fn sidecar_reads(client: &reqwest::Client, base: &str, want: bool) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let res = client
+            .post(format!("{base}/ofrep/v1/evaluate/flags/{SWITCH}"))
+            .json(&json!({"context": {}}))
+            .send()
+            .await
+            .expect("the sidecar answers");
+        let status = res.status();
+        let v: Value = res.json().await.unwrap_or(Value::Null);
+        if status == 200 && v["value"] == want {
+            return;
+        }
+        assert!(start.elapsed() < PATIENCE, "the sidecar still answers {status} {v}, not {want}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// When the server last counted the sidecar connected (ms), once it does.
+async fn sidecar_connected_at(api: &Api) -> i64 {
+    let start = tokio::time::Instant::now();
+    loop {
+        let agents = api.send(Method::GET, "/environments/prod/services/checkout/agents", None).await;
+        let row = agents
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["instance_id"].as_str().is_some_and(|i| i.starts_with("e2e-sidecar-")))
+            .cloned();
+        if let Some(row) = row.filter(|r| r["connected"] == true) {
+            let at = row["connected_at"].as_str().expect("connected_at");
+            return levee_agent::policy::Timestamp::parse(at).unwrap().unix_ms();
+        }
+        assert!(start.elapsed() < PATIENCE, "the sidecar is not connected in the fleet view: {agents}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes a token as a mounted secret changes: a new file moved into place, so a reader
+/// never sees half of it.
+fn write_secret(path: &Path, token: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, format!("{token}\n")).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// `levee sidecar` as production runs it (docs/ofrep.md): its token in a file named by
+/// `LEVEE_AGENT_TOKEN_FILE`, two addresses in `LEVEE_SYNC_URL` of which the first is dead.
+/// It fails over to the live one and serves a flip; the token is rotated, the file
+/// rewritten, the old token revoked, and the sidecar comes back with the file's token and
+/// still serves flips.
+#[tokio::test]
+async fn the_sidecar_fails_over_to_a_live_address_and_follows_its_rotated_token_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = BinServer::start(&dir.path().join("data"), "127.0.0.1:0", "127.0.0.1:0").await;
+    let api = Api::login(&format!("http://{}", server.http)).await;
+    api.seed().await;
+    let minted = api
+        .send(
+            Method::POST,
+            "/tokens",
+            Some(json!({"kind": "agent", "name": "checkout-sidecar", "environment": "prod",
+                "services": ["checkout"], "reason": "e2e"})),
+        )
+        .await;
+    let (old_token, old_id) = (minted["token"].as_str().unwrap(), minted["id"].as_str().unwrap());
+    let token_file = dir.path().join("token");
+    write_secret(&token_file, old_token);
+    // A loopback port nothing listens on: connections to it are refused.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+
+    let mut cmd = SidecarProcess::command(&dir.path().join("cache"));
+    cmd.env("LEVEE_SYNC_URL", format!("{dead},http://{}", server.grpc))
+        .env("LEVEE_AGENT_TOKEN_FILE", &token_file);
+    let sidecar = SidecarProcess::spawn(cmd).await;
+    let client = reqwest::Client::new();
+    sidecar_reads(&client, &sidecar.base, true).await;
+    api.set_recommendations(false).await;
+    sidecar_reads(&client, &sidecar.base, false).await;
+    let first_connected_at = sidecar_connected_at(&api).await;
+
+    // Rotation: the new token goes into the file, then the old one is revoked, which ends
+    // the sidecar's stream; a connection after that can only be the file's new token's.
+    let rotated = api
+        .send(
+            Method::POST,
+            &format!("/tokens/{old_id}/rotate"),
+            Some(json!({"overlap": "1h", "reason": "e2e rotation"})),
+        )
+        .await;
+    write_secret(&token_file, rotated["token"].as_str().unwrap());
+    api.send(Method::DELETE, &format!("/tokens/{old_id}?reason=rotated"), None).await;
+    let start = tokio::time::Instant::now();
+    while sidecar_connected_at(&api).await <= first_connected_at {
+        assert!(start.elapsed() < PATIENCE, "the sidecar did not reconnect with the rotated token");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    api.set_recommendations(true).await;
+    sidecar_reads(&client, &sidecar.base, true).await;
+    api.set_recommendations(false).await;
+    sidecar_reads(&client, &sidecar.base, false).await;
+    sidecar.kill().await;
+    server.kill().await;
 }
