@@ -107,7 +107,7 @@ pub enum ChangeError {
         "{kind} changes in environment {env:?} need an approved change request (POST \
          /api/v1/environments/{env}/change-requests), or break-glass with a reason"
     )]
-    ApprovalRequired { env: String, kind: String },
+    ApprovalRequired { env: String, kind: crate::db::ChangeKind },
     /// An approved change request the approval no longer covers: its target changed since
     /// it was proposed (a flag, a policy, or the definition of the profile it applies), or
     /// its approver can no longer approve it. The request ends as `conflict`.

@@ -59,9 +59,7 @@ pub use profiles::{
     MAX_PROFILE_DURATION, Profile, ProfileBreaker, ProfileFault, ProfileService, ProfileSpec, ProfileUndo,
     Reverted, activation_services, profile_flag_keys, profile_undo,
 };
-pub use requests::{
-    APPROVAL_KINDS, Approval, Proposal, config_kinds_changed, describe_request, request_sides,
-};
+pub use requests::{Approval, Proposal, config_kinds_changed, describe_request, request_sides};
 pub use restore::RestoreError;
 pub use rollouts::{Halted, InstanceView, RolloutDetail, SideView};
 pub use schedule::{NewSchedule, Planned, SCHEDULE_LEASE, describe};

@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Name, Reason, ServiceAt, audit_row};
-use crate::db::{ActivationRow, AuditDiff, AuditRow, Entries, Parts, ProfileRow, Subject, now_ms};
+use crate::db::{
+    ActivationRow, AuditDiff, AuditRow, ChangeKind, Entries, Parts, ProfileRow, Subject, now_ms,
+};
 
 /// The longest a profile may stay applied: it must be renewed (applied again) after that.
 pub const MAX_PROFILE_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -590,7 +592,7 @@ impl Actions {
         version: Option<u64>,
     ) -> Result<ActivationRow, ChangeError> {
         by.may(Action::ProfileApply)?;
-        self.gate(by, env, "profile", &format!("profile {name}")).await?;
+        self.gate(by, env, ChangeKind::Profile, &format!("profile {name}")).await?;
         in_future("expires_at", expires_at)?;
         let max = now_ms() + MAX_PROFILE_DURATION.as_millis() as i64;
         if expires_at.unix_ms() > max {

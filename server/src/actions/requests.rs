@@ -28,10 +28,7 @@ use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
 use serde_json::{Value, json};
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, Parts, RequestRow, RequestState, now_ms};
-
-/// The kinds of change that can require approval.
-pub const APPROVAL_KINDS: [&str; 3] = ["policy", "flag", "profile"];
+use crate::db::{AuditRow, ChangeKind, Parts, RequestRow, RequestState, now_ms};
 
 /// How an actor's change relates to four-eyes review.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,14 +50,14 @@ pub enum Approval {
 /// (`None`: the service does not exist on that side, as for a creation or a deletion):
 /// `policy` when the policy differs, `flag` when any flag is added, removed or changed. The
 /// one statement of "a rule covers what a write changes".
-pub(super) fn kinds_changed(before: Option<&Parts>, after: Option<&Parts>) -> Vec<&'static str> {
+pub(super) fn kinds_changed(before: Option<&Parts>, after: Option<&Parts>) -> Vec<ChangeKind> {
     let empty = BTreeMap::new();
     let mut kinds = Vec::new();
     if before.map(|p| &p.policy) != after.map(|p| &p.policy) {
-        kinds.push("policy");
+        kinds.push(ChangeKind::Policy);
     }
     if before.map_or(&empty, |p| &p.flags) != after.map_or(&empty, |p| &p.flags) {
-        kinds.push("flag");
+        kinds.push(ChangeKind::Flag);
     }
     kinds
 }
@@ -68,7 +65,7 @@ pub(super) fn kinds_changed(before: Option<&Parts>, after: Option<&Parts>) -> Ve
 /// [`kinds_changed`] between two snapshot bodies of a service: the kinds of approval rule
 /// that making `to` current again instead of `now` falls under (a rollback), for a page to
 /// say before the change is tried.
-pub fn config_kinds_changed(now: &ServiceConfig, to: &ServiceConfig) -> Vec<&'static str> {
+pub fn config_kinds_changed(now: &ServiceConfig, to: &ServiceConfig) -> Vec<ChangeKind> {
     let parts = |c: &ServiceConfig| Parts::from_config(c.clone(), false);
     kinds_changed(Some(&parts(now)), Some(&parts(to)))
 }
@@ -79,14 +76,14 @@ pub(super) struct FourEyes {
     env: String,
     /// The kinds that need approval there; empty when this change is exempt (an approved
     /// request's application, the server's upkeep).
-    kinds: Vec<String>,
+    kinds: Vec<ChangeKind>,
     approval: Approval,
 }
 
 /// A change applied by break-glass: the gated kinds it changed and the reason given.
 #[derive(Clone, Debug)]
 pub(super) struct Bypass {
-    kinds: Vec<String>,
+    kinds: Vec<ChangeKind>,
     why: Reason,
 }
 
@@ -97,12 +94,11 @@ impl FourEyes {
     /// # Errors
     /// [`ChangeError::ApprovalRequired`] naming the first gated kind;
     /// [`ChangeError::InvalidField`] on `break_glass` without a reason.
-    pub(super) fn admit(&self, changed: &[&str]) -> Result<Option<Bypass>, ChangeError> {
-        let gated: Vec<String> =
-            changed.iter().filter(|k| self.kinds.iter().any(|g| g == *k)).map(|k| k.to_string()).collect();
-        let Some(first) = gated.first() else { return Ok(None) };
+    pub(super) fn admit(&self, changed: &[ChangeKind]) -> Result<Option<Bypass>, ChangeError> {
+        let gated: Vec<ChangeKind> = changed.iter().copied().filter(|k| self.kinds.contains(k)).collect();
+        let Some(&first) = gated.first() else { return Ok(None) };
         let Approval::BreakGlass(why) = &self.approval else {
-            return Err(ChangeError::ApprovalRequired { env: self.env.clone(), kind: first.clone() });
+            return Err(ChangeError::ApprovalRequired { env: self.env.clone(), kind: first });
         };
         let why = Reason::parse(why).map_err(|e| {
             ChangeError::InvalidField(FieldError {
@@ -145,7 +141,7 @@ impl Actions {
         b: &Bypass,
         revision: Option<u64>,
     ) -> Result<(), ChangeError> {
-        let kinds = b.kinds.join(", ");
+        let kinds = b.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
         let mut audit = audit_row(by, &b.why, Action::ApprovalBypass, format!("{kinds}: {target}"));
         audit.environment = Some(env.to_string());
         audit.service = service.map(str::to_string);
@@ -189,7 +185,7 @@ impl Actions {
         &self,
         by: &Actor,
         env: &str,
-        kind: &str,
+        kind: ChangeKind,
         target: &str,
     ) -> Result<(), ChangeError> {
         let admitted = self.four_eyes(by, env).await?.admit(&[kind]);
@@ -213,24 +209,27 @@ impl Actions {
         reason: &Reason,
         env: &str,
         kinds: Vec<String>,
-    ) -> Result<Vec<String>, ChangeError> {
+    ) -> Result<Vec<ChangeKind>, ChangeError> {
         by.may(Action::ApprovalRules)?;
         self.store
             .environment(env)
             .await?
             .ok_or_else(|| ChangeError::NotFound(Missing::Environment { env: env.to_string() }))?;
-        let mut kinds = kinds;
-        kinds.sort();
+        let mut kinds = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                ChangeKind::parse(k).map_err(|_| {
+                    ChangeError::InvalidField(FieldError {
+                        path: format!("kinds[{i}]"),
+                        value: format!("{k:?}"),
+                        message: ChangeKind::allowed(),
+                    })
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        kinds.sort_by_key(|k| k.as_str());
         kinds.dedup();
-        for (i, k) in kinds.iter().enumerate() {
-            if !APPROVAL_KINDS.contains(&k.as_str()) {
-                return Err(ChangeError::InvalidField(FieldError {
-                    path: format!("kinds[{i}]"),
-                    value: format!("{k:?}"),
-                    message: "must be one of policy, flag, profile".into(),
-                }));
-            }
-        }
         let mut audit = audit_row(by, reason, Action::ApprovalRules, "approval rules".into());
         audit.environment = Some(env.to_string());
         audit.before = Some(json!(self.store.approval_kinds(env).await?).to_string());
@@ -243,7 +242,7 @@ impl Actions {
     async fn target_now(
         &self,
         env: &str,
-        kind: &str,
+        kind: ChangeKind,
         service: Option<&str>,
         target: &str,
     ) -> Result<(Option<String>, Option<u64>), ChangeError> {
@@ -261,8 +260,8 @@ impl Actions {
         };
         let cfg = snap.config()?;
         let json = match kind {
-            "flag" => cfg.flags.get(target).map(|f| json!(f).to_string()),
-            _ => Some(json!(cfg.policy).to_string()),
+            ChangeKind::Flag => cfg.flags.get(target).map(|f| json!(f).to_string()),
+            ChangeKind::Policy | ChangeKind::Profile => Some(json!(cfg.policy).to_string()),
         };
         Ok((json, Some(snap.revision)))
     }
@@ -272,16 +271,16 @@ impl Actions {
         &self,
         env: &str,
         p: &Proposal,
-    ) -> Result<(String, Option<String>, String, String), ChangeError> {
+    ) -> Result<(ChangeKind, Option<String>, String, String), ChangeError> {
         match p {
             Proposal::Flag { service, key, value } => {
-                let (flag, _) = self.target_now(env, "flag", Some(service), key).await?;
+                let (flag, _) = self.target_now(env, ChangeKind::Flag, Some(service), key).await?;
                 let flag: levee_agent::policy::Flag =
                     flag.and_then(|f| serde_json::from_str(&f).ok()).ok_or_else(|| {
                         ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
                     })?;
                 flag.kind.check("value", value).map_err(ChangeError::InvalidField)?;
-                Ok(("flag".into(), Some(service.clone()), key.clone(), value.to_string()))
+                Ok((ChangeKind::Flag, Some(service.clone()), key.clone(), value.to_string()))
             }
             Proposal::Policy { service, policy } => {
                 let snap = self.store.latest_snapshot(env, service).await?.ok_or_else(|| {
@@ -291,7 +290,7 @@ impl Actions {
                 ServiceConfig { policy: (**policy).clone(), ..cfg }
                     .validate()
                     .map_err(ChangeError::Invalid)?;
-                Ok(("policy".into(), Some(service.clone()), "policy".into(), json!(policy).to_string()))
+                Ok((ChangeKind::Policy, Some(service.clone()), "policy".into(), json!(policy).to_string()))
             }
             Proposal::Profile { name, lasts } => {
                 self.store.profile(env, name).await?.ok_or_else(|| {
@@ -305,7 +304,7 @@ impl Actions {
                     }));
                 }
                 Ok((
-                    "profile".into(),
+                    ChangeKind::Profile,
                     None,
                     name.clone(),
                     json!({"expires_in_ms": lasts.as_millis() as u64}).to_string(),
@@ -329,7 +328,7 @@ impl Actions {
         by.may(Action::RequestCreate)?;
         by.may(underlying(&p))?;
         let (kind, service, target, payload) = self.check_proposal(env, &p).await?;
-        let (expected, base_revision) = self.target_now(env, &kind, service.as_deref(), &target).await?;
+        let (expected, base_revision) = self.target_now(env, kind, service.as_deref(), &target).await?;
         let mut row = RequestRow {
             environment: env.to_string(),
             service,
@@ -399,12 +398,12 @@ impl Actions {
             return Err(ChangeError::NotProposer { id, proposer: old.proposed_by });
         }
         let (kind, service, target, payload) = self.check_proposal(&old.environment, &p).await?;
-        if (kind.as_str(), service.as_deref(), target.as_str())
-            != (old.kind.as_str(), old.service.as_deref(), old.target.as_str())
+        if (kind, service.as_deref(), target.as_str())
+            != (old.kind, old.service.as_deref(), old.target.as_str())
         {
             return Err(ChangeError::InvalidField(FieldError {
                 path: "kind".into(),
-                value: kind,
+                value: kind.to_string(),
                 message: format!(
                     "a request keeps its target ({}); propose a new one instead",
                     describe_request(&old)
@@ -412,7 +411,7 @@ impl Actions {
             }));
         }
         let (expected, base_revision) =
-            self.target_now(&old.environment, &kind, service.as_deref(), &target).await?;
+            self.target_now(&old.environment, kind, service.as_deref(), &target).await?;
         let next = RequestRow {
             payload,
             expected,
@@ -452,7 +451,7 @@ impl Actions {
             .await?
             .filter(|r| r.state == RequestState::Open)
             .ok_or_else(|| Self::request_missing(id))?;
-        by.may(underlying_kind(&old.kind))?;
+        by.may(underlying_kind(old.kind))?;
         // The person, not the name: a token the proposer minted is the proposer too.
         if old.proposed_by == by.name || by.is(&proposer(&old)) {
             return Err(ChangeError::SelfApproval { id });
@@ -518,7 +517,7 @@ impl Actions {
             .await?
             .filter(|r| r.state == RequestState::Approved)
             .ok_or_else(|| Self::request_missing(id))?;
-        by.may(underlying_kind(&old.kind))?;
+        by.may(underlying_kind(old.kind))?;
         if old.approved_version != Some(old.version) {
             return Err(Self::request_missing(id)); // cannot happen: an edit reopens it
         }
@@ -526,7 +525,7 @@ impl Actions {
         // deleted or demoted below the change's role since no longer approves it. (An
         // approval through an API token is judged when given: its name is all that is kept.)
         if let Some(approver) = old.approved_by.as_deref().filter(|a| !a.starts_with("token:")) {
-            let needed = underlying_kind(&old.kind).role();
+            let needed = underlying_kind(old.kind).role();
             match self.store.user(approver).await? {
                 Some(u) if !u.disabled && u.role >= needed => {}
                 _ => {
@@ -540,14 +539,14 @@ impl Actions {
             }
         }
         let env = old.environment.clone();
-        let (now, rev) = self.target_now(&env, &old.kind, old.service.as_deref(), &old.target).await?;
+        let (now, rev) = self.target_now(&env, old.kind, old.service.as_deref(), &old.target).await?;
         if now != old.expected {
-            let outcome = match old.kind.as_str() {
-                "profile" => format!(
+            let outcome = match old.kind {
+                ChangeKind::Profile => format!(
                     "{} was edited since the request was proposed: the approval is void",
                     describe_request(&old)
                 ),
-                _ => format!(
+                ChangeKind::Flag | ChangeKind::Policy => format!(
                     "{} changed since the request was proposed (at revision {}, now {}): the approval is \
                      void",
                     describe_request(&old),
@@ -565,8 +564,8 @@ impl Actions {
         ));
         let payload: Value =
             serde_json::from_str(&old.payload).map_err(|e| ChangeError::Storage(e.into()))?;
-        let revision = match old.kind.as_str() {
-            "flag" => {
+        let revision = match old.kind {
+            ChangeKind::Flag => {
                 let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
                 Some(
                     self.set_flag_value(&applier, &why, &at, &old.target, payload, None)
@@ -575,13 +574,13 @@ impl Actions {
                         .revision,
                 )
             }
-            "policy" => {
+            ChangeKind::Policy => {
                 let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
                 let policy: Policy =
                     serde_json::from_value(payload).map_err(|e| ChangeError::Storage(e.into()))?;
                 Some(self.update_policy(&applier, &why, &at, policy).await?.snapshot.revision)
             }
-            _ => {
+            ChangeKind::Profile => {
                 let ms = payload["expires_in_ms"].as_i64().unwrap_or(0);
                 let until = Timestamp::from_unix_ms(now_ms().saturating_add(ms));
                 let version = old
@@ -654,11 +653,11 @@ fn underlying(p: &Proposal) -> Action {
     }
 }
 
-fn underlying_kind(kind: &str) -> Action {
+fn underlying_kind(kind: ChangeKind) -> Action {
     match kind {
-        "flag" => Action::FlagSet,
-        "profile" => Action::ProfileApply,
-        _ => Action::PolicyUpdate,
+        ChangeKind::Flag => Action::FlagSet,
+        ChangeKind::Profile => Action::ProfileApply,
+        ChangeKind::Policy => Action::PolicyUpdate,
     }
 }
 
@@ -671,10 +670,10 @@ fn profile_content(row: &crate::db::ProfileRow) -> String {
 /// What a request targets, in words: `flag KEY of SERVICE`, `policy of SERVICE`, `profile NAME`.
 pub fn describe_request(r: &RequestRow) -> String {
     let svc = r.service.as_deref().unwrap_or_default();
-    match r.kind.as_str() {
-        "flag" => format!("flag {} of {svc}", r.target),
-        "profile" => format!("profile {}", r.target),
-        _ => format!("policy of {svc}"),
+    match r.kind {
+        ChangeKind::Flag => format!("flag {} of {svc}", r.target),
+        ChangeKind::Profile => format!("profile {}", r.target),
+        ChangeKind::Policy => format!("policy of {svc}"),
     }
 }
 
@@ -685,18 +684,18 @@ pub fn request_sides(r: &RequestRow) -> (Value, Value) {
     let before: Value =
         r.expected.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or(Value::Null);
     let payload: Value = serde_json::from_str(&r.payload).unwrap_or(Value::Null);
-    match r.kind.as_str() {
-        "flag" => {
+    match r.kind {
+        ChangeKind::Flag => {
             let mut after = before.clone();
             if let Some(o) = after.as_object_mut() {
                 o.insert("value".into(), payload);
             }
             (before, after)
         }
-        "profile" => (
+        ChangeKind::Profile => (
             json!({}),
             json!({"profile": r.target, "version": before["version"], "expires_in_ms": payload["expires_in_ms"]}),
         ),
-        _ => (before, payload),
+        ChangeKind::Policy => (before, payload),
     }
 }

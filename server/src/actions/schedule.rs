@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, Claimed, Role, ScheduledRow, ScheduledState, now_ms};
+use crate::db::{AuditRow, ChangeKind, Claimed, Role, ScheduledRow, ScheduledState, now_ms};
 
 /// How long a claim on a scheduled change holds. Far longer than a run takes (a few
 /// database writes); a change still running after it is taken over by another run.
@@ -128,14 +128,14 @@ impl Actions {
         match &new.change {
             Planned::Flag { service, key, value } => {
                 by.may(Action::FlagSet)?;
-                self.gate(by, &env, "flag", &format!("flag {key}")).await?;
+                self.gate(by, &env, ChangeKind::Flag, &format!("flag {key}")).await?;
                 let (rev, cfg) = self.current(&env, service).await?;
                 let flag = cfg.flags.get(key).ok_or_else(|| {
                     ChangeError::NotFound(Missing::Flag { service: service.clone(), key: key.clone() })
                 })?;
                 flag.kind.check("value", value).map_err(ChangeError::InvalidField)?;
                 row.service = Some(service.clone());
-                row.kind = "flag".into();
+                row.kind = ChangeKind::Flag;
                 row.target = key.clone();
                 row.payload = value.to_string();
                 row.expected = Some(json!(flag).to_string());
@@ -143,13 +143,13 @@ impl Actions {
             }
             Planned::Policy { service, policy } => {
                 by.may(Action::PolicyUpdate)?;
-                self.gate(by, &env, "policy", &format!("policy of {service}")).await?;
+                self.gate(by, &env, ChangeKind::Policy, &format!("policy of {service}")).await?;
                 let (rev, cfg) = self.current(&env, service).await?;
                 let expected = json!(cfg.policy).to_string();
                 let next = ServiceConfig { policy: (**policy).clone(), ..cfg };
                 next.validate().map_err(ChangeError::Invalid)?;
                 row.service = Some(service.clone());
-                row.kind = "policy".into();
+                row.kind = ChangeKind::Policy;
                 row.target = "policy".into();
                 row.payload = json!(policy).to_string();
                 row.expected = Some(expected);
@@ -157,14 +157,14 @@ impl Actions {
             }
             Planned::Profile { name } => {
                 by.may(Action::ProfileApply)?;
-                self.gate(by, &env, "profile", &format!("profile {name}")).await?;
+                self.gate(by, &env, ChangeKind::Profile, &format!("profile {name}")).await?;
                 self.store.profile(&env, name).await?.ok_or_else(|| {
                     ChangeError::NotFound(Missing::Profile { env: env.clone(), name: name.clone() })
                 })?;
                 let Some(until) = new.revert_at else {
                     return Err(bad("revert_at", "", "a profile needs an end: give revert_at (its expiry)"));
                 };
-                row.kind = "profile".into();
+                row.kind = ChangeKind::Profile;
                 row.target = name.clone();
                 row.payload = json!({"expires_at": until}).to_string();
                 row.revert_at = None; // the profile's expiry is its revert, in the agents too
@@ -214,7 +214,7 @@ impl Actions {
         let target = format!("{} (scheduled change {id})", describe(&c));
         // What it reverts at now: a profile's end is its expiry, in its payload.
         let mut payload: Value = serde_json::from_str(&c.payload).unwrap_or(Value::Null);
-        let old_revert = if c.kind == "profile" {
+        let old_revert = if c.kind == ChangeKind::Profile {
             payload["expires_at"].as_str().and_then(Timestamp::parse)
         } else {
             c.revert_at.map(Timestamp::from_unix_ms)
@@ -225,7 +225,7 @@ impl Actions {
         };
         let mut new_payload = None;
         if let Some(at) = run_at {
-            self.gate(by, &c.environment, &c.kind, &target).await?;
+            self.gate(by, &c.environment, c.kind, &target).await?;
             in_future("run_at", at)?;
             match new_revert {
                 Some(r) if r <= at => {
@@ -233,14 +233,14 @@ impl Actions {
                         format!(
                             "the change's revert at {r} would come before its new run_at; give a later \
                              revert_at{}",
-                            if c.kind == "profile" { "" } else { ", or null to drop the revert" }
+                            if c.kind == ChangeKind::Profile { "" } else { ", or null to drop the revert" }
                         )
                     } else {
                         "must be after run_at".to_string()
                     };
                     return Err(bad("revert_at", r.to_string(), message));
                 }
-                None if c.kind == "profile" => {
+                None if c.kind == ChangeKind::Profile => {
                     return Err(bad(
                         "revert_at",
                         "null",
@@ -249,7 +249,7 @@ impl Actions {
                 }
                 _ => {}
             }
-            if c.kind == "profile"
+            if c.kind == ChangeKind::Profile
                 && let Some(r) = new_revert
                 && new_revert != old_revert
             {
@@ -263,7 +263,7 @@ impl Actions {
         audit.before =
             Some(json!({"run_at": Timestamp::from_unix_ms(c.run_at), "revert_at": old_revert}).to_string());
         audit.after = run_at.map(|t| json!({"run_at": t, "revert_at": new_revert}).to_string());
-        let revert = if c.kind == "profile" { None } else { new_revert.map(|t| t.unix_ms()) };
+        let revert = if c.kind == ChangeKind::Profile { None } else { new_revert.map(|t| t.unix_ms()) };
         let (run_ms, payload) = (run_at.map(|t| t.unix_ms()), new_payload.as_deref());
         if !self.store.reschedule(id, run_ms, revert, payload, &audit).await? {
             return Err(missing());
@@ -314,7 +314,7 @@ impl Actions {
         let revert = ScheduledRow {
             environment: c.environment.clone(),
             service: c.service.clone(),
-            kind: c.kind.clone(),
+            kind: c.kind,
             target: c.target.clone(),
             payload: before.to_string(),
             expected: after,
@@ -347,7 +347,7 @@ impl Actions {
             return Ok(None);
         };
         let payload = parse(&c.payload).unwrap_or(Value::Null);
-        let (set, before) = if c.kind == "flag" {
+        let (set, before) = if c.kind == ChangeKind::Flag {
             let mut set = expected.clone();
             set["value"] = payload;
             (set, expected["value"].clone())
@@ -394,11 +394,11 @@ impl Actions {
             )
         };
         let res: Result<Ran, ChangeError> = async {
-            match c.kind.as_str() {
-                "flag" | "policy" => {
+            match c.kind {
+                ChangeKind::Flag | ChangeKind::Policy => {
                     let svc = c.service.clone().unwrap_or_default();
                     let (rev, cfg) = self.current(&c.environment, &svc).await?;
-                    let now = if c.kind == "flag" {
+                    let now = if c.kind == ChangeKind::Flag {
                         cfg.flags.get(&c.target).map(|f| json!(f).to_string())
                     } else {
                         Some(json!(cfg.policy).to_string())
@@ -411,13 +411,13 @@ impl Actions {
                     }
                     if now != c.expected {
                         let what =
-                            if c.kind == "flag" { format!("flag {}", c.target) } else { "the policy".into() };
+                            if c.kind == ChangeKind::Flag { format!("flag {}", c.target) } else { "the policy".into() };
                         return Ok(Ran { state: ScheduledState::Conflict, outcome: conflict(what, rev), revision: None });
                     }
                     let at = ServiceAt::new(&c.environment, svc.clone(), Some(rev));
                     let payload: Value =
                         serde_json::from_str(&c.payload).map_err(|e| ChangeError::Storage(e.into()))?;
-                    let (written, before, after) = if c.kind == "flag" {
+                    let (written, before, after) = if c.kind == ChangeKind::Flag {
                         let before = cfg.flags.get(&c.target).map(|f| f.value.clone()).unwrap_or(Value::Null);
                         let w = self.set_flag_value(&by, &reason, &at, &c.target, payload, None).await?;
                         let cfg = w.snapshot.config()?;
@@ -437,7 +437,7 @@ impl Actions {
                     }
                     Ok(Ran { state: ScheduledState::Applied, outcome, revision: Some(written.snapshot.revision) })
                 }
-                "profile" => {
+                ChangeKind::Profile => {
                     if let Some(dead) = dead
                         && let Some(a) = self.store.active_profile(&c.environment).await?
                         && a.profile == c.target
@@ -465,9 +465,6 @@ impl Actions {
                         outcome: format!("profile {} applied until {until}", a.profile),
                         revision: None,
                     })
-                }
-                other => {
-                    Err(ChangeError::Storage(anyhow::anyhow!("unknown scheduled change kind {other:?}")))
                 }
             }
         }
@@ -559,9 +556,9 @@ impl Actions {
 
 /// What a scheduled change targets, in words: `flag KEY`, `policy`, `profile NAME`.
 pub fn describe(c: &ScheduledRow) -> String {
-    match c.kind.as_str() {
-        "flag" => format!("flag {}", c.target),
-        "profile" => format!("profile {}", c.target),
-        _ => "policy".into(),
+    match c.kind {
+        ChangeKind::Flag => format!("flag {}", c.target),
+        ChangeKind::Profile => format!("profile {}", c.target),
+        ChangeKind::Policy => "policy".into(),
     }
 }

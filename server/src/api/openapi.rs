@@ -7,8 +7,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{Content, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi};
 
-use crate::actions::{APPROVAL_KINDS, MAX_TEXT_CHARS, NAME_PATTERN, REASON_PATTERN};
+use crate::actions::{MAX_TEXT_CHARS, NAME_PATTERN, REASON_PATTERN};
 use crate::auth::{MAX_PASSWORD_CHARS, MIN_PASSWORD_CHARS};
+use crate::db::ChangeKind;
 
 use super::services::IF_MATCH_PATTERN;
 
@@ -170,7 +171,7 @@ impl Modify for ProblemResponses {
 /// * `reason` and `override_profile`, in any request body or query: [`REASON_PATTERN`],
 ///   1 to [`MAX_TEXT_CHARS`] characters (a query's `reason` is required where it is named);
 /// * `kind` of a change request or scheduled change, and the `kinds` of approval rules: one
-///   of [`APPROVAL_KINDS`];
+///   of [`ChangeKind::ALL`];
 /// * a new `password`: `MIN_PASSWORD_CHARS` to `MAX_PASSWORD_CHARS` characters;
 /// * `If-Match`: [`IF_MATCH_PATTERN`];
 /// * the `description` of what is created: at most [`MAX_TEXT_CHARS`] characters;
@@ -236,7 +237,7 @@ fn request_components(openapi: &utoipa::openapi::OpenApi) -> Vec<String> {
 }
 
 fn one_of_kinds(schema: &mut RefOr<Schema>) {
-    let kinds = || Some(APPROVAL_KINDS.iter().map(|k| serde_json::json!(k)).collect::<Vec<_>>());
+    let kinds = || Some(ChangeKind::ALL.iter().map(|k| serde_json::json!(k.as_str())).collect::<Vec<_>>());
     match schema {
         RefOr::T(Schema::Object(o)) => o.enum_values = kinds(),
         RefOr::T(Schema::Array(a)) => {

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
-use crate::actions::{APPROVAL_KINDS, Action, BadInput, Proposal, Reason, request_sides};
-use crate::db::{RequestRow, RequestState};
+use crate::actions::{Action, BadInput, Proposal, Reason, request_sides};
+use crate::db::{ChangeKind, RequestRow, RequestState};
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
 
@@ -84,7 +84,7 @@ impl From<RequestRow> for RequestView {
             id: r.id,
             diff: json_diff(&before, &after),
             proposed: serde_json::from_str(&r.payload).unwrap_or(Value::Null),
-            kind: r.kind,
+            kind: r.kind.as_str().to_string(),
             service: r.service,
             target: r.target,
             base_revision: r.base_revision,
@@ -155,29 +155,29 @@ pub(super) fn need<T>(v: Option<T>, field: &str, kind: &str) -> ApiResult<T> {
     v.ok_or_else(|| BadInput::rule(field, "", format!("required for a {kind} change")).into())
 }
 
-/// The refusal of a `kind` that is not one of [`APPROVAL_KINDS`] (the document lists them as
-/// an enum).
-pub(super) fn unknown_kind(kind: &str) -> ApiError {
-    ApiError::bad_field("kind", format!("{kind:?}"), format!("must be one of {}", APPROVAL_KINDS.join(", ")))
+/// The kind a request body names, or its refusal naming the kinds there are (the document
+/// lists them as an enum).
+pub(super) fn change_kind(kind: &str) -> ApiResult<ChangeKind> {
+    ChangeKind::parse(kind)
+        .map_err(|_| ApiError::bad_field("kind", format!("{kind:?}"), ChangeKind::allowed()))
 }
 
 fn proposal(b: ProposeBody) -> ApiResult<Proposal> {
     let kind = b.kind.as_str();
-    Ok(match kind {
-        "flag" => Proposal::Flag {
+    Ok(match change_kind(kind)? {
+        ChangeKind::Flag => Proposal::Flag {
             service: need(b.service, "service", kind)?,
             key: need(b.flag, "flag", kind)?,
             value: need(b.value, "value", kind)?,
         },
-        "policy" => Proposal::Policy {
+        ChangeKind::Policy => Proposal::Policy {
             service: need(b.service, "service", kind)?,
             policy: Box::new(need(b.policy, "policy", kind)?),
         },
-        "profile" => Proposal::Profile {
+        ChangeKind::Profile => Proposal::Profile {
             name: need(b.profile, "profile", kind)?,
             lasts: need(b.expires_in, "expires_in", kind)?,
         },
-        _ => return Err(unknown_kind(kind)),
     })
 }
 
@@ -196,7 +196,7 @@ pub async fn get_rules(
     _a: Auth,
     Path(env): Path<String>,
 ) -> ApiResult<Json<ApprovalRules>> {
-    Ok(Json(ApprovalRules { kinds: s.store.approval_kinds(&env).await? }))
+    Ok(Json(ApprovalRules { kinds: words(&s.store.approval_kinds(&env).await?) }))
 }
 
 /// Sets the kinds of change that need approval in an environment (admin).
@@ -212,7 +212,7 @@ pub async fn put_rules(
 ) -> ApiResult<Json<ApprovalRules>> {
     let by = auth.actor(Action::ApprovalRules, &rid)?;
     let reason = Reason::parse(&req.reason)?;
-    let kinds = s.actions.set_approval_rules(&by, &reason, &env, req.kinds).await?;
+    let kinds = words(&s.actions.set_approval_rules(&by, &reason, &env, req.kinds).await?);
     Ok(Json(ApprovalRules { kinds }))
 }
 
@@ -329,4 +329,9 @@ pub async fn apply(
     let reason = Reason::parse(&req.reason)?;
     in_env(&s, &env, id).await?;
     Ok(Json(s.actions.apply_request(&by, &reason, id).await?.into()))
+}
+
+/// Kinds as the API writes them.
+fn words(kinds: &[ChangeKind]) -> Vec<String> {
+    kinds.iter().map(|k| k.as_str().to_string()).collect()
 }

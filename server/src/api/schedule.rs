@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::flags::ReasonQuery;
-use super::requests::{need, unknown_kind};
+use super::requests::{change_kind, need};
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewSchedule, Planned, Reason};
-use crate::db::{ScheduledRow, ScheduledState};
+use crate::db::{ChangeKind, ScheduledRow, ScheduledState};
 use crate::web::{AppState, RequestId};
 
 /// A scheduled change and how it ended.
@@ -73,7 +73,7 @@ impl From<ScheduledRow> for ScheduledView {
         ScheduledView {
             id: c.id,
             service: c.service,
-            kind: c.kind,
+            kind: c.kind.as_str().to_string(),
             target: c.target,
             value: serde_json::from_str(&c.payload).unwrap_or(Value::Null),
             run_at: c.run_at,
@@ -203,18 +203,17 @@ pub async fn create(
     let by = auth.actor(Action::ScheduleCreate, &rid)?;
     let reason = Reason::parse(&req.reason)?;
     let kind = req.kind.as_str();
-    let change = match kind {
-        "flag" => Planned::Flag {
+    let change = match change_kind(kind)? {
+        ChangeKind::Flag => Planned::Flag {
             service: need(req.service, "service", kind)?,
             key: need(req.flag, "flag", kind)?,
             value: need(req.value, "value", kind)?,
         },
-        "policy" => Planned::Policy {
+        ChangeKind::Policy => Planned::Policy {
             service: need(req.service, "service", kind)?,
             policy: Box::new(need(req.policy, "policy", kind)?),
         },
-        "profile" => Planned::Profile { name: need(req.profile, "profile", kind)? },
-        _ => return Err(unknown_kind(kind)),
+        ChangeKind::Profile => Planned::Profile { name: need(req.profile, "profile", kind)? },
     };
     let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };
     let c = s.actions.schedule_change(&by, &reason, new).await?;

@@ -78,7 +78,7 @@ pub use fleet::{
 pub use health::HealthRow;
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
-pub use requests::{RequestRow, RequestState};
+pub use requests::{ChangeKind, RequestRow, RequestState};
 pub use rollouts::{
     DEFAULT_BAKE, DEFAULT_STAGES, Delivery, MAX_STAGES, Plan, ROLLOUT_STATES, RolloutRow, RolloutSettings,
     STAGEABLE_KINDS, Stage, Staging, Step,

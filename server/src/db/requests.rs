@@ -19,6 +19,26 @@ stored_words! {
     }
 }
 
+stored_words! {
+    /// A kind of change an approval rule names: what a write changes (`policy`, `flag`) or
+    /// what an action applies (`profile`). Change requests, scheduled changes and an
+    /// environment's approval rules store it.
+    pub enum ChangeKind in "change kind" {
+        #[default]
+        Policy => "policy",
+        Flag => "flag",
+        Profile => "profile",
+    }
+}
+
+impl ChangeKind {
+    /// The refusal of a word no kind has, as the API and the CLI show it.
+    pub fn allowed() -> String {
+        let words: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
+        format!("must be one of {}", words.join(", "))
+    }
+}
+
 impl RequestState {
     /// Still waiting to be decided or applied (`open` or `approved`): what the landing page
     /// counts and what a second request on the same target conflicts with.
@@ -34,8 +54,7 @@ pub struct RequestRow {
     pub environment: String,
     /// The service of a flag or policy change; `None` for a profile.
     pub service: Option<String>,
-    /// `flag`, `policy` or `profile`.
-    pub kind: String,
+    pub kind: ChangeKind,
     /// The flag key, `policy`, or the profile name.
     pub target: String,
     /// JSON of what is proposed (the flag value, the policy, `{"expires_in": …}`).
@@ -80,7 +99,7 @@ impl RequestRow {
             id: r.try_get("id")?,
             environment: r.try_get("environment")?,
             service: r.try_get("service")?,
-            kind: r.try_get("kind")?,
+            kind: ChangeKind::parse(r.try_get("kind")?)?,
             target: r.try_get("target")?,
             payload: r.try_get("payload")?,
             expected: r.try_get("expected")?,
@@ -104,14 +123,18 @@ impl RequestRow {
 }
 
 impl Store {
-    /// The kinds of change that need approval in `env` (JSON array text), if set.
-    pub async fn approval_kinds(&self, env: &str) -> anyhow::Result<Vec<String>> {
+    /// The kinds of change that need approval in `env` (stored as a JSON array of words);
+    /// none when no rule was set.
+    pub async fn approval_kinds(&self, env: &str) -> anyhow::Result<Vec<ChangeKind>> {
         let row = sqlx::query("SELECT kinds FROM approval_rules WHERE environment = $1")
             .bind(env)
             .fetch_optional(&self.pool)
             .await?;
         match row {
-            Some(r) => Ok(serde_json::from_str(&r.try_get::<String, _>("kinds")?)?),
+            Some(r) => serde_json::from_str::<Vec<String>>(&r.try_get::<String, _>("kinds")?)?
+                .iter()
+                .map(|w| ChangeKind::parse(w))
+                .collect(),
             None => Ok(Vec::new()),
         }
     }
@@ -120,7 +143,7 @@ impl Store {
     pub async fn set_approval_kinds(
         &self,
         env: &str,
-        kinds: &[String],
+        kinds: &[ChangeKind],
         audit: &AuditRow,
     ) -> anyhow::Result<()> {
         let _g = self.write_guard().await;
@@ -152,7 +175,7 @@ impl Store {
         )
         .bind(&r.environment)
         .bind(r.service.clone())
-        .bind(&r.kind)
+        .bind(r.kind.as_str())
         .bind(&r.target)
         .bind(&r.payload)
         .bind(r.expected.clone())

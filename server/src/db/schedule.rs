@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Store, mutate, now_ms};
+use super::{AuditRow, ChangeKind, Store, mutate, now_ms};
 
 stored_words! {
     /// Where a scheduled change is: `pending` until its time, `running` while a replica holds
@@ -28,8 +28,7 @@ pub struct ScheduledRow {
     pub environment: String,
     /// The service of a flag or policy change; `None` for a profile.
     pub service: Option<String>,
-    /// `flag`, `policy` or `profile`.
-    pub kind: String,
+    pub kind: ChangeKind,
     /// The flag key, `policy`, or the profile name.
     pub target: String,
     /// JSON of what is set: the flag value, the policy, or `{"expires_at": …}` of a profile.
@@ -94,7 +93,7 @@ impl ScheduledRow {
             id: r.try_get("id")?,
             environment: r.try_get("environment")?,
             service: r.try_get("service")?,
-            kind: r.try_get("kind")?,
+            kind: ChangeKind::parse(r.try_get("kind")?)?,
             target: r.try_get("target")?,
             payload: r.try_get("payload")?,
             expected: r.try_get("expected")?,
@@ -134,7 +133,7 @@ impl Store {
         )
         .bind(&c.environment)
         .bind(c.service.clone())
-        .bind(&c.kind)
+        .bind(c.kind.as_str())
         .bind(&c.target)
         .bind(&c.payload)
         .bind(c.expected.clone())
@@ -348,7 +347,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::RequestState;
+    use super::super::{ChangeKind, RequestState};
     use super::ScheduledState;
 
     /// The stored word of every state is what serde writes (the API's value) and reads back.
@@ -367,6 +366,7 @@ mod tests {
         }
         check(RequestState::ALL, RequestState::as_str, RequestState::parse);
         check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
+        check(ChangeKind::ALL, ChangeKind::as_str, ChangeKind::parse);
         let e = ScheduledState::parse("paused").unwrap_err().to_string();
         assert_eq!(e, r#"scheduled_changes.state "paused" is not one this server knows"#);
     }

@@ -22,7 +22,8 @@ use super::error::UiError;
 use super::page::{Layout, Page, seg};
 use super::review::DoneQuery;
 use super::session::{Posted, UiUser, reason};
-use crate::actions::{APPROVAL_KINDS, Action, Actor, Approval, ChangeError, Reason};
+use crate::actions::{Action, Actor, Approval, ChangeError, Reason};
+use crate::db::ChangeKind;
 use crate::web::{AppState, RequestId};
 
 /// How a confirmed change is asked for: the change itself, a change request proposing it,
@@ -54,7 +55,7 @@ impl Mode {
 pub struct Gate {
     pub env: String,
     /// The kind of change that needs approval (`flag`, `policy`, `profile`).
-    pub kind: String,
+    pub kind: ChangeKind,
     /// The change can be proposed as a change request from this page.
     pub can_propose: bool,
     /// The user's role may break the glass.
@@ -81,19 +82,19 @@ pub async fn gate(
     s: &AppState,
     user: &UiUser,
     env: &str,
-    kinds: &[&str],
+    kinds: &[ChangeKind],
     can_propose: bool,
 ) -> Result<Option<Gate>, UiError> {
     let gated = s.store.approval_kinds(env).await?;
-    let kind = kinds.iter().find(|k| gated.iter().any(|g| g == *k));
+    let kind = kinds.iter().copied().find(|k| gated.contains(k));
     Ok(kind.map(|kind| offer(user, env, kind, can_propose, false)))
 }
 
 /// The offer of a confirmation page whose change needs approval of `kind`.
-pub fn offer(user: &UiUser, env: &str, kind: &str, can_propose: bool, refused: bool) -> Gate {
+pub fn offer(user: &UiUser, env: &str, kind: ChangeKind, can_propose: bool, refused: bool) -> Gate {
     Gate {
         env: env.to_string(),
-        kind: kind.to_string(),
+        kind,
         can_propose: can_propose && user.principal.role >= Action::RequestCreate.role(),
         can_break_glass: user.principal.role >= Action::ApprovalBypass.role(),
         refused,
@@ -105,7 +106,7 @@ pub fn offer(user: &UiUser, env: &str, kind: &str, can_propose: bool, refused: b
 /// the reason kept; any other error as it is.
 pub fn refused(e: ChangeError, user: &UiUser, can_propose: bool) -> Result<Gate, UiError> {
     match e {
-        ChangeError::ApprovalRequired { env, kind } => Ok(offer(user, &env, &kind, can_propose, true)),
+        ChangeError::ApprovalRequired { env, kind } => Ok(offer(user, &env, kind, can_propose, true)),
         e => Err(e.into()),
     }
 }
@@ -126,13 +127,15 @@ struct KindView {
     on: bool,
 }
 
-fn covers(kind: &str) -> &'static str {
+fn covers(kind: ChangeKind) -> &'static str {
     match kind {
-        "flag" => {
+        ChangeKind::Flag => {
             "flag values: switches, kill switches, any flag a change sets (a flip, an apply, a rollback)"
         }
-        "policy" => "the policy: edits, whole-service applies, rollbacks, creating or deleting a service",
-        _ => "applying an emergency profile",
+        ChangeKind::Policy => {
+            "the policy: edits, whole-service applies, rollbacks, creating or deleting a service"
+        }
+        ChangeKind::Profile => "applying an emergency profile",
     }
 }
 
@@ -158,14 +161,14 @@ async fn rules_page(
 ) -> Result<Response, UiError> {
     s.store.environment(env).await?.ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
     let stored = s.store.approval_kinds(env).await?;
-    let kinds = APPROVAL_KINDS
+    let kinds = ChangeKind::ALL
         .iter()
-        .map(|k| KindView {
-            name: k,
+        .map(|&k| KindView {
+            name: k.as_str(),
             covers: covers(k),
             on: match &shown {
-                Some((f, _)) => f.chosen().contains(k),
-                None => stored.iter().any(|s| s == k),
+                Some((f, _)) => f.chosen().contains(&k),
+                None => stored.contains(&k),
             },
         })
         .collect();
@@ -207,12 +210,16 @@ pub struct RulesForm {
 }
 
 impl RulesForm {
-    fn chosen(&self) -> Vec<&'static str> {
-        [("policy", &self.policy), ("flag", &self.flag), ("profile", &self.profile)]
-            .into_iter()
-            .filter(|(_, v)| v.is_some())
-            .map(|(k, _)| k)
-            .collect()
+    fn chosen(&self) -> Vec<ChangeKind> {
+        [
+            (ChangeKind::Policy, &self.policy),
+            (ChangeKind::Flag, &self.flag),
+            (ChangeKind::Profile, &self.profile),
+        ]
+        .into_iter()
+        .filter(|(_, v)| v.is_some())
+        .map(|(k, _)| k)
+        .collect()
     }
 }
 
@@ -228,7 +235,7 @@ pub async fn set_rules(
         Ok(r) => r,
         Err(m) => return rules_page(&s, &user, &env, Some((&form, m)), None).await,
     };
-    let kinds = form.chosen().into_iter().map(String::from).collect();
+    let kinds = form.chosen().iter().map(|k| k.as_str().to_string()).collect();
     let set = match s.actions.set_approval_rules(&by, &why, &env, kinds).await {
         Ok(set) => set,
         Err(ChangeError::InvalidField(f)) => {
@@ -239,7 +246,10 @@ pub async fn set_rules(
     let msg = if set.is_empty() {
         "Saved: no kind of change needs approval".to_string()
     } else {
-        format!("Saved: {} changes need an approved change request", set.join(", "))
+        format!(
+            "Saved: {} changes need an approved change request",
+            set.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+        )
     };
     Ok(Redirect::to(&format!("/ui/environments/{}/approval-rules?done={}", seg(&env), seg(&msg)))
         .into_response())

@@ -36,6 +36,7 @@ use super::page::{Layout, Page, duration, seg, service_url, time};
 use super::service::{load, state_label, switched_by, value_text};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, Name, NewOverride, Proposal, ServiceAt, Written};
+use crate::db::ChangeKind;
 use crate::web::{AppState, RequestId};
 
 #[derive(Template)]
@@ -225,7 +226,7 @@ async fn flag_confirm(
         action: format!("{}/flags/{}", service_url(env, svc), seg(key)),
         hidden: vec![("value", f.value.clone()), ("revision", current.to_string())],
         button: format!("Set {key} to {}", value_text(&shown)),
-        gate: approval::gate(s, user, env, &["flag"], true).await?,
+        gate: approval::gate(s, user, env, &[ChangeKind::Flag], true).await?,
     };
     Ok((confirm, current, new))
 }
@@ -357,7 +358,7 @@ async fn new_flag_confirm(
             ("revision", current.to_string()),
         ],
         button: format!("Add flag {key}"),
-        gate: approval::gate(s, user, env, &["flag"], false).await?,
+        gate: approval::gate(s, user, env, &[ChangeKind::Flag], false).await?,
     };
     Ok((confirm, key, flag))
 }
@@ -448,7 +449,7 @@ async fn flag_removal_confirm(
         action: format!("{}/flags/{}/delete", service_url(env, svc), seg(key)),
         hidden: vec![("revision", current.to_string())],
         button: format!("Delete flag {key}"),
-        gate: approval::gate(s, user, env, &["flag"], false).await?,
+        gate: approval::gate(s, user, env, &[ChangeKind::Flag], false).await?,
     })
 }
 

@@ -30,6 +30,7 @@ use super::error::UiError;
 use super::page::{Layout, Page, service_url};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, Proposal, ServiceAt};
+use crate::db::ChangeKind;
 use crate::diff::{DiffEntry, json_diff};
 use crate::web::{AppState, RequestId};
 
@@ -449,7 +450,7 @@ pub async fn preview(
                 view.lints = lints.into_iter().map(|l| (l.path, l.message)).collect();
                 if !view.diff.is_empty() && seen == revision {
                     view.commit = Some(after.to_string());
-                    view.gate = approval::gate(&s, &user, &env, &["policy"], true).await?;
+                    view.gate = approval::gate(&s, &user, &env, &[ChangeKind::Policy], true).await?;
                 }
             }
             Err(found) => errors.extend(found),
@@ -597,7 +598,7 @@ async fn commit_again(
     let status = match error {
         Some(msg) => {
             view.errors.push(("reason".into(), msg));
-            view.gate = approval::gate(s, user, env, &["policy"], true).await?;
+            view.gate = approval::gate(s, user, env, &[ChangeKind::Policy], true).await?;
             StatusCode::BAD_REQUEST
         }
         None => {

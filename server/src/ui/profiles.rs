@@ -20,7 +20,7 @@ use super::page::{Layout, Page, When, seg, time};
 use super::profile_form::{self, Builder, STARTERS, starter};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, Name, Profile, ProfileSpec, Proposal, activation_services};
-use crate::db::ActivationRow;
+use crate::db::{ActivationRow, ChangeKind};
 use crate::web::{AppState, RequestId};
 
 /// The profile active in an environment, as the profiles page and the service page show it.
@@ -406,7 +406,7 @@ async fn confirm_page(
         error: error.clone(),
         gate: match refused {
             Some(g) => Some(g),
-            None => approval::gate(s, user, env, &["profile"], true).await?,
+            None => approval::gate(s, user, env, &[ChangeKind::Profile], true).await?,
         },
     };
     let status = if error.is_some() {

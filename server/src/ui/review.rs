@@ -318,7 +318,7 @@ struct RequestsPage {
     env: String,
     csrf: String,
     can_operate: bool,
-    kinds: Vec<String>,
+    kinds: Vec<&'static str>,
     requests: Vec<RequestView>,
     flags: Vec<FlagChoice>,
     /// The proposal form as typed (shown again after a refusal).
@@ -343,7 +343,7 @@ async fn requests_page(
         env: env.to_string(),
         csrf: user.csrf.clone(),
         can_operate: user.principal.role >= Action::RequestCreate.role(),
-        kinds: s.store.approval_kinds(env).await?,
+        kinds: s.store.approval_kinds(env).await?.iter().map(|k| k.as_str()).collect(),
         requests,
         flags: flag_choices(s, env, &form.target).await?,
         form,
