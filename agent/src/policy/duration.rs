@@ -44,74 +44,31 @@ macro_rules! part {
     };
 }
 
+/// The parts after a first one, each optional, in the order given.
+macro_rules! then_parts {
+    () => {
+        ""
+    };
+    ($unit:literal $($rest:literal)*) => {
+        concat!("(?: *", part!($unit), ")?", then_parts!($($rest)*))
+    };
+}
+
+/// Every way to write a duration whose largest unit is one of those given (largest first):
+/// one alternative per first unit, followed by any of the smaller ones.
+macro_rules! alternatives {
+    ($unit:literal) => {
+        part!($unit)
+    };
+    ($unit:literal $($rest:literal)+) => {
+        concat!(part!($unit), then_parts!($($rest)+), "|", alternatives!($($rest)+))
+    };
+}
+
 /// The form [`parse`] accepts, as an ECMA-262 regular expression (the dialect of JSON
 /// Schema's `pattern`): parts largest unit first, each at most once. A test checks that a
 /// string matches it exactly when `parse` accepts it.
-pub const PATTERN: &str = concat!(
-    "^ *(?:",
-    part!("d"),
-    "(?: *",
-    part!("h"),
-    ")?(?: *",
-    part!("m"),
-    ")?(?: *",
-    part!("s"),
-    ")?(?: *",
-    part!("ms"),
-    ")?(?: *",
-    part!("(?:us|µs)"),
-    ")?(?: *",
-    part!("ns"),
-    ")?",
-    "|",
-    part!("h"),
-    "(?: *",
-    part!("m"),
-    ")?(?: *",
-    part!("s"),
-    ")?(?: *",
-    part!("ms"),
-    ")?(?: *",
-    part!("(?:us|µs)"),
-    ")?(?: *",
-    part!("ns"),
-    ")?",
-    "|",
-    part!("m"),
-    "(?: *",
-    part!("s"),
-    ")?(?: *",
-    part!("ms"),
-    ")?(?: *",
-    part!("(?:us|µs)"),
-    ")?(?: *",
-    part!("ns"),
-    ")?",
-    "|",
-    part!("s"),
-    "(?: *",
-    part!("ms"),
-    ")?(?: *",
-    part!("(?:us|µs)"),
-    ")?(?: *",
-    part!("ns"),
-    ")?",
-    "|",
-    part!("ms"),
-    "(?: *",
-    part!("(?:us|µs)"),
-    ")?(?: *",
-    part!("ns"),
-    ")?",
-    "|",
-    part!("(?:us|µs)"),
-    "(?: *",
-    part!("ns"),
-    ")?",
-    "|",
-    part!("ns"),
-    ") *$"
-);
+pub const PATTERN: &str = concat!("^ *(?:", alternatives!("d" "h" "m" "s" "ms" "(?:us|µs)" "ns"), ") *$");
 
 /// Units largest first, with their length in nanoseconds; `format` writes these names.
 const UNITS: [(&str, u128); 7] = [
