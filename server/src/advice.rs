@@ -21,7 +21,7 @@ use levee_agent::policy::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::db::{AgentRow, Store};
+use crate::db::{AgentRow, Reader};
 
 /// A bulkhead whose configured size is more than this many times the Little's-law size
 /// (which already has ×2 headroom) isolates nothing: a slow dependency still takes that
@@ -137,7 +137,7 @@ pub fn advise(
 ///
 /// # Errors
 /// The store's, or a stored policy that no longer decodes.
-pub async fn environment(store: &Store, env: &str) -> anyhow::Result<BTreeMap<String, Policy>> {
+pub async fn environment(store: &Reader, env: &str) -> anyhow::Result<BTreeMap<String, Policy>> {
     let mut out = BTreeMap::new();
     for row in store.services(env).await? {
         out.insert(row.name, serde_json::from_str(&row.policy)?);
@@ -151,7 +151,7 @@ pub async fn environment(store: &Store, env: &str) -> anyhow::Result<BTreeMap<St
 /// # Errors
 /// The store's.
 pub async fn for_service(
-    store: &Store,
+    store: &Reader,
     env: &str,
     service: &str,
     policy: &Policy,
@@ -171,7 +171,7 @@ pub async fn for_service(
 /// # Errors
 /// The store's.
 pub async fn for_write(
-    store: &Store,
+    store: &Reader,
     env: &str,
     service: &str,
     policy: &Policy,

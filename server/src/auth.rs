@@ -29,7 +29,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::db::{Role, Store, TokenKind, TokenRow, now_ms};
+use crate::db::{Reader, Role, Store, TokenKind, TokenRow, now_ms};
 
 /// Issuer of every token.
 pub const ISSUER: &str = "levee";
@@ -375,17 +375,17 @@ pub async fn verify_password(password: String, phc: String) -> bool {
 /// Authenticates an API caller from a bearer token: checks the JWT, then that the session
 /// was not ended by logging out and its user still exists and is enabled (taking the role
 /// from the database so a demotion applies at once), or that the API token is not revoked.
-pub async fn authenticate_api(keys: &Keys, store: &Store, token: &str) -> Result<Principal, AuthError> {
+pub async fn authenticate_api(keys: &Keys, store: &Reader, token: &str) -> Result<Principal, AuthError> {
     authenticate(keys, store, token, Door::Api).await
 }
 
 /// Authenticates a UI session cookie: a session of audience [`AUDIENCE_UI`], checked as
 /// [`authenticate_api`] checks an API session. No other token opens the UI.
-pub async fn authenticate_ui(keys: &Keys, store: &Store, token: &str) -> Result<Principal, AuthError> {
+pub async fn authenticate_ui(keys: &Keys, store: &Reader, token: &str) -> Result<Principal, AuthError> {
     authenticate(keys, store, token, Door::Ui).await
 }
 
-async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Result<Principal, AuthError> {
+async fn authenticate(keys: &Keys, store: &Reader, token: &str, door: Door) -> Result<Principal, AuthError> {
     let claims = keys.verify(token, door.audience())?;
     match claims.kind.as_str() {
         "session" => {
@@ -432,7 +432,7 @@ async fn authenticate(keys: &Keys, store: &Store, token: &str, door: Door) -> Re
 /// recent verification of the same token).
 pub async fn authenticate_agent(
     keys: &Keys,
-    store: &Store,
+    store: &Reader,
     token: &str,
 ) -> Result<AgentPrincipal, AuthError> {
     authenticate_scoped(keys, store, token, TokenKind::Agent).await
@@ -442,7 +442,7 @@ pub async fn authenticate_agent(
 /// revoked. Its scope has the shape of an agent's.
 pub async fn authenticate_flags(
     keys: &Keys,
-    store: &Store,
+    store: &Reader,
     token: &str,
 ) -> Result<AgentPrincipal, AuthError> {
     authenticate_scoped(keys, store, token, TokenKind::Flags).await
@@ -452,7 +452,7 @@ pub async fn authenticate_flags(
 /// audience and its row.
 async fn authenticate_scoped(
     keys: &Keys,
-    store: &Store,
+    store: &Reader,
     token: &str,
     kind: TokenKind,
 ) -> Result<AgentPrincipal, AuthError> {
@@ -656,7 +656,7 @@ const DUMMY_HASH: &str =
 /// # Errors
 /// [`LoginError`].
 pub async fn login(
-    store: &Store,
+    store: &Reader,
     keys: &Keys,
     limiter: &LoginLimiter,
     addr: IpAddr,
@@ -673,7 +673,7 @@ pub async fn login(
 /// [`LoginError`].
 pub async fn login_to(
     door: Door,
-    store: &Store,
+    store: &Reader,
     keys: &Keys,
     limiter: &LoginLimiter,
     addr: IpAddr,

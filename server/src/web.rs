@@ -15,7 +15,7 @@ use sha2::Digest;
 
 use crate::actions::Actions;
 use crate::auth::{Keys, LoginLimiter};
-use crate::db::Store;
+use crate::db::{Reader, Store};
 use crate::hub::Hub;
 
 /// Name of the UI session cookie (it holds the session JWT; the API reads it for safe
@@ -25,8 +25,8 @@ pub const SESSION_COOKIE: &str = "levee_session";
 /// Shared state of the HTTP side. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct AppState {
-    /// Everything the handlers read.
-    pub store: Store,
+    /// Everything the handlers read; they write only through `actions`.
+    pub store: Reader,
     /// Every audited write.
     pub actions: Actions,
     /// Verifies tokens and signs sessions and anti-CSRF tokens.
@@ -66,7 +66,7 @@ impl AppState {
             health: crate::health::Health::spawn(store.clone(), &replica, crate::shutdown::never()).0,
             actions: Actions::new(store.clone(), hub.clone(), keys.clone()),
             hub,
-            store,
+            store: store.reader(),
             keys,
             max_body_bytes,
             logins: Arc::default(),

@@ -349,6 +349,27 @@ fn the_domain_and_storage_know_nothing_about_http() {
     assert!(wrong.is_empty(), "HTTP in a module that must not know it:\n{}", wrong.join("\n"));
 }
 
+/// The API and the UI read through `db::Reader` and change things only through actions
+/// (their role check, approval rules and audit): neither names the store that writes.
+#[test]
+fn the_api_and_the_ui_never_hold_the_writing_store() {
+    let mut wrong = Vec::new();
+    for f in library() {
+        if !["api", "ui"].contains(&f.module[0].as_str()) {
+            continue;
+        }
+        let mut names = BTreeSet::new();
+        idents(f.tokens, &mut names);
+        if names.contains("Store") {
+            wrong.push(f.path.display().to_string());
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the writing store named in {wrong:?}: hold a db::Reader, write through actions"
+    );
+}
+
 /// The reader itself: paths in groups, attributes and `super::` climbing to the root are
 /// found; comments, strings and other crates' paths are not.
 #[test]

@@ -442,6 +442,15 @@ impl Actions {
         Ok(())
     }
 
+    /// Ends a session before its expiry (logging out): its token is refused from now on,
+    /// as [`crate::auth::end_session`] says. Not audited: only the session's holder ends it.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn end_session(&self, jti: &str) -> anyhow::Result<()> {
+        crate::auth::end_session(&self.store, jti).await
+    }
+
     /// Creates a user with an argon2 hash of the password (audited as `user.create`, the
     /// username and role as `after`).
     ///

@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiResult, Auth};
 use crate::actions::{LoginAttempt, Via};
-use crate::auth::end_session;
 use crate::db::Role;
 use crate::web::{AppState, ClientAddr, RequestId};
 
@@ -71,6 +70,6 @@ pub async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<Stat
             "this is an API token, not a session: revoke it with DELETE /api/v1/tokens/{id}".into(),
         ));
     }
-    end_session(&state.store, &auth.principal.jti).await?;
+    state.actions.end_session(&auth.principal.jti).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,6 +1,39 @@
 //! People who sign in: users (password hash, role) and the sessions ended before their expiry.
 
-use super::{AuditRow, Role, Store, UserRow, mutate, now_ms, timed};
+use super::{AuditRow, Reader, Role, Store, UserRow, mutate, now_ms, timed};
+
+impl Reader {
+    /// Looks a user up by name.
+    pub async fn user(&self, username: &str) -> anyhow::Result<Option<UserRow>> {
+        let _t = timed("user");
+        let row = sqlx::query(
+            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users WHERE username = $1",
+        )
+        .bind(username)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| UserRow::from_row(&r)).transpose()
+    }
+
+    /// Lists users by name.
+    pub async fn users(&self) -> anyhow::Result<Vec<UserRow>> {
+        let rows = sqlx::query(
+            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users ORDER BY username",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(UserRow::from_row).collect()
+    }
+
+    /// Whether a session token was ended by logging out.
+    pub async fn session_revoked(&self, jti: &str) -> anyhow::Result<bool> {
+        let row = sqlx::query("SELECT 1 AS one FROM revoked_sessions WHERE jti = $1")
+            .bind(jti)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+}
 
 impl Store {
     /// Creates a user, with its audit row in the same transaction when one is given.
@@ -68,28 +101,6 @@ impl Store {
         Ok(true)
     }
 
-    /// Looks a user up by name.
-    pub async fn user(&self, username: &str) -> anyhow::Result<Option<UserRow>> {
-        let _t = timed("user");
-        let row = sqlx::query(
-            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users WHERE username = $1",
-        )
-        .bind(username)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| UserRow::from_row(&r)).transpose()
-    }
-
-    /// Lists users by name.
-    pub async fn users(&self) -> anyhow::Result<Vec<UserRow>> {
-        let rows = sqlx::query(
-            "SELECT id, username, password_hash, role, disabled, created_at, session_epoch FROM users ORDER BY username",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(UserRow::from_row).collect()
-    }
-
     /// Ends a session token before its expiry (`expires_at`, ms since the epoch); purges
     /// rows of sessions that have expired anyway.
     pub async fn revoke_session(&self, jti: &str, expires_at: i64) -> anyhow::Result<()> {
@@ -108,14 +119,5 @@ impl Store {
         .await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    /// Whether a session token was ended by logging out.
-    pub async fn session_revoked(&self, jti: &str) -> anyhow::Result<bool> {
-        let row = sqlx::query("SELECT 1 AS one FROM revoked_sessions WHERE jti = $1")
-            .bind(jti)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.is_some())
     }
 }

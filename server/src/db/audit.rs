@@ -1,15 +1,8 @@
 //! The audit log: appended in the transaction of the change it records, read with filters.
 
-use super::{AuditFilter, AuditRow, Store, mutate, timed};
+use super::{AuditFilter, AuditRow, Reader, Store, mutate, timed};
 
-impl Store {
-    /// Appends an audit row outside of a mutation (e.g. a refused attempt).
-    pub async fn append_audit(&self, row: &AuditRow) -> anyhow::Result<()> {
-        let _g = self.write_guard().await;
-        let mut conn = self.pool.acquire().await?;
-        mutate::insert_audit(&mut conn, row).await
-    }
-
+impl Reader {
     /// Audit rows matching the filter, newest first.
     pub async fn audit(&self, f: &AuditFilter) -> anyhow::Result<Vec<AuditRow>> {
         let _t = timed("audit_read");
@@ -35,5 +28,14 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(AuditRow::from_row).collect()
+    }
+}
+
+impl Store {
+    /// Appends an audit row outside of a mutation (e.g. a refused attempt).
+    pub async fn append_audit(&self, row: &AuditRow) -> anyhow::Result<()> {
+        let _g = self.write_guard().await;
+        let mut conn = self.pool.acquire().await?;
+        mutate::insert_audit(&mut conn, row).await
     }
 }

@@ -4,8 +4,8 @@
 use sqlx::Row;
 
 use super::{
-    AckRow, AgentAck, AgentRow, AgentUpsert, Backend, NackRow, Propagation, Store, now_ms, percentile,
-    push_values, timed,
+    AckRow, AgentAck, AgentRow, AgentUpsert, Backend, NackRow, Propagation, Reader, Store, now_ms,
+    percentile, push_values, timed,
 };
 
 /// Most agent rows per upsert statement of the fleet writer (12 parameters each: well
@@ -29,6 +29,111 @@ pub const MAX_ACKS_LISTED: usize = 1000;
 /// How long an agent whose stream closed stays in the fleet list (UI and API) after it was
 /// last seen; a reconnect under the same instance id brings it back.
 pub const DISCONNECTED_AGENTS_KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl Reader {
+    /// Agents of a service (every connected one: a fleet of 10,000 is counted whole, and
+    /// those disconnected for less than [`DISCONNECTED_AGENTS_KEPT_FOR`]), most recently
+    /// seen first. `connected` is true only while the holder's lease runs.
+    pub async fn agents(&self, env: &str, service: &str) -> anyhow::Result<Vec<AgentRow>> {
+        let shown_since = now_ms() - DISCONNECTED_AGENTS_KEPT_FOR.as_millis() as i64;
+        let rows = sqlx::query(
+            "SELECT environment, service, instance_id, agent_version, connected, connected_at, last_seen, \
+             applied_revision, applied_hash, status, lease_until FROM agents WHERE environment = $1 AND service = $2 \
+             AND (connected <> 0 OR last_seen >= $3) ORDER BY last_seen DESC",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(shown_since)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(AgentRow::from_row).collect()
+    }
+
+    /// How far revision `revision` of a service has reached ([`Propagation`]), or `None`
+    /// when it was never stored.
+    pub async fn propagation(
+        &self,
+        env: &str,
+        service: &str,
+        revision: u64,
+    ) -> anyhow::Result<Option<Propagation>> {
+        let Some(rev) = self.revision(env, service, revision).await? else { return Ok(None) };
+        let rows = sqlx::query(
+            "SELECT instance_id, acked_at FROM acks WHERE environment = $1 AND service = $2 AND revision = $3 \
+             ORDER BY acked_at",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(revision as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut acks = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let acked_at: i64 = r.try_get("acked_at")?;
+            acks.push(AgentAck {
+                instance_id: r.try_get("instance_id")?,
+                acked_at,
+                latency: ms(acked_at - rev.created_at),
+            });
+        }
+        // Every ACK counts in `acked` and the percentiles; the list itself is cut to the
+        // fastest MAX_ACKS_LISTED, so a fleet of tens of thousands stays a small answer.
+        let mut lat: Vec<i64> = acks.iter().map(|a| a.latency.as_millis() as i64).collect();
+        lat.sort_unstable();
+        let acked = acks.len();
+        acks.truncate(MAX_ACKS_LISTED);
+        let agents = self.agents(env, service).await?;
+        let live = agents.iter().filter(|a| a.connected);
+        Ok(Some(Propagation {
+            environment: env.to_string(),
+            service: service.to_string(),
+            revision,
+            committed_at: rev.created_at,
+            applied: live.clone().filter(|a| a.applied_revision >= revision).count(),
+            connected: live.count(),
+            acked,
+            p50: percentile(&lat, 50.0).map(ms),
+            p99: percentile(&lat, 99.0).map(ms),
+            max: lat.last().copied().map(ms),
+            acks,
+        }))
+    }
+
+    /// NACKs of a service, newest first (the newest per instance and revision).
+    pub async fn nacks(&self, env: &str, service: &str) -> anyhow::Result<Vec<NackRow>> {
+        let rows = sqlx::query(
+            "SELECT environment, service, instance_id, revision, error_detail, at FROM nacks \
+             WHERE environment = $1 AND service = $2 ORDER BY at DESC",
+        )
+        .bind(env)
+        .bind(service)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(NackRow::from_row).collect()
+    }
+
+    /// Revisions newer than `above` that this agent instance NACKed (read once when its
+    /// stream opens, so a reconnecting agent is not sent them again).
+    pub async fn nacked_revisions(
+        &self,
+        env: &str,
+        service: &str,
+        instance: &str,
+        above: u64,
+    ) -> anyhow::Result<Vec<u64>> {
+        let rows = sqlx::query(
+            "SELECT revision FROM nacks WHERE environment = $1 AND service = $2 AND instance_id = $3 \
+             AND revision > $4",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(instance)
+        .bind(above as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get::<i64, _>("revision")? as u64)).collect()
+    }
+}
 
 impl Store {
     /// Writes a batch of agent state changes: the upserts as multi-row statements of at most
@@ -165,109 +270,6 @@ impl Store {
         let _g = self.write_guard().await;
         sqlx::query("UPDATE agents SET connected = $1").bind(0i64).execute(&self.pool).await?;
         Ok(())
-    }
-
-    /// Agents of a service (every connected one: a fleet of 10,000 is counted whole, and
-    /// those disconnected for less than [`DISCONNECTED_AGENTS_KEPT_FOR`]), most recently
-    /// seen first. `connected` is true only while the holder's lease runs.
-    pub async fn agents(&self, env: &str, service: &str) -> anyhow::Result<Vec<AgentRow>> {
-        let shown_since = now_ms() - DISCONNECTED_AGENTS_KEPT_FOR.as_millis() as i64;
-        let rows = sqlx::query(
-            "SELECT environment, service, instance_id, agent_version, connected, connected_at, last_seen, \
-             applied_revision, applied_hash, status, lease_until FROM agents WHERE environment = $1 AND service = $2 \
-             AND (connected <> 0 OR last_seen >= $3) ORDER BY last_seen DESC",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(shown_since)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(AgentRow::from_row).collect()
-    }
-
-    /// How far revision `revision` of a service has reached ([`Propagation`]), or `None`
-    /// when it was never stored.
-    pub async fn propagation(
-        &self,
-        env: &str,
-        service: &str,
-        revision: u64,
-    ) -> anyhow::Result<Option<Propagation>> {
-        let Some(rev) = self.revision(env, service, revision).await? else { return Ok(None) };
-        let rows = sqlx::query(
-            "SELECT instance_id, acked_at FROM acks WHERE environment = $1 AND service = $2 AND revision = $3 \
-             ORDER BY acked_at",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(revision as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut acks = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let acked_at: i64 = r.try_get("acked_at")?;
-            acks.push(AgentAck {
-                instance_id: r.try_get("instance_id")?,
-                acked_at,
-                latency: ms(acked_at - rev.created_at),
-            });
-        }
-        // Every ACK counts in `acked` and the percentiles; the list itself is cut to the
-        // fastest MAX_ACKS_LISTED, so a fleet of tens of thousands stays a small answer.
-        let mut lat: Vec<i64> = acks.iter().map(|a| a.latency.as_millis() as i64).collect();
-        lat.sort_unstable();
-        let acked = acks.len();
-        acks.truncate(MAX_ACKS_LISTED);
-        let agents = self.agents(env, service).await?;
-        let live = agents.iter().filter(|a| a.connected);
-        Ok(Some(Propagation {
-            environment: env.to_string(),
-            service: service.to_string(),
-            revision,
-            committed_at: rev.created_at,
-            applied: live.clone().filter(|a| a.applied_revision >= revision).count(),
-            connected: live.count(),
-            acked,
-            p50: percentile(&lat, 50.0).map(ms),
-            p99: percentile(&lat, 99.0).map(ms),
-            max: lat.last().copied().map(ms),
-            acks,
-        }))
-    }
-
-    /// NACKs of a service, newest first (the newest per instance and revision).
-    pub async fn nacks(&self, env: &str, service: &str) -> anyhow::Result<Vec<NackRow>> {
-        let rows = sqlx::query(
-            "SELECT environment, service, instance_id, revision, error_detail, at FROM nacks \
-             WHERE environment = $1 AND service = $2 ORDER BY at DESC",
-        )
-        .bind(env)
-        .bind(service)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(NackRow::from_row).collect()
-    }
-
-    /// Revisions newer than `above` that this agent instance NACKed (read once when its
-    /// stream opens, so a reconnecting agent is not sent them again).
-    pub async fn nacked_revisions(
-        &self,
-        env: &str,
-        service: &str,
-        instance: &str,
-        above: u64,
-    ) -> anyhow::Result<Vec<u64>> {
-        let rows = sqlx::query(
-            "SELECT revision FROM nacks WHERE environment = $1 AND service = $2 AND instance_id = $3 \
-             AND revision > $4",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(instance)
-        .bind(above as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Ok(r.try_get::<i64, _>("revision")? as u64)).collect()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use sqlx::Row;
 
-use super::{Backend, Store, push_values, timed};
+use super::{Backend, Reader, Store, push_values, timed};
 
 /// One row of `health_windows`. `kind` and `name` are empty for the row that carries
 /// the slot's instance counts.
@@ -37,6 +37,53 @@ const ROWS_PER_STATEMENT: usize = 500;
 /// Rows per statement on SQLite, where each holds the store's write lock (as the fleet
 /// writer's).
 const ROWS_PER_SQLITE_TURN: usize = 100;
+
+impl Reader {
+    /// Every replica's rows of one service whose slot starts at or after `from_ms`.
+    pub async fn health_rows(
+        &self,
+        env: &str,
+        service: &str,
+        from_ms: i64,
+    ) -> anyhow::Result<Vec<HealthRow>> {
+        let _t = timed("health_rows");
+        let rows = sqlx::query(
+            "SELECT replica, environment, service, revision, slot_ms, kind, name, calls, successes, failures, \
+             timeouts, fallbacks, shed, breaker_opens, latency, instances, not_ready FROM health_windows \
+             WHERE environment = $1 AND service = $2 AND slot_ms >= $3",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(from_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let n = |c: &str| -> anyhow::Result<u64> { Ok(r.try_get::<i64, _>(c)?.max(0) as u64) };
+                let latency: String = r.try_get("latency")?;
+                Ok(HealthRow {
+                    replica: r.try_get("replica")?,
+                    environment: r.try_get("environment")?,
+                    service: r.try_get("service")?,
+                    revision: n("revision")?,
+                    slot_ms: r.try_get("slot_ms")?,
+                    kind: r.try_get("kind")?,
+                    name: r.try_get("name")?,
+                    calls: n("calls")?,
+                    successes: n("successes")?,
+                    failures: n("failures")?,
+                    timeouts: n("timeouts")?,
+                    fallbacks: n("fallbacks")?,
+                    shed: n("shed")?,
+                    breaker_opens: n("breaker_opens")?,
+                    latency: serde_json::from_str(&latency).unwrap_or_default(),
+                    instances: n("instances")?,
+                    not_ready: n("not_ready")?,
+                })
+            })
+            .collect()
+    }
+}
 
 impl Store {
     /// Writes `rows`, each replacing the row of its key: a slot's rows are rewritten as it
@@ -86,51 +133,6 @@ impl Store {
             q.execute(&self.pool).await?;
         }
         Ok(())
-    }
-
-    /// Every replica's rows of one service whose slot starts at or after `from_ms`.
-    pub async fn health_rows(
-        &self,
-        env: &str,
-        service: &str,
-        from_ms: i64,
-    ) -> anyhow::Result<Vec<HealthRow>> {
-        let _t = timed("health_rows");
-        let rows = sqlx::query(
-            "SELECT replica, environment, service, revision, slot_ms, kind, name, calls, successes, failures, \
-             timeouts, fallbacks, shed, breaker_opens, latency, instances, not_ready FROM health_windows \
-             WHERE environment = $1 AND service = $2 AND slot_ms >= $3",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(from_ms)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                let n = |c: &str| -> anyhow::Result<u64> { Ok(r.try_get::<i64, _>(c)?.max(0) as u64) };
-                let latency: String = r.try_get("latency")?;
-                Ok(HealthRow {
-                    replica: r.try_get("replica")?,
-                    environment: r.try_get("environment")?,
-                    service: r.try_get("service")?,
-                    revision: n("revision")?,
-                    slot_ms: r.try_get("slot_ms")?,
-                    kind: r.try_get("kind")?,
-                    name: r.try_get("name")?,
-                    calls: n("calls")?,
-                    successes: n("successes")?,
-                    failures: n("failures")?,
-                    timeouts: n("timeouts")?,
-                    fallbacks: n("fallbacks")?,
-                    shed: n("shed")?,
-                    breaker_opens: n("breaker_opens")?,
-                    latency: serde_json::from_str(&latency).unwrap_or_default(),
-                    instances: n("instances")?,
-                    not_ready: n("not_ready")?,
-                })
-            })
-            .collect()
     }
 
     /// Deletes the rows of slots that started before `before_ms`. Returns how many.

@@ -188,13 +188,30 @@ fn private_sqlite_file(url: &str) -> anyhow::Result<()> {
 /// Channel used for cross-replica change notifications.
 pub const NOTIFY_CHANNEL: &str = "levee_changes";
 
-/// The store. Cheap to clone.
+/// The store: reads (through [`Reader`], which it dereferences to) and writes. Cheap to
+/// clone. Only the actions, the fleet and health writers and the server's start hold one.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: AnyPool,
-    backend: Backend,
+    reader: Reader,
     /// SQLite has one writer; serializing writes here avoids SQLITE_BUSY upgrades.
     write_lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The store's reads and nothing else: what the API and the UI hold, so that every change
+/// they make goes through an action (its role check, approval rules and audit row); the
+/// compiler, not a convention, keeps them from writing. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Reader {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl std::ops::Deref for Store {
+    type Target = Reader;
+
+    fn deref(&self) -> &Reader {
+        &self.reader
+    }
 }
 
 /// Records how long a store operation took, when dropped, in
@@ -216,6 +233,18 @@ pub(crate) fn timed(op: &'static str) -> QueryTimer {
 /// Current time in milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     levee_agent::policy::Timestamp::now().unix_ms()
+}
+
+impl Reader {
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Whether the database answers within `within` (used by `/readyz`).
+    pub async fn ping(&self, within: Duration) -> bool {
+        matches!(tokio::time::timeout(within, sqlx::query("SELECT 1").execute(&self.pool)).await, Ok(Ok(_)))
+    }
 }
 
 impl Store {
@@ -251,7 +280,7 @@ impl Store {
         };
         let pool =
             pool_opts.connect_with(opts).await.with_context(|| format!("connecting to {}", redact(url)))?;
-        let store = Store { pool, backend, write_lock: Default::default() };
+        let store = Store { reader: Reader { pool, backend }, write_lock: Default::default() };
         store.migrate().await?;
         Ok(store)
     }
@@ -266,24 +295,19 @@ impl Store {
         Ok(())
     }
 
-    /// The backend in use.
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
     /// The pool (for tests and the PostgreSQL listener).
     pub fn pool(&self) -> &AnyPool {
         &self.pool
     }
 
+    /// The reads of this store, for a holder that must not write.
+    pub fn reader(&self) -> Reader {
+        self.reader.clone()
+    }
+
     /// Closes every connection of the pool (waiting for those in use).
     pub async fn close(&self) {
         self.pool.close().await;
-    }
-
-    /// Whether the database answers within `within` (used by `/readyz`).
-    pub async fn ping(&self, within: Duration) -> bool {
-        matches!(tokio::time::timeout(within, sqlx::query("SELECT 1").execute(&self.pool)).await, Ok(Ok(_)))
     }
 
     pub(crate) async fn write_guard(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {

@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Store, mutate, now_ms};
+use super::{AuditRow, Reader, Store, mutate, now_ms};
 
 /// The current version of a profile; `body` is its JSON definition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ pub struct VersionMoved {
     pub current: u64,
 }
 
-impl Store {
+impl Reader {
     /// Profiles of an environment, by name.
     pub async fn profiles(&self, env: &str) -> anyhow::Result<Vec<ProfileRow>> {
         let rows = sqlx::query(
@@ -132,6 +132,49 @@ impl Store {
         Ok(row.map(|r| r.try_get("body")).transpose()?)
     }
 
+    /// The profile active in `env` now (applied and not reverted), if any.
+    pub async fn active_profile(&self, env: &str) -> anyhow::Result<Option<ActivationRow>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            activation_columns!(),
+            " FROM profile_activations WHERE environment = $1 AND reverted_at IS NULL"
+        ))
+        .bind(env)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| ActivationRow::from_row(&r)).transpose()
+    }
+
+    /// Applications of profiles in `env`, newest first, at most `limit`.
+    pub async fn activations(&self, env: &str, limit: i64) -> anyhow::Result<Vec<ActivationRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            activation_columns!(),
+            " FROM profile_activations WHERE environment = $1 ORDER BY id DESC LIMIT $2"
+        ))
+        .bind(env)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(ActivationRow::from_row).collect()
+    }
+
+    /// Active profiles whose expiry is at or before `now`.
+    pub async fn expired_activations(&self, now: i64) -> anyhow::Result<Vec<ActivationRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            activation_columns!(),
+            " FROM profile_activations WHERE reverted_at IS NULL AND expires_at <= $1 \
+             ORDER BY id"
+        ))
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(ActivationRow::from_row).collect()
+    }
+}
+
+impl Store {
     /// Creates or replaces profile `name` of `env` with `body`, as the next version, keeping
     /// every version, with its audit row, in one transaction. `expected` is the version the
     /// caller read (0: the profile must not exist yet); `None` writes over any.
@@ -241,47 +284,6 @@ impl Store {
         mutate::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(true)
-    }
-
-    /// The profile active in `env` now (applied and not reverted), if any.
-    pub async fn active_profile(&self, env: &str) -> anyhow::Result<Option<ActivationRow>> {
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            activation_columns!(),
-            " FROM profile_activations WHERE environment = $1 AND reverted_at IS NULL"
-        ))
-        .bind(env)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| ActivationRow::from_row(&r)).transpose()
-    }
-
-    /// Applications of profiles in `env`, newest first, at most `limit`.
-    pub async fn activations(&self, env: &str, limit: i64) -> anyhow::Result<Vec<ActivationRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            activation_columns!(),
-            " FROM profile_activations WHERE environment = $1 ORDER BY id DESC LIMIT $2"
-        ))
-        .bind(env)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(ActivationRow::from_row).collect()
-    }
-
-    /// Active profiles whose expiry is at or before `now`.
-    pub async fn expired_activations(&self, now: i64) -> anyhow::Result<Vec<ActivationRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            activation_columns!(),
-            " FROM profile_activations WHERE reverted_at IS NULL AND expires_at <= $1 \
-             ORDER BY id"
-        ))
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(ActivationRow::from_row).collect()
     }
 
     /// Records that `row`'s profile is being applied (its `id` and `saved` are ignored):

@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Store, mutate, now_ms};
+use super::{AuditRow, Reader, Store, mutate, now_ms};
 
 stored_words! {
     /// Where a change request is: `open` (waiting for a second person), `approved` (that
@@ -122,7 +122,7 @@ impl RequestRow {
     }
 }
 
-impl Store {
+impl Reader {
     /// The kinds of change that need approval in `env` (stored as a JSON array of words);
     /// none when no rule was set.
     pub async fn approval_kinds(&self, env: &str) -> anyhow::Result<Vec<ChangeKind>> {
@@ -139,6 +139,31 @@ impl Store {
         }
     }
 
+    /// Change request `id`.
+    pub async fn request(&self, id: i64) -> anyhow::Result<Option<RequestRow>> {
+        let row = sqlx::query(concat!("SELECT ", request_columns!(), " FROM change_requests WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| RequestRow::from_row(&r)).transpose()
+    }
+
+    /// Change requests of `env`: open and approved first, then the last 100 others.
+    pub async fn requests(&self, env: &str) -> anyhow::Result<Vec<RequestRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            request_columns!(),
+            " FROM change_requests WHERE environment = $1 ORDER BY \
+             CASE WHEN state IN ('open', 'approved') THEN 0 ELSE 1 END, id DESC LIMIT 200"
+        ))
+        .bind(env)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(RequestRow::from_row).collect()
+    }
+}
+
+impl Store {
     /// Sets the kinds of change that need approval in `env`, with its audit row.
     pub async fn set_approval_kinds(
         &self,
@@ -192,29 +217,6 @@ impl Store {
         mutate::insert_audit(&mut tx, &a).await?;
         tx.commit().await?;
         Ok(id)
-    }
-
-    /// Change request `id`.
-    pub async fn request(&self, id: i64) -> anyhow::Result<Option<RequestRow>> {
-        let row = sqlx::query(concat!("SELECT ", request_columns!(), " FROM change_requests WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| RequestRow::from_row(&r)).transpose()
-    }
-
-    /// Change requests of `env`: open and approved first, then the last 100 others.
-    pub async fn requests(&self, env: &str) -> anyhow::Result<Vec<RequestRow>> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            request_columns!(),
-            " FROM change_requests WHERE environment = $1 ORDER BY \
-             CASE WHEN state IN ('open', 'approved') THEN 0 ELSE 1 END, id DESC LIMIT 200"
-        ))
-        .bind(env)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(RequestRow::from_row).collect()
     }
 
     /// Replaces request `id` by `next` if it is still at `version` in state `from` (a

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::{AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, mutate, now_ms};
+use super::{AuditRow, Backend, NOTIFY_CHANNEL, Reader, SnapshotRow, Store, mutate, now_ms};
 
 /// Rollout states. `running` and `paused` are in progress (at most one per service).
 pub const ROLLOUT_STATES: [&str; 5] = ["running", "paused", "halted", "aborted", "completed"];
@@ -427,7 +427,7 @@ pub enum Step {
     Complete,
 }
 
-impl Store {
+impl Reader {
     /// The rollout with this id.
     pub async fn rollout(&self, id: i64) -> anyhow::Result<Option<RolloutRow>> {
         let sql = format!("SELECT {COLUMNS} FROM rollouts WHERE id = $1");
@@ -512,6 +512,44 @@ impl Store {
         settings_in(&mut conn, env).await
     }
 
+    /// NACKs of `revision` of a service by instance (one per instance).
+    pub async fn nacking_instances(
+        &self,
+        env: &str,
+        service: &str,
+        revision: u64,
+    ) -> anyhow::Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT instance_id FROM nacks WHERE environment = $1 AND service = $2 AND revision = $3",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(revision as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get("instance_id")?)).collect()
+    }
+
+    /// The instances that acknowledged `revision` of a service (its ACK history).
+    pub async fn acking_instances(
+        &self,
+        env: &str,
+        service: &str,
+        revision: u64,
+    ) -> anyhow::Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT instance_id FROM acks WHERE environment = $1 AND service = $2 AND revision = $3 ORDER BY instance_id",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(revision as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get("instance_id")?)).collect()
+    }
+}
+
+impl Store {
     /// Sets the rollout setting of an environment, with `audit` in the same transaction.
     pub async fn set_rollout_settings(
         &self,
@@ -594,41 +632,5 @@ impl Store {
         notify_in(&mut tx, self.backend, &row.environment, &row.service).await?;
         tx.commit().await?;
         Ok(Some(row))
-    }
-
-    /// NACKs of `revision` of a service by instance (one per instance).
-    pub async fn nacking_instances(
-        &self,
-        env: &str,
-        service: &str,
-        revision: u64,
-    ) -> anyhow::Result<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT DISTINCT instance_id FROM nacks WHERE environment = $1 AND service = $2 AND revision = $3",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(revision as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Ok(r.try_get("instance_id")?)).collect()
-    }
-
-    /// The instances that acknowledged `revision` of a service (its ACK history).
-    pub async fn acking_instances(
-        &self,
-        env: &str,
-        service: &str,
-        revision: u64,
-    ) -> anyhow::Result<Vec<String>> {
-        let rows = sqlx::query(
-            "SELECT instance_id FROM acks WHERE environment = $1 AND service = $2 AND revision = $3 ORDER BY instance_id",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(revision as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(|r| Ok(r.try_get("instance_id")?)).collect()
     }
 }

@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, ChangeKind, Store, mutate, now_ms};
+use super::{AuditRow, ChangeKind, Reader, Store, mutate, now_ms};
 
 stored_words! {
     /// Where a scheduled change is: `pending` until its time, `running` while a replica holds
@@ -118,48 +118,7 @@ impl ScheduledRow {
     }
 }
 
-impl Store {
-    /// Stores a pending change (its `id` and state fields are ignored) with its audit row,
-    /// in one transaction. Returns its id.
-    pub async fn schedule(&self, c: &ScheduledRow, audit: Option<&AuditRow>) -> anyhow::Result<i64> {
-        let _g = self.write_guard().await;
-        let mut tx = self.pool.begin().await?;
-        let id: i64 = sqlx::query(
-            "INSERT INTO scheduled_changes (environment, service, kind, target, payload, expected, base_revision, \
-             run_at, revert_at, reverts, state, created_by, created_role, created_at, reason, created_user, \
-             created_token, break_glass) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12, $13, $14, $15, $16, $17) \
-             RETURNING id",
-        )
-        .bind(&c.environment)
-        .bind(c.service.clone())
-        .bind(c.kind.as_str())
-        .bind(&c.target)
-        .bind(&c.payload)
-        .bind(c.expected.clone())
-        .bind(c.base_revision.map(|v| v as i64))
-        .bind(c.run_at)
-        .bind(c.revert_at)
-        .bind(c.reverts)
-        .bind(&c.created_by)
-        .bind(&c.created_role)
-        .bind(c.created_at)
-        .bind(&c.reason)
-        .bind(c.created_user.clone())
-        .bind(c.created_token.clone())
-        .bind(c.break_glass.clone())
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("id")?;
-        if let Some(a) = audit {
-            let mut a = a.clone();
-            a.target = format!("{} (scheduled change {id})", a.target);
-            mutate::insert_audit(&mut tx, &a).await?;
-        }
-        tx.commit().await?;
-        Ok(id)
-    }
-
+impl Reader {
     /// Scheduled change `id`.
     pub async fn scheduled(&self, id: i64) -> anyhow::Result<Option<ScheduledRow>> {
         let row =
@@ -213,6 +172,58 @@ impl Store {
         rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
     }
 
+    /// The pending or finished change that reverts change `id`, if one was scheduled.
+    pub async fn revert_of(&self, id: i64) -> anyhow::Result<Option<i64>> {
+        let row = sqlx::query("SELECT id FROM scheduled_changes WHERE reverts = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("id")).transpose()?)
+    }
+}
+
+impl Store {
+    /// Stores a pending change (its `id` and state fields are ignored) with its audit row,
+    /// in one transaction. Returns its id.
+    pub async fn schedule(&self, c: &ScheduledRow, audit: Option<&AuditRow>) -> anyhow::Result<i64> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query(
+            "INSERT INTO scheduled_changes (environment, service, kind, target, payload, expected, base_revision, \
+             run_at, revert_at, reverts, state, created_by, created_role, created_at, reason, created_user, \
+             created_token, break_glass) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, $12, $13, $14, $15, $16, $17) \
+             RETURNING id",
+        )
+        .bind(&c.environment)
+        .bind(c.service.clone())
+        .bind(c.kind.as_str())
+        .bind(&c.target)
+        .bind(&c.payload)
+        .bind(c.expected.clone())
+        .bind(c.base_revision.map(|v| v as i64))
+        .bind(c.run_at)
+        .bind(c.revert_at)
+        .bind(c.reverts)
+        .bind(&c.created_by)
+        .bind(&c.created_role)
+        .bind(c.created_at)
+        .bind(&c.reason)
+        .bind(c.created_user.clone())
+        .bind(c.created_token.clone())
+        .bind(c.break_glass.clone())
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("id")?;
+        if let Some(a) = audit {
+            let mut a = a.clone();
+            a.target = format!("{} (scheduled change {id})", a.target);
+            mutate::insert_audit(&mut tx, &a).await?;
+        }
+        tx.commit().await?;
+        Ok(id)
+    }
+
     /// Claims change `id` for `by` until `until` if, at `now`, it is pending and due, or
     /// running with an expired claim: a conditional UPDATE (on the previous claimer, for a
     /// running one), so with several replicas exactly one gets it. The change as claimed,
@@ -261,15 +272,6 @@ impl Store {
         let reclaimed_from =
             (before.state == ScheduledState::Running).then(|| before.claimed_by.clone().unwrap_or_default());
         Ok(self.scheduled(id).await?.map(|change| Claimed { change, reclaimed_from }))
-    }
-
-    /// The pending or finished change that reverts change `id`, if one was scheduled.
-    pub async fn revert_of(&self, id: i64) -> anyhow::Result<Option<i64>> {
-        let row = sqlx::query("SELECT id FROM scheduled_changes WHERE reverts = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| r.try_get("id")).transpose()?)
     }
 
     /// Records how a change claimed by `by` ended: `applied` (with the revision it made),

@@ -3,44 +3,11 @@
 
 use sqlx::Row;
 
-use super::{AuditRow, EnvironmentRow, RevisionMeta, ServiceRow, SnapshotRow, Store, mutate, now_ms, timed};
+use super::{
+    AuditRow, EnvironmentRow, Reader, RevisionMeta, ServiceRow, SnapshotRow, Store, mutate, now_ms, timed,
+};
 
-impl Store {
-    /// Creates an environment and appends its audit row, in one transaction. Returns `None`
-    /// when one of that name exists (nothing is written).
-    pub async fn create_environment(
-        &self,
-        name: &str,
-        description: &str,
-        allow_faults: bool,
-        audit: &AuditRow,
-    ) -> anyhow::Result<Option<EnvironmentRow>> {
-        let _g = self.write_guard().await;
-        let mut tx = self.pool.begin().await?;
-        let created_at = now_ms();
-        let res = sqlx::query(
-            "INSERT INTO environments (name, description, allow_faults, created_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(name)
-        .bind(description)
-        .bind(i64::from(allow_faults))
-        .bind(created_at)
-        .execute(&mut *tx)
-        .await?;
-        if res.rows_affected() != 1 {
-            return Ok(None);
-        }
-        mutate::insert_audit(&mut tx, audit).await?;
-        tx.commit().await?;
-        Ok(Some(EnvironmentRow {
-            name: name.to_string(),
-            description: description.to_string(),
-            allow_faults,
-            created_at,
-        }))
-    }
-
+impl Reader {
     /// Lists environments by name.
     pub async fn environments(&self) -> anyhow::Result<Vec<EnvironmentRow>> {
         let rows =
@@ -190,5 +157,42 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(|r| Ok((r.try_get("environment")?, r.try_get("service")?))).collect()
+    }
+}
+
+impl Store {
+    /// Creates an environment and appends its audit row, in one transaction. Returns `None`
+    /// when one of that name exists (nothing is written).
+    pub async fn create_environment(
+        &self,
+        name: &str,
+        description: &str,
+        allow_faults: bool,
+        audit: &AuditRow,
+    ) -> anyhow::Result<Option<EnvironmentRow>> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        let created_at = now_ms();
+        let res = sqlx::query(
+            "INSERT INTO environments (name, description, allow_faults, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(description)
+        .bind(i64::from(allow_faults))
+        .bind(created_at)
+        .execute(&mut *tx)
+        .await?;
+        if res.rows_affected() != 1 {
+            return Ok(None);
+        }
+        mutate::insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
+        Ok(Some(EnvironmentRow {
+            name: name.to_string(),
+            description: description.to_string(),
+            allow_faults,
+            created_at,
+        }))
     }
 }

@@ -3,7 +3,7 @@
 
 use sqlx::Row;
 
-use super::{AuditRow, Store, TokenRow, mutate, now_ms, timed};
+use super::{AuditRow, Reader, Store, TokenRow, mutate, now_ms, timed};
 
 /// Inserts a token row (minted or a rotation's new token).
 async fn insert_token_row(conn: &mut sqlx::AnyConnection, t: &TokenRow) -> anyhow::Result<()> {
@@ -38,17 +38,7 @@ pub struct TokenEnded {
     pub at: i64,
 }
 
-impl Store {
-    /// Records a minted token and its audit row, in one transaction.
-    pub async fn insert_token(&self, t: &TokenRow, audit: &AuditRow) -> anyhow::Result<()> {
-        let _g = self.write_guard().await;
-        let mut tx = self.pool.begin().await?;
-        insert_token_row(&mut tx, t).await?;
-        mutate::insert_audit(&mut tx, audit).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
+impl Reader {
     /// Looks a token up by id (`jti`).
     pub async fn token(&self, id: &str) -> anyhow::Result<Option<TokenRow>> {
         let _t = timed("token");
@@ -80,6 +70,18 @@ impl Store {
                 .fetch_all(&self.pool)
                 .await?;
         rows.iter().map(|r| Ok((r.try_get("id")?, r.try_get("revoked_at")?))).collect()
+    }
+}
+
+impl Store {
+    /// Records a minted token and its audit row, in one transaction.
+    pub async fn insert_token(&self, t: &TokenRow, audit: &AuditRow) -> anyhow::Result<()> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        insert_token_row(&mut tx, t).await?;
+        mutate::insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Revokes a token now (a revoked one keeps its first revocation time; one whose

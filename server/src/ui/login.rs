@@ -18,7 +18,7 @@ use super::session::{
     session_cookie, session_user, set_cookie,
 };
 use crate::actions::{LoginAttempt, Via};
-use crate::auth::{LoginError, end_session};
+use crate::auth::LoginError;
 use crate::web::{AppState, ClientAddr, Https, RequestId, SESSION_COOKIE, cookie};
 
 #[derive(Template)]
@@ -148,7 +148,7 @@ pub async fn logout(
     Https(secure): Https,
     posted: Posted<NoFields>,
 ) -> Result<Response, UiError> {
-    end_session(&state.store, &posted.user.principal.jti).await?;
+    state.actions.end_session(&posted.user.principal.jti).await?;
     Ok((AppendHeaders([(header::SET_COOKIE, clear_cookie(SESSION_COOKIE, secure))]), Redirect::to("/login"))
         .into_response())
 }
