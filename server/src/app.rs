@@ -447,6 +447,7 @@ impl Server {
             health.clone(),
             store.clone(),
             settings.alert_webhook_url.as_ref().map(|u| u.expose().to_string()),
+            settings.rollout_interval,
             shutdown_rx.clone(),
         )));
         tasks.push(tokio::spawn(crate::listener::follow_revocations(

@@ -110,6 +110,9 @@ pub struct ServeArgs {
     /// counting as connected after this long.
     #[arg(long, env = "LEVEE_AGENT_LEASE", value_parser = humantime::parse_duration)]
     pub agent_lease: Option<Duration>,
+    /// How often staged rollouts are judged and their stages moved on (e.g. `1s`).
+    #[arg(long, env = "LEVEE_ROLLOUT_INTERVAL", value_parser = humantime::parse_duration)]
+    pub rollout_interval: Option<Duration>,
     /// Request body limit in bytes.
     #[arg(long, env = "LEVEE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -174,6 +177,8 @@ struct FileLayer {
     new_streams_per_sec: Option<u32>,
     #[serde(default, with = "humantime_serde::option")]
     agent_lease: Option<Duration>,
+    #[serde(default, with = "humantime_serde::option")]
+    rollout_interval: Option<Duration>,
     max_body_bytes: Option<usize>,
     log: Option<String>,
     tls_cert: Option<PathBuf>,
@@ -218,6 +223,9 @@ pub struct Settings {
     /// Lifetime of an agent's liveness lease, renewed every third of it by the replica
     /// holding the stream.
     pub agent_lease: Duration,
+    /// How often every rollout in progress is judged on its cohort's health and NACKs
+    /// (halted when worse) and moved to its next stage when the stage baked.
+    pub rollout_interval: Duration,
     /// Largest request body accepted, in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// `tracing` filter directives, e.g. `info,levee_server=debug`.
@@ -257,6 +265,7 @@ impl Settings {
             max_stream_age: crate::sync::MAX_STREAM_AGE,
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
             agent_lease: crate::fleet::LEASE_TTL,
+            rollout_interval: crate::sweeper::ROLLOUT_INTERVAL,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log: "info".into(),
             tls: None,
@@ -396,6 +405,12 @@ impl Settings {
             agent_lease >= Duration::from_secs(1) && agent_lease <= Duration::from_secs(600),
             "agent_lease (LEVEE_AGENT_LEASE) must be between 1s and 10m"
         );
+        let rollout_interval =
+            args.rollout_interval.or(file.rollout_interval).unwrap_or(crate::sweeper::ROLLOUT_INTERVAL);
+        anyhow::ensure!(
+            rollout_interval >= Duration::from_millis(10) && rollout_interval <= Duration::from_secs(60),
+            "rollout_interval (LEVEE_ROLLOUT_INTERVAL) must be between 10ms and 1m"
+        );
         let alert_webhook_url = secret(
             "alert_webhook_url",
             (args.alert_webhook_url, args.alert_webhook_url_file),
@@ -426,6 +441,7 @@ impl Settings {
             max_stream_age,
             new_streams_per_sec,
             agent_lease,
+            rollout_interval,
             max_body_bytes,
             log: args.log.or(file.log).unwrap_or_else(|| "info".into()),
             trusted_proxies,
@@ -571,6 +587,7 @@ mod tests {
         assert_eq!(dur("heartbeat_interval"), s.heartbeat_interval);
         assert_eq!(dur("max_stream_age"), s.max_stream_age);
         assert_eq!(dur("agent_lease"), s.agent_lease);
+        assert_eq!(dur("rollout_interval"), s.rollout_interval);
         assert_eq!(default_of("new_streams_per_sec").parse::<u32>().unwrap(), s.new_streams_per_sec);
         assert_eq!(default_of("max_body_bytes").parse::<usize>().unwrap(), s.max_body_bytes);
     }

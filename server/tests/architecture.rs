@@ -42,8 +42,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // instance's revision during a rollout.
     ("xds", &["agent_text", "auth", "db", "hub", "rollout", "shutdown"]),
     // config: the defaults of the settings it loads (stream limits, the agent lease, TLS
-    // files, the endpoints xDS serves).
-    ("config", &["fleet", "sync", "tls", "xds"]),
+    // files, the endpoints xDS serves, how often the sweeper drives rollouts).
+    ("config", &["fleet", "sweeper", "sync", "tls", "xds"]),
     // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
     ("web", &["actions", "auth", "db", "health", "hub", "shutdown"]),
     ("api", &["actions", "advice", "auth", "db", "diff", "health", "manifest", "rollout", "shutdown", "web"]),

@@ -4,7 +4,8 @@
 //! Each mode lives in its own module with its own clap sub-enum, flattened into
 //! [`Command`]: `overload/` (tests to failure of inbound admission against the Rust
 //! peers, targets.md "Overload behaviour") and `control/` (the control plane at scale:
-//! propagation, streams, reconnect, replicas, writes; targets.md "Control plane").
+//! propagation, streams, reconnect, replicas, writes; targets.md "Control plane"; and
+//! rollout, targets.md "Change delivery").
 
 use clap::{Parser, Subcommand};
 

@@ -33,10 +33,24 @@ impl Api {
 
     /// Sends one request; an answer other than 2xx is an error naming it.
     pub async fn send(&self, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        self.send_with(method, path, body, &[]).await
+    }
+
+    /// [`Api::send`] with more headers (`if-match`).
+    pub async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Value> {
         let mut req = self
             .client
             .request(method.clone(), format!("{}/api/v1{path}", self.base))
             .bearer_auth(&self.token);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }

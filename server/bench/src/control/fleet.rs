@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use levee_agent::Agent;
+use levee_agent::{Agent, SyncClientSettings};
 use tokio::time::Instant;
 
 use super::Common;
@@ -30,9 +30,38 @@ pub struct Fleet {
     _cache: Option<tempfile::TempDir>,
 }
 
+/// What the agents of a fleet call and how they report.
+#[derive(Clone, Debug)]
+pub struct Traffic {
+    /// Calls per second each agent makes to dependency `recommendations`; 0: none.
+    pub calls_per_sec: f64,
+    /// How long the dependency takes to answer (with success); zero: at once, and the
+    /// calls are made one after the other.
+    pub latency: Duration,
+    /// The agents' sync settings (the status report interval among them).
+    pub sync: SyncClientSettings,
+}
+
 impl Fleet {
-    /// Builds `n` agents for prod/checkout against `grpc` (they connect on their own).
+    /// Builds `n` agents for prod/checkout against `grpc` (they connect on their own),
+    /// calling an immediate dependency at `--calls-per-sec`, with the default sync settings.
     pub fn start(common: &Common, grpc: &str, token: &str, n: usize) -> anyhow::Result<Fleet> {
+        let traffic = Traffic {
+            calls_per_sec: common.calls_per_sec(),
+            latency: Duration::ZERO,
+            sync: SyncClientSettings::default(),
+        };
+        Fleet::start_with(common, grpc, token, n, &traffic)
+    }
+
+    /// [`Fleet::start`] with `traffic`.
+    pub fn start_with(
+        common: &Common,
+        grpc: &str,
+        token: &str,
+        n: usize,
+        traffic: &Traffic,
+    ) -> anyhow::Result<Fleet> {
         let cache = if common.no_cache {
             None
         } else {
@@ -44,15 +73,17 @@ impl Fleet {
         };
         let mut agents = Vec::with_capacity(n);
         for i in 0..n {
-            let mut b = Agent::builder(grpc, token, "prod", "checkout").instance_name(format!("bench-{i}"));
+            let mut b = Agent::builder(grpc, token, "prod", "checkout")
+                .instance_name(format!("bench-{i}"))
+                .sync_settings(traffic.sync.clone());
             if let Some(dir) = &cache {
                 b = b.cache_dir(dir.path().join(i.to_string()));
             }
             agents.push(b.build()?);
         }
         let agents = std::sync::Arc::new(agents);
-        let traffic =
-            (common.calls_per_sec > 0.0).then(|| tokio::spawn(traffic(agents.clone(), common.calls_per_sec)));
+        let (rate, latency) = (traffic.calls_per_sec, traffic.latency);
+        let traffic = (rate > 0.0).then(|| tokio::spawn(calls(agents.clone(), rate, latency)));
         Ok(Fleet { agents, traffic, _cache: cache })
     }
 
@@ -141,10 +172,10 @@ impl Fleet {
     }
 }
 
-/// Every agent calls dependency `recommendations` `rate` times per second (an immediate
-/// success), spread over the second in ticks of 10 ms, so each status report carries a
-/// health window. Runs until aborted.
-async fn traffic(agents: std::sync::Arc<Vec<Agent>>, rate: f64) {
+/// Every agent calls dependency `recommendations` `rate` times per second (a success
+/// after `latency`), spread over the second in ticks of 10 ms, so each status report
+/// carries a health window. Runs until aborted.
+async fn calls(agents: std::sync::Arc<Vec<Agent>>, rate: f64, latency: Duration) {
     let deps: Vec<_> = agents.iter().map(|a| a.dependency("recommendations")).collect();
     let tick = Duration::from_millis(10);
     let mut interval = tokio::time::interval(tick);
@@ -157,7 +188,20 @@ async fn traffic(agents: std::sync::Arc<Vec<Agent>>, rate: f64) {
         owed += per_tick;
         while owed >= 1.0 {
             owed -= 1.0;
-            let _ = deps[next].call("GET /recommendations", || async { Ok::<_, std::io::Error>(()) }).await;
+            if latency.is_zero() {
+                let _ =
+                    deps[next].call("GET /recommendations", || async { Ok::<_, std::io::Error>(()) }).await;
+            } else {
+                // Each call on its own task: the dependency's latency must not slow the others.
+                let dep = deps[next].clone();
+                tokio::spawn(async move {
+                    let answer = || async {
+                        tokio::time::sleep(latency).await;
+                        Ok::<_, std::io::Error>(())
+                    };
+                    let _ = dep.call("GET /recommendations", answer).await;
+                });
+            }
             next = (next + 1) % deps.len();
         }
     }

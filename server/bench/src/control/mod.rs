@@ -1,9 +1,10 @@
 //! `levee-bench` control-plane modes (issue 10, targets.md "Control plane"): the real
 //! `levee` binary as a child process on free loopback ports, real `levee_agent::Agent`s in
 //! this process (the real sync protocol: apply, persist to the disk cache, ACK). One file
-//! per mode: [`propagation`], [`streams`], [`reconnect`], [`replicas`], [`writes`]; the
-//! shared setup (server process, API client, fleet of agents, /proc figures) lives in
-//! [`server`], [`api`] and [`fleet`]. Each mode's last line is one JSON object.
+//! per mode: [`propagation`], [`streams`], [`reconnect`], [`replicas`], [`writes`],
+//! [`rollout`]; the shared setup (server process, API client, fleet of agents, /proc
+//! figures) lives in [`server`], [`api`] and [`fleet`]. Each mode's last line is one JSON
+//! object.
 
 use std::path::PathBuf;
 
@@ -14,6 +15,7 @@ mod fleet;
 mod propagation;
 mod reconnect;
 mod replicas;
+mod rollout;
 mod server;
 mod streams;
 mod writes;
@@ -32,6 +34,9 @@ pub enum Command {
     Replicas(replicas::Args),
     /// Sustained flag writes per second (each audited) on SQLite or PostgreSQL.
     Writes(writes::Args),
+    /// Bad staged policy changes under N reporting agents: first canary ACK → halt,
+    /// halt → last cohort agent reverted, agents outside the cohort that received it.
+    Rollout(rollout::Args),
 }
 
 impl Command {
@@ -45,6 +50,7 @@ impl Command {
                 Command::Reconnect(a) => reconnect::run(a).await,
                 Command::Replicas(a) => replicas::run(a).await,
                 Command::Writes(a) => writes::run(a).await,
+                Command::Rollout(a) => rollout::run(a).await,
             }
         })?;
         // Agents and servers are gone with the runtime; the summary is the last line.
@@ -73,12 +79,18 @@ pub struct Common {
     pub cache_dir: Option<PathBuf>,
     /// Calls per second each agent makes to a dependency (an immediate success), so its
     /// status reports carry health windows as a serving agent's do; 0: agents that call
-    /// nothing (reports without health).
-    #[arg(long, default_value_t = 1.0)]
-    pub calls_per_sec: f64,
+    /// nothing (reports without health). Default 1 (`rollout --smoke`: 20, so a canary of
+    /// two agents reaches the plan's `min_calls` within a report interval).
+    #[arg(long)]
+    pub calls_per_sec: Option<f64>,
 }
 
 impl Common {
+    /// `--calls-per-sec`, else 1.
+    pub fn calls_per_sec(&self) -> f64 {
+        self.calls_per_sec.unwrap_or(1.0)
+    }
+
     /// The `levee` binary: `--server-bin`, else next to this executable.
     pub fn server_bin(&self) -> anyhow::Result<PathBuf> {
         if let Some(p) = &self.server_bin {

@@ -39,7 +39,7 @@ pub async fn run(a: Args) -> anyhow::Result<serde_json::Value> {
     s.server.stop().await?;
     Ok(json!({
         "mode": "propagation", "smoke": a.common.smoke, "agents": n, "flips": flips,
-        "cache": !a.common.no_cache, "calls_per_sec": a.common.calls_per_sec,
+        "cache": !a.common.no_cache, "calls_per_sec": a.common.calls_per_sec(),
         "last_agent_applied": percentiles_ms(&f.after_answer),
         "from_request_to_last_agent": percentiles_ms(&f.from_request),
         "api_answer": percentiles_ms(&f.api_answer),

@@ -50,7 +50,7 @@ pub async fn run(a: Args) -> anyhow::Result<serde_json::Value> {
     s.server.stop().await?;
     Ok(json!({
         "mode": "streams", "smoke": a.common.smoke, "agents": n, "connected": connected,
-        "calls_per_sec": a.common.calls_per_sec,
+        "calls_per_sec": a.common.calls_per_sec(),
         "server_rss_mib": (rss as f64 / 1024.0 * 10.0).round() / 10.0,
         "server_base_rss_mib": (base as f64 / 1024.0 * 10.0).round() / 10.0,
         "server_peak_rss_mib": (hwm as f64 / 1024.0 * 10.0).round() / 10.0,
