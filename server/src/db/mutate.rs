@@ -1145,7 +1145,9 @@ impl Store {
             },
             (Staging::Default, None) if policy_changed => {
                 let settings = rollouts::settings_in(tx, env).await?;
-                if settings.staged.iter().any(|k| k == "policy") {
+                if settings.staged.iter().any(|k| k == "policy")
+                    && rollouts::connected_in(tx, env, service).await? >= rollouts::MIN_INSTANCES_TO_STAGE
+                {
                     Lines::Start(settings.plan)
                 } else {
                     Lines::None

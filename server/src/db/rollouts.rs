@@ -37,6 +37,16 @@ pub const DEFAULT_MAX_ERROR_RATE_INCREASE: f64 = 0.05;
 pub const DEFAULT_MIN_CALLS: u64 = 20;
 /// Default: NACKs of the candidate by cohort instances tolerated (the first one halts).
 pub const DEFAULT_MAX_NACKS: u64 = 0;
+/// Kinds of change an environment stages when it has no setting of its own: policy
+/// changes (flag flips, breaker overrides and emergency profiles are always immediate).
+pub const DEFAULT_STAGED: [&str; 1] = ["policy"];
+/// Connected instances a service needs for a change to be staged by the environment's
+/// setting: a cohort and at least one instance beside it to compare it with. With fewer,
+/// such a change is delivered at once: a lone instance would be a cohort judged on its
+/// NACKs alone, waiting through every stage's bake time, and the policy could not change
+/// again meanwhile. A write that asks for staging (`"staged": true`) is staged whatever
+/// the count.
+pub const MIN_INSTANCES_TO_STAGE: u64 = 2;
 
 /// One stage: the share of the service's instances that get the candidate. `percent` of
 /// the rollout buckets, and at least `instances` connected instances (the lowest buckets
@@ -168,16 +178,27 @@ impl Plan {
 
 /// An environment's rollout setting: which kinds of change are staged when the write does
 /// not say, and the plan they are staged with.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutSettings {
     /// Kinds staged by default: `policy` (the only kind that can be staged; flag flips,
     /// breaker overrides and emergency profiles are always immediate). Empty: immediate.
-    #[serde(default)]
+    /// Default (and when left out): `["policy"]`.
+    #[serde(default = "default_staged")]
     pub staged: Vec<String>,
     /// The plan staged changes follow.
     #[serde(default)]
     pub plan: Plan,
+}
+
+fn default_staged() -> Vec<String> {
+    DEFAULT_STAGED.iter().map(|k| k.to_string()).collect()
+}
+
+impl Default for RolloutSettings {
+    fn default() -> Self {
+        RolloutSettings { staged: default_staged(), plan: Plan::default() }
+    }
 }
 
 /// The kinds of change a rollout can stage.
@@ -316,6 +337,21 @@ pub(super) async fn settings_in(conn: &mut AnyConnection, env: &str) -> anyhow::
         Some(r) => Ok(serde_json::from_str(&r.try_get::<String, _>("body")?)?),
         None => Ok(RolloutSettings::default()),
     }
+}
+
+/// How many instances of `env`/`service` are connected now (their replica's lease runs),
+/// read inside a write's transaction.
+pub(super) async fn connected_in(conn: &mut AnyConnection, env: &str, service: &str) -> anyhow::Result<u64> {
+    let row = sqlx::query(
+        "SELECT COUNT(*) AS n FROM agents WHERE environment = $1 AND service = $2 AND connected <> 0 \
+         AND lease_until > $3",
+    )
+    .bind(env)
+    .bind(service)
+    .bind(now_ms())
+    .fetch_one(conn)
+    .await?;
+    Ok(row.try_get::<i64, _>("n")? as u64)
 }
 
 /// What a rollout's start records.

@@ -340,7 +340,19 @@ async fn a_policy_change_during_a_rollout_and_a_bad_plan_are_refused_with_what_t
     let body: Value = bad.json().await.unwrap();
     assert!(body["detail"].as_str().unwrap().contains("stages[0].percent"), "{body}");
     stage_policies(&api, "1h").await;
-    let written = write_policy(&api, 250).await;
+    // No instance is connected: the write asks for staging (the setting alone would deliver
+    // it at once, with no instance beside a cohort to compare it with).
+    let current = api.send(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let mut staged = current["policy"].clone();
+    staged["dependencies"]["pricing"]["attempt_timeout"] = json!("250ms");
+    let written = api
+        .send_with(
+            Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"policy": staged, "reason": "e2e staged change", "staged": true})),
+            &[("if-match", &format!("\"{}\"", current["revision"]))],
+        )
+        .await;
     assert!(written["rollout"]["id"].is_i64(), "{written}");
     let current = api.send(Method::GET, "/environments/prod/services/checkout/policy", None).await;
     let res = app
@@ -572,4 +584,81 @@ async fn cd_4_a_bad_change_is_halted_at_the_canary_and_a_good_one_completes_sqli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cd_4_a_bad_change_is_halted_at_the_canary_and_a_good_one_completes_postgres() {
     bad_change_halted_at_the_canary_good_change_completes(crate::backends::Db::Postgres).await;
+}
+
+/// Waits until the server counts `n` connected instances of prod/checkout.
+async fn connected(app: &TestApp, n: usize) {
+    for _ in 0..1000 {
+        if app.store().agents("prod", "checkout").await.unwrap().iter().filter(|a| a.connected).count() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the server never counted {n} connected instances");
+}
+
+on_both_backends! {
+/// Policy changes are staged by default (an environment without a setting stages them),
+/// once the service has two connected instances: a cohort and one beside it. With one
+/// instance the change is delivered at once (a rollout would judge it on its NACKs alone
+/// while blocking the next policy change for every stage's bake time), and a write that
+/// says `"staged": false` is immediate whatever the count. Flag flips are never staged.
+async fn policy_changes_are_staged_by_default_once_two_instances_are_connected(app) {
+    let api = Api::login(&app.base).await;
+    api.seed().await;
+    let settings = api.send(Method::GET, "/environments/prod/rollout-settings", None).await;
+    assert_eq!(settings["staged"], json!(["policy"]), "{settings}");
+    let token = api.agent_token("prod", &["checkout"]).await;
+    let caches = tempfile::tempdir().unwrap();
+    let first = named_agent(&app.grpc, &token, caches.path(), "pod-0");
+    first.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    connected(&app, 1).await;
+
+    // One instance: at once.
+    let written = write_policy(&api, 250).await;
+    assert!(written["rollout"].is_null(), "{written}");
+    let rev = written["revision"].as_u64().unwrap();
+    wait_until("pod-0 on the change", Duration::from_secs(10), || first.status().revision == rev).await;
+
+    // Two instances: staged with the default plan (5 % first, at least one instance).
+    let second = named_agent(&app.grpc, &token, caches.path(), "pod-1");
+    second.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    connected(&app, 2).await;
+    let written = write_policy(&api, 260).await;
+    let id = written["rollout"]["id"].as_i64().expect("staged by default");
+    assert_eq!(written["rollout"]["plan"]["stages"][0]["percent"], 5, "{written}");
+    assert_eq!(written["rollout"]["stable_revision"], rev, "{written}");
+    // A flip meanwhile is not staged: both instances get it.
+    let flipped = api.set_recommendations(false).await;
+    for a in [&first, &second] {
+        wait_until("the flip on both instances", Duration::from_secs(10), || {
+            !a.dependency("recommendations").is_enabled()
+        })
+        .await;
+    }
+    let r = rollout(&api, id).await;
+    assert_eq!(r["rollout"]["candidate_revision"], flipped, "{r}");
+    api.send(Method::POST, &format!("/environments/prod/rollouts/{id}/abort"), Some(json!({"reason": "e2e"})))
+        .await;
+
+    // "staged": false: at once, two instances or not.
+    let current = api.send(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let mut policy = current["policy"].clone();
+    policy["dependencies"]["pricing"]["attempt_timeout"] = json!("270ms");
+    let written = api
+        .send_with(
+            Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"policy": policy, "reason": "e2e immediate", "staged": false})),
+            &[("if-match", &format!("\"{}\"", current["revision"]))],
+        )
+        .await;
+    assert!(written["rollout"].is_null(), "{written}");
+    let rev = written["revision"].as_u64().unwrap();
+    for a in [&first, &second] {
+        wait_until("the immediate change on both", Duration::from_secs(10), || a.status().revision == rev).await;
+    }
+    first.shutdown().await;
+    second.shutdown().await;
+}
 }
