@@ -133,7 +133,7 @@ pub struct Evidence {
 /// Calls of a subject that did not succeed: failed, timed out, or shed on the agent's
 /// machine (an open breaker sheds, so its openings count through the calls it refused;
 /// a fallback answers one of these, so it is counted with them).
-fn unsuccessful(t: &HealthTotals) -> u64 {
+pub fn unsuccessful(t: &HealthTotals) -> u64 {
     t.failures + t.timeouts + t.shed
 }
 
@@ -152,11 +152,64 @@ fn worse(bad: u64, n: u64, rest_bad: u64, rest_n: u64, max_increase: f64) -> boo
     c - r > max_increase && c - r > HALT_STANDARD_ERRORS * se
 }
 
-fn percent(bad: u64, n: u64) -> f64 {
+/// `bad` of `n` in percent (0 of none).
+pub fn percent(bad: u64, n: u64) -> f64 {
     if n == 0 { 0.0 } else { bad as f64 * 100.0 / n as f64 }
 }
 
-/// Why the cohort is worse than the plan tolerates, or `None`. The one rule of a halt:
+/// What the calls of one dependency or route did, in words: the share that did not
+/// succeed and each outcome that counts (the rollout page shows each side so).
+pub fn calls_in_words(t: &HealthTotals) -> String {
+    if t.calls == 0 {
+        return "no calls".to_string();
+    }
+    format!(
+        "{:.1} % of {} calls did not succeed ({} failed, {} timed out, {} shed; {} fallbacks, {} breaker openings)",
+        percent(unsuccessful(t), t.calls),
+        t.calls,
+        t.failures,
+        t.timeouts,
+        t.shed,
+        t.fallbacks,
+        t.breaker_opens
+    )
+}
+
+/// How one dependency or inbound route of the cohort compares with the rest's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubjectVerdict {
+    pub kind: SubjectKind,
+    pub name: String,
+    pub cohort: HealthTotals,
+    pub rest: HealthTotals,
+    /// Whether the rule compares it: instances run outside the cohort and the cohort
+    /// called it at least `min_calls` times.
+    pub judged: bool,
+    /// Whether the cohort does worse on it than the plan tolerates.
+    pub worse: bool,
+}
+
+/// Everything the halt rule looked at and what it concluded: each subject either side
+/// called, readiness, NACKs, and the reason of a halt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// Every dependency and route of either side, in order of kind and name.
+    pub subjects: Vec<SubjectVerdict>,
+    /// Whether health is compared at all (some connected instance runs outside the
+    /// cohort); without, only NACKs halt.
+    pub health_compared: bool,
+    /// Whether the cohort made enough instance reports for its readiness to be judged,
+    /// and whether it is worse.
+    pub readiness_judged: bool,
+    pub readiness_worse: bool,
+    /// Whether the cohort's NACKs exceed what the plan tolerates.
+    pub nacks_worse: bool,
+    /// Why the rollout halts, in words ([`halt_reason`]); `None`: it does not.
+    pub reason: Option<String>,
+}
+
+/// The halt rule applied to `e` under `plan`, subject by subject; [`halt_reason`] is its
+/// conclusion. The rule:
 ///
 /// * more cohort instances NACKed the candidate than `max_nacks`;
 /// * for a dependency or inbound route the cohort called at least `min_calls` times (at
@@ -165,49 +218,65 @@ fn percent(bad: u64, n: u64) -> f64 {
 ///   by more than [`HALT_STANDARD_ERRORS`] standard errors;
 /// * over at least [`MIN_READINESS_SLOTS`] instance reports, the cohort's share of
 ///   reports saying "not ready" exceeds the rest's the same way.
-pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
-    if e.nacks > plan.max_nacks {
-        return Some(format!(
+///
+/// Health is compared only while instances run outside the cohort (`rest_instances`).
+pub fn judge(plan: &Plan, e: &Evidence) -> Verdict {
+    let tolerance = plan.max_error_rate_increase;
+    let health_compared = e.rest_instances > 0;
+    let none = HealthTotals::default();
+    let mut keys: Vec<&(SubjectKind, String)> =
+        e.cohort.subjects.keys().chain(e.rest.subjects.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let subjects: Vec<SubjectVerdict> = keys
+        .into_iter()
+        .map(|key| {
+            let c = e.cohort.subjects.get(key).unwrap_or(&none);
+            let r = e.rest.subjects.get(key).unwrap_or(&none);
+            let judged = health_compared && c.calls >= plan.min_calls.max(1);
+            SubjectVerdict {
+                kind: key.0,
+                name: key.1.clone(),
+                cohort: c.clone(),
+                rest: r.clone(),
+                judged,
+                worse: judged && worse(unsuccessful(c), c.calls, unsuccessful(r), r.calls, tolerance),
+            }
+        })
+        .collect();
+    let (c, r) = (&e.cohort, &e.rest);
+    let readiness_judged = health_compared && c.instance_slots >= MIN_READINESS_SLOTS;
+    let readiness_worse = readiness_judged
+        && worse(c.not_ready_slots, c.instance_slots, r.not_ready_slots, r.instance_slots, tolerance);
+    let nacks_worse = e.nacks > plan.max_nacks;
+    let reason = if nacks_worse {
+        Some(format!(
             "{} cohort instance{} rejected the candidate (NACK); the plan tolerates {}",
             e.nacks,
             if e.nacks == 1 { "" } else { "s" },
             plan.max_nacks
-        ));
-    }
-    if e.rest_instances == 0 {
-        return None;
-    }
-    let tolerance = plan.max_error_rate_increase;
-    let none = HealthTotals::default();
-    for ((kind, name), c) in &e.cohort.subjects {
-        if c.calls < plan.min_calls.max(1) {
-            continue;
-        }
-        let r = e.rest.subjects.get(&(*kind, name.clone())).unwrap_or(&none);
-        if worse(unsuccessful(c), c.calls, unsuccessful(r), r.calls, tolerance) {
-            return Some(format!(
-                "{} {name}: {:.1} % of the cohort's {} calls did not succeed ({} failed, {} timed out, {} shed; \
-                 {} fallbacks, {} breaker openings) against {:.1} % of the rest's {}: more than the {:.1} points \
-                 the plan tolerates",
-                kind.as_str(),
-                percent(unsuccessful(c), c.calls),
-                c.calls,
-                c.failures,
-                c.timeouts,
-                c.shed,
-                c.fallbacks,
-                c.breaker_opens,
-                percent(unsuccessful(r), r.calls),
-                r.calls,
-                tolerance * 100.0
-            ));
-        }
-    }
-    let (c, r) = (&e.cohort, &e.rest);
-    if c.instance_slots >= MIN_READINESS_SLOTS
-        && worse(c.not_ready_slots, c.instance_slots, r.not_ready_slots, r.instance_slots, tolerance)
-    {
-        return Some(format!(
+        ))
+    } else if let Some(v) = subjects.iter().find(|v| v.worse) {
+        let (c, r) = (&v.cohort, &v.rest);
+        Some(format!(
+            "{} {}: {:.1} % of the cohort's {} calls did not succeed ({} failed, {} timed out, {} shed; \
+             {} fallbacks, {} breaker openings) against {:.1} % of the rest's {}: more than the {:.1} points \
+             the plan tolerates",
+            v.kind.as_str(),
+            v.name,
+            percent(unsuccessful(c), c.calls),
+            c.calls,
+            c.failures,
+            c.timeouts,
+            c.shed,
+            c.fallbacks,
+            c.breaker_opens,
+            percent(unsuccessful(r), r.calls),
+            r.calls,
+            tolerance * 100.0
+        ))
+    } else if readiness_worse {
+        Some(format!(
             "the cohort's instances said they were not ready in {} of {} reports ({:.1} %) against {} of {} \
              ({:.1} %) for the rest: more than the {:.1} points the plan tolerates",
             c.not_ready_slots,
@@ -217,9 +286,17 @@ pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
             r.instance_slots,
             percent(r.not_ready_slots, r.instance_slots),
             tolerance * 100.0
-        ));
-    }
-    None
+        ))
+    } else {
+        None
+    };
+    Verdict { subjects, health_compared, readiness_judged, readiness_worse, nacks_worse, reason }
+}
+
+/// Why the cohort is worse than the plan tolerates, or `None`: the one rule of a halt,
+/// as [`judge`] states it.
+pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
+    judge(plan, e).reason
 }
 
 /// The cohort's and the rest's health in rollout `r` since it started (at most
@@ -451,6 +528,34 @@ mod tests {
         // Two reports are too few; one not ready of six is chance.
         assert_eq!(judge(side(0, 0, 0, 2, 2), side(0, 0, 0, 40, 0)), None);
         assert_eq!(judge(side(0, 0, 0, 6, 1), side(0, 0, 0, 40, 0)), None);
+    }
+
+    #[test]
+    fn the_verdict_shows_every_subject_of_either_side_and_which_one_halts() {
+        let mut cohort = side(40, 40, 0, 3, 0);
+        cohort.subjects.insert(
+            (SubjectKind::Route, "GET /".into()),
+            HealthTotals { calls: 5, successes: 5, ..HealthTotals::default() },
+        );
+        let mut rest = side(1000, 0, 0, 40, 0);
+        rest.subjects.insert(
+            (SubjectKind::Dependency, "search".into()),
+            HealthTotals { calls: 9, successes: 9, ..HealthTotals::default() },
+        );
+        let e = Evidence { cohort, rest, nacks: 0, rest_instances: 3 };
+        let v = super::judge(&Plan::default(), &e);
+        let lines: Vec<(&str, bool, bool)> =
+            v.subjects.iter().map(|s| (s.name.as_str(), s.judged, s.worse)).collect();
+        // Dependencies before routes; a subject only the rest called is shown, not judged;
+        // one the cohort called fewer than min_calls times is not judged either.
+        assert_eq!(lines, [("pricing", true, true), ("search", false, false), ("GET /", false, false)]);
+        assert!(v.health_compared && v.readiness_judged && !v.readiness_worse && !v.nacks_worse);
+        assert_eq!(v.reason, halt_reason(&Plan::default(), &e));
+        assert!(v.reason.unwrap().starts_with("dependency pricing:"));
+        // Nothing runs beside the cohort: nothing judged on health, the reason is NACKs'.
+        let alone = super::judge(&Plan::default(), &Evidence { rest_instances: 0, nacks: 1, ..e });
+        assert!(!alone.health_compared && alone.subjects.iter().all(|s| !s.judged && !s.worse));
+        assert!(alone.nacks_worse && alone.reason.unwrap().contains("NACK"));
     }
 
     #[test]

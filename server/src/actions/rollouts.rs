@@ -401,6 +401,22 @@ impl Actions {
         Ok(None)
     }
 
+    /// What the halt rule concludes on `r` now, subject by subject, from the health of its
+    /// two `sides` (`rollout::sides`) and the fleet as it is: what the rollout page shows
+    /// beside the rest, the same judgement the server's own turn makes.
+    ///
+    /// # Errors
+    /// The database could not be read.
+    pub async fn rollout_verdict(
+        &self,
+        r: &RolloutRow,
+        sides: (Side, Side),
+    ) -> anyhow::Result<rollout::Verdict> {
+        let connected = self.connected(r).await?;
+        let evidence = self.evidence(r, sides, &connected).await?;
+        Ok(rollout::judge(&r.plan, &evidence))
+    }
+
     /// What `r` is judged on now: the cohort's NACKs of the candidate, the outcome counts
     /// of both sides and how many of the `connected` instances run outside the cohort.
     async fn evidence(

@@ -291,10 +291,13 @@ pub async fn apply(
         Err(e) => return Err(e.into()),
     };
     tracing::info!(actor = ?by.name, environment = ?env, service = ?svc, to = form.to, revision = w.snapshot.revision, "rolled back from the UI");
-    let url = if w.changed {
-        format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)
-    } else {
-        format!("{}?unchanged=1", service_url(&env, &svc))
+    let url = match super::rollouts::started_by(&env, &w) {
+        // Staged: the rollout page follows the cohort and the rest.
+        Some(url) => url,
+        None if w.changed => {
+            format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)
+        }
+        None => format!("{}?unchanged=1", service_url(&env, &svc)),
     };
     Ok(Redirect::to(&url).into_response())
 }

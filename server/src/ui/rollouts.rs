@@ -6,18 +6,104 @@ use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
+use levee_agent::policy::Timestamp;
 use serde::Deserialize;
 
 use super::error::UiError;
 use super::page::{Layout, Page, When, duration, seg, service_url, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, InstanceView, RolloutDetail};
+use crate::db::Plan;
+use crate::rollout::{self, Side, Verdict};
 use crate::web::{AppState, RequestId};
 
 struct StageView {
     share: String,
     current: bool,
     done: bool,
+}
+
+/// One line of the health table: a dependency or route, readiness, or NACKs, with what
+/// each side did and what the halt rule (`rollout::judge`) concluded.
+struct HealthLine {
+    subject: String,
+    cohort: String,
+    rest: String,
+    verdict: String,
+    worse: bool,
+}
+
+fn not_ready(side: &Side) -> String {
+    format!(
+        "{} of {} reports not ready ({:.1} %)",
+        side.not_ready_slots,
+        side.instance_slots,
+        rollout::percent(side.not_ready_slots, side.instance_slots)
+    )
+}
+
+/// The health table of a rollout: every subject either side called, readiness and NACKs,
+/// each with the rule's conclusion.
+fn health_lines(
+    v: &Verdict,
+    plan: &Plan,
+    (cohort, rest): (&Side, &Side),
+    nacks: (usize, usize),
+) -> Vec<HealthLine> {
+    let not_compared = "not compared: no connected instance runs outside the cohort (only NACKs halt)";
+    let mut out: Vec<HealthLine> = v
+        .subjects
+        .iter()
+        .map(|s| HealthLine {
+            subject: format!("{} {}", s.kind.as_str(), s.name),
+            cohort: rollout::calls_in_words(&s.cohort),
+            rest: rollout::calls_in_words(&s.rest),
+            verdict: if !v.health_compared {
+                not_compared.to_string()
+            } else if s.worse {
+                "worse than the plan tolerates".to_string()
+            } else if s.judged {
+                "within the plan".to_string()
+            } else {
+                format!(
+                    "not judged yet: {} of the {} cohort calls the plan asks for",
+                    s.cohort.calls, plan.min_calls
+                )
+            },
+            worse: s.worse,
+        })
+        .collect();
+    out.push(HealthLine {
+        subject: "readiness".to_string(),
+        cohort: not_ready(cohort),
+        rest: not_ready(rest),
+        verdict: if !v.health_compared {
+            not_compared.to_string()
+        } else if v.readiness_worse {
+            "worse than the plan tolerates".to_string()
+        } else if v.readiness_judged {
+            "within the plan".to_string()
+        } else {
+            format!(
+                "not judged yet: {} of the {} cohort reports it needs",
+                cohort.instance_slots,
+                rollout::MIN_READINESS_SLOTS
+            )
+        },
+        worse: v.readiness_worse,
+    });
+    out.push(HealthLine {
+        subject: "NACKs of the candidate".to_string(),
+        cohort: nacks.0.to_string(),
+        rest: nacks.1.to_string(),
+        verdict: if v.nacks_worse {
+            format!("more than the {} the plan tolerates", plan.max_nacks)
+        } else {
+            format!("within the {} the plan tolerates", plan.max_nacks)
+        },
+        worse: v.nacks_worse,
+    });
+    out
 }
 
 #[derive(Template)]
@@ -50,10 +136,25 @@ struct RolloutPage {
     instances: Vec<InstanceView>,
     max_error_rate_increase: String,
     max_nacks: u64,
+    min_calls: u64,
+    /// What each side did and the halt rule's conclusion, line by line.
+    health: Vec<HealthLine>,
+    /// Since when the health is summed (the rollout's start, at most 15 minutes back).
+    health_since: When,
+    /// The rule's reason to halt, while the rollout runs and the rule says so (the
+    /// server's next turn halts it).
+    halting: Option<String>,
 }
 
 fn url(env: &str, id: i64) -> String {
     format!("/ui/environments/{}/rollouts/{id}", seg(env))
+}
+
+/// The page of the rollout in progress that serves `w`'s revision to its cohort (a change
+/// the environment staged), if there is one: where a commit from the UI goes next.
+pub(super) fn started_by(env: &str, w: &crate::actions::Written) -> Option<String> {
+    let r = w.rollout.as_ref()?;
+    (w.changed && r.active() && r.candidate_revision == w.snapshot.revision).then(|| url(env, r.id))
 }
 
 /// `GET /ui/environments/{env}/rollouts/{id}`: the rollout as it is now.
@@ -63,7 +164,13 @@ pub async fn page(
     Path((env, id)): Path<(String, i64)>,
 ) -> Result<Response, UiError> {
     let r = s.actions.rollout(&env, id).await?;
+    let now = Timestamp::now().unix_ms();
+    let sides = rollout::sides(&s.health, &s.store, &r, now).await?;
+    let verdict = s.actions.rollout_verdict(&r, sides.clone()).await?;
     let RolloutDetail { rollout: r, cohort, rest, instances } = s.actions.rollout_detail(r).await?;
+    let health = health_lines(&verdict, &r.plan, (&sides.0, &sides.1), (cohort.nacks, rest.nacks));
+    let health_since = time(r.created_at.max(now - rollout::HEALTH_LOOKBACK.as_millis() as i64));
+    let halting = verdict.reason.filter(|_| r.active());
     let stages = r
         .plan
         .stages
@@ -104,6 +211,10 @@ pub async fn page(
         instances,
         max_error_rate_increase: format!("{:.1}", r.plan.max_error_rate_increase * 100.0),
         max_nacks: r.plan.max_nacks,
+        min_calls: r.plan.min_calls,
+        health,
+        health_since,
+        halting,
         state: r.state,
         env,
         svc: r.service,

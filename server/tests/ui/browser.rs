@@ -161,6 +161,11 @@ async fn click(c: &Client, css: &str) {
 /// A real agent of prod/checkout (instance `checkout-web-1`), with its token minted through
 /// the API and its cache in `cache`; it reports its status every 200 ms.
 async fn checkout_agent(app: &TestApp, cache: &tempfile::TempDir) -> Agent {
+    checkout_agent_named(app, cache.path(), "checkout-web-1").await
+}
+
+/// [`checkout_agent`] as instance `name`, its cache in `cache`.
+async fn checkout_agent_named(app: &TestApp, cache: &std::path::Path, name: &str) -> Agent {
     let (s, _, t) = app
         .api(
             Method::POST,
@@ -170,8 +175,8 @@ async fn checkout_agent(app: &TestApp, cache: &tempfile::TempDir) -> Agent {
         .await;
     assert_eq!(s, StatusCode::CREATED, "{t}");
     Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "checkout")
-        .cache_dir(cache.path())
-        .instance_name("checkout-web-1")
+        .cache_dir(cache)
+        .instance_name(name)
         .sync_settings(SyncClientSettings {
             backoff_base: Duration::from_millis(50),
             backoff_cap: Duration::from_millis(300),
@@ -1508,4 +1513,112 @@ async fn browser_rollout_page_promote_abort_and_a_halted_rollout() {
     assert!(audit.iter().any(|a| a["action"] == "rollout.halt" && a["actor"] == "levee"), "{audit:?}");
     c.close().await.unwrap();
     agent.shutdown().await;
+}
+
+/// A rollout the server halted on the agents' health, as the operator sees it: two
+/// instances calling `payments` (20 ms a call), a staged change that gives it 1 ms: the
+/// page shows, beside the rest, what the cohort's calls did and which line the rule found
+/// worse, and the reason in words.
+#[tokio::test]
+async fn browser_a_rollout_halted_on_health_shows_the_cohort_beside_the_rest() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let caches = tempfile::tempdir().unwrap();
+    let mut agents = Vec::new();
+    for name in ["checkout-web-1", "checkout-web-2"] {
+        let a = checkout_agent_named(&app, &caches.path().join(name), name).await;
+        a.wait_for_initial_sync(WAIT).await.unwrap();
+        agents.push(a);
+    }
+    until("both instances connected", || async {
+        let (_, _, fleet) = app.api(Method::GET, "/environments/prod/services/checkout/agents", None).await;
+        (fleet.as_array()?.iter().filter(|a| a["connected"] == true).count() == 2).then_some(())
+    })
+    .await;
+    // Both call payments, which answers in 20 ms, every 10 ms.
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    for a in &agents {
+        let payments = a.dependency("payments");
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                let payments = payments.clone();
+                tokio::spawn(async move {
+                    let answer = || async {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, std::io::Error>(())
+                    };
+                    let _ = payments.call("POST /payments", answer).await;
+                });
+            }
+        });
+    }
+    let base = app.base.clone();
+    login(&c, &base, "olivia", PASSWORD).await;
+
+    // The bad change, staged: one instance first, then everyone, an hour each.
+    let plan = json!({"stages": [{"percent": 0, "instances": 1}, {"percent": 100}], "bake": "1h"});
+    let (s, _, b) = app
+        .api(
+            Method::PUT,
+            "/environments/prod/rollout-settings",
+            Some(json!({"reason": "test", "settings": {"staged": ["policy"], "plan": plan}})),
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let (_, _, current) = app.api(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let mut policy = current["policy"].clone();
+    policy["dependencies"]["payments"]["attempt_timeout"] = json!("1ms");
+    let (s, _, b) = app
+        .api_with(
+            Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"policy": policy, "reason": "payments must answer at once", "staged": true})),
+            &[("if-match", &format!("\"{}\"", current["revision"]))],
+        )
+        .await;
+    assert!(s.is_success(), "{b}");
+    let id = b["rollout"]["id"].as_i64().expect("a rollout started");
+
+    let page = format!("{base}/ui/environments/prod/rollouts/{id}");
+    let outcome = until("the halt on the page", || async {
+        c.goto(&page).await.ok()?;
+        let t = text_of(&c, "#outcome").await?;
+        t.contains("halted by the server").then_some(t)
+    })
+    .await;
+    assert!(outcome.contains("dependency payments:"), "{outcome}");
+    assert!(outcome.contains("did not succeed"), "{outcome}");
+    assert!(outcome.contains("put the previous policy back for every instance"), "{outcome}");
+    assert!(body(&c).await.contains(&format!("Rollout {id} of checkout: halted")));
+    // The line the rule found worse, the cohort's calls beside the rest's.
+    let worse = wait_find(&c, "#health tr.worse").await.text().await.unwrap();
+    assert!(worse.starts_with("dependency payments"), "{worse}");
+    assert!(worse.ends_with("worse than the plan tolerates"), "{worse}");
+    // Most of the cohort's calls timed out or were shed by the breaker that opened (a report
+    // counts its window's calls for the revision applied when it is sent, so the calls
+    // made just before the candidate count for it too); the rest's nearly all succeeded.
+    let cohort = text_of(&c, "#health tr.worse td:nth-of-type(1)").await.unwrap();
+    let share = |t: &str| t.split(" % of").next().and_then(|p| p.parse::<f64>().ok()).unwrap();
+    assert!(share(&cohort) >= 50.0, "{cohort}");
+    assert!(cohort.contains("did not succeed") && !cohort.contains("(0 failed, 0 timed out"), "{cohort}");
+    let rest = text_of(&c, "#health tr.worse td:nth-of-type(2)").await.unwrap();
+    assert!(share(&rest) < 10.0, "the rest's calls succeeded: {rest}");
+    let health = text_of(&c, "#health").await.unwrap();
+    assert!(health.contains("readiness"), "{health}");
+    assert!(health.contains("NACKs of the candidate 0 0 within the 0 the plan tolerates"), "{health}");
+    assert!(c.find(Locator::Css("#steps")).await.is_err(), "no steps on a halted rollout");
+    screenshot(&c, "rollout-halted-on-health").await;
+    let _ = stop_tx.send(true);
+    c.close().await.unwrap();
+    for a in agents {
+        a.shutdown().await;
+    }
 }
