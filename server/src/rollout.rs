@@ -18,7 +18,7 @@ use std::time::Duration;
 use levee_agent::flags::{ROLLOUT_BUCKETS, rollout_bucket};
 use levee_agent::policy::Policy;
 
-use crate::db::{Plan, RolloutRow, SnapshotRow, Store};
+use crate::db::{Plan, Reader, RolloutRow, SnapshotRow};
 use crate::health::{Health, HealthTotals, RevisionTotals, SubjectKind};
 
 /// The bucket of `instance` (an id agents announce) in rollout `row`
@@ -310,7 +310,7 @@ pub fn halt_reason(plan: &Plan, e: &Evidence) -> Option<String> {
 /// The database could not be read.
 pub async fn sides(
     health: &Health,
-    store: &Store,
+    store: &Reader,
     r: &RolloutRow,
     now_ms: i64,
 ) -> anyhow::Result<(Side, Side)> {
