@@ -146,7 +146,7 @@ struct RolloutPage {
     halting: Option<String>,
 }
 
-fn url(env: &str, id: i64) -> String {
+pub(super) fn url(env: &str, id: i64) -> String {
     format!("/ui/environments/{}/rollouts/{id}", seg(env))
 }
 

@@ -294,6 +294,17 @@ struct NackView {
     at: When,
 }
 
+/// A staged rollout in progress, as the service page announces it.
+struct RolloutLine {
+    id: i64,
+    url: String,
+    state: String,
+    stage: usize,
+    stages: usize,
+    candidate: u64,
+    stable: u64,
+}
+
 #[derive(Template)]
 #[template(path = "service.html")]
 struct ServicePage {
@@ -331,6 +342,8 @@ struct ServicePage {
     nacks: Vec<NackView>,
     /// The emergency profile active in the environment, if any.
     profile: Option<super::profiles::ActiveView>,
+    /// The service's staged rollout in progress, if any.
+    rollout: Option<RolloutLine>,
     alarms: Alarms,
     alarms_scope: &'static str,
     faults: Vec<FaultView>,
@@ -370,7 +383,18 @@ pub async fn page(
     let sizing = crate::advice::bulkheads(&cfg.policy, &f.agents);
     let mut breakers = breaker_column(&f);
     let replaced = f.replaced();
+    let rollout =
+        s.store.rollouts(&env, Some(&svc), 1).await?.into_iter().find(|r| r.active()).map(|r| RolloutLine {
+            url: super::rollouts::url(&env, r.id),
+            id: r.id,
+            state: r.state.clone(),
+            stage: r.stage + 1,
+            stages: r.plan.stages.len(),
+            candidate: r.candidate_revision,
+            stable: r.stable_revision,
+        });
     let page = ServicePage {
+        rollout,
         profile: f.active.as_ref().map(super::profiles::ActiveView::of),
         live: super::live::of_service(&f),
         live_src: format!("{}/live", service_url(&env, &svc)),

@@ -1435,6 +1435,12 @@ async fn browser_rollout_page_promote_abort_and_a_halted_rollout() {
     // Promote: stage 1 (the agent, the only instance) then completion.
     let id = start_rollout(&app, "checkout").await;
     let page = format!("{base}/ui/environments/prod/rollouts/{id}");
+    // The service page announces it and leads to it.
+    c.goto(&format!("{base}/ui/environments/prod/services/checkout")).await.unwrap();
+    let line = wait_find(&c, "#rollout").await.text().await.unwrap();
+    assert!(line.contains(&format!("Staged rollout {id} is running, stage 1 of 2")), "{line}");
+    click(&c, "#rollout a").await;
+    assert_eq!(c.current_url().await.unwrap().as_str(), page);
     c.goto(&page).await.unwrap();
     let text = body(&c).await;
     assert!(text.contains(&format!("Rollout {id} of checkout: running")), "{text}");
