@@ -19,6 +19,7 @@ pub mod health;
 pub mod hub;
 pub mod import;
 pub mod listener;
+pub mod login_limit;
 pub mod manifest;
 pub mod rollout;
 pub mod shutdown;

@@ -27,7 +27,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("advice", &["db"]),
     // The alert_after watcher: advice's rule over the store, a task stopped like the others.
     ("alerts", &["actions", "advice", "db", "shutdown"]),
-    ("auth", &["db"]),
+    // login_limit: the login limiter, which knows nothing of passwords, tokens or storage.
+    ("login_limit", &[]),
+    ("auth", &["db", "login_limit"]),
     ("fleet", &["db"]),
     // health: agents' windowed counts, bounded by agent_text, kept in memory and in db.
     ("health", &["agent_text", "db", "shutdown"]),
@@ -74,6 +76,7 @@ const HTTP_FREE: &[&str] = &[
     "health",
     "hub",
     "listener",
+    "login_limit",
     "manifest",
     "rollout",
     "shutdown",
