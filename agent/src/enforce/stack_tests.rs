@@ -1,5 +1,6 @@
 //! The whole outbound stack: order properties and scenarios that need every stage.
 
+use std::fmt;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -11,6 +12,7 @@ use super::*;
 use crate::breaker::State;
 use crate::deadline::{Deadline, RequestContext, with_context, with_deadline};
 use crate::flags::tests::{apply, shared_with};
+use crate::policy::FallbackLevel;
 use crate::retry::ErrorKind;
 use crate::state::Shared;
 
@@ -562,8 +564,8 @@ where
 async fn client_throttle_refuses_only_past_k_times_the_accepts_and_forgets_after_its_window() {
     let shared = shared_with(&throttled_policy("", r#"{"max_attempts": 1}"#));
     let d = dep(&shared, "t");
-    d.slot.load().state.throttle.reseed(17);
-    assert_eq!(d.slot.load().state.throttle.k(), 2.0, "K defaults to 2");
+    d.view().state.throttle.reseed(17);
+    assert_eq!(d.view().state.throttle.k(), 2.0, "K defaults to 2");
     assert_eq!(calls::<io::Error>(&d, 20, || Ok(())).await, (20, 0));
     assert_eq!(calls(&d, 21, || Err(unavailable())).await, (21, 0), "p = 0 while j ≤ 20");
     let (sent, refused) = calls(&d, 1000, || Err(unavailable())).await;
@@ -589,12 +591,12 @@ async fn client_throttle_refuses_only_past_k_times_the_accepts_and_forgets_after
 async fn client_throttle_k_comes_from_the_policy() {
     let shared = shared_with(&throttled_policy(r#""client_throttle": {"k": 3}, "#, r#"{"max_attempts": 1}"#));
     let d = dep(&shared, "t");
-    assert_eq!(d.slot.load().state.throttle.k(), 3.0);
+    assert_eq!(d.view().state.throttle.k(), 3.0);
     assert_eq!(calls::<io::Error>(&d, 20, || Ok(())).await, (20, 0));
     assert_eq!(calls(&d, 41, || Err(unavailable())).await, (41, 0), "p = 0 while j ≤ 40");
     apply(&shared, 2, &throttled_policy(r#""client_throttle": {"k": 1}, "#, r#"{"max_attempts": 1}"#));
-    assert_eq!(d.slot.load().state.throttle.k(), 1.0, "changed live, counts kept");
-    assert!((d.slot.load().state.throttle.reject_probability() - 41.0 / 62.0).abs() < 1e-12);
+    assert_eq!(d.view().state.throttle.k(), 1.0, "changed live, counts kept");
+    assert!((d.view().state.throttle.reject_probability() - 41.0 / 62.0).abs() < 1e-12);
 }
 
 /// The callee is told what its caller will wait, not the whole request budget:

@@ -7,6 +7,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use super::*;
 use crate::flags::tests::{apply, shared_with};
+use crate::policy::FallbackLevel;
 use crate::state::Shared;
 
 const POLICY: &str = r#"{
