@@ -325,6 +325,10 @@ impl AgentBuilder {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let name = self.instance_name.as_deref().and_then(clean_instance_name);
         let instance_id = instance_id(&name.unwrap_or_else(instance_name_from_env));
+        // Before the first refresh that can see a fault rule naming instances (the slots
+        // are resolved again once it is set).
+        let _ = shared.instance_id.set(instance_id.clone());
+        shared.refresh();
         let client = SyncClient {
             shared: shared.clone(),
             endpoints,

@@ -316,6 +316,9 @@ pub(crate) struct ResolveCtx<'a> {
     pub(crate) now: Instant,
     /// When the configuration was last confirmed live; `None` = never.
     pub(crate) confirmed_at: Option<Instant>,
+    /// This agent's instance id (what a fault rule's `instances` name); empty before the
+    /// agent has one.
+    pub(crate) instance_id: &'a str,
 }
 
 impl<'a> ResolveCtx<'a> {

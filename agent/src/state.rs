@@ -106,6 +106,9 @@ pub(crate) struct Shared {
     last_report_ms: AtomicU64,
     /// Readiness waits for a configuration confirmed live (`refuse_until_fresh`).
     pub(crate) refuse_until_fresh: AtomicBool,
+    /// The instance id the agent announces, set once by `AgentBuilder::build` before any
+    /// task runs: a fault rule naming instances applies only to those.
+    pub(crate) instance_id: std::sync::OnceLock<String>,
 }
 
 impl fmt::Debug for Shared {
@@ -155,6 +158,7 @@ impl Shared {
             wake: Notify::new(),
             last_report_ms: AtomicU64::new(0),
             refuse_until_fresh: AtomicBool::new(false),
+            instance_id: std::sync::OnceLock::new(),
         };
         shared.refresh();
         shared.update_metrics();
@@ -179,6 +183,7 @@ impl Shared {
             declared: &self.flags,
             now: Instant::now(),
             confirmed_at: self.confirmed_at(),
+            instance_id: self.instance_id.get().map_or("", String::as_str),
         };
         f(&ctx, &applied)
     }

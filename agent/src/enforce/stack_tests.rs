@@ -320,6 +320,27 @@ async fn injected_faults_behave_like_real_failures() {
     d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await.unwrap();
 }
 
+/// A fault rule naming instances (an experiment's blast radius) acts on those agents only;
+/// an agent with no instance id yet is not one of them.
+#[tokio::test(start_paused = true)]
+async fn a_fault_rule_naming_instances_acts_on_those_only() {
+    let named = policy("").replace(
+        r#"{"policy""#,
+        r#"{"faults_allowed": true, "faults": [{"id": "f", "dependency": "p", "action": {"type": "abort", "status": 503},
+           "percent": 100, "expires_at": "2999-01-01T00:00:00Z", "instances": ["checkout-a1"]}], "policy""#,
+    );
+    for (instance, injected) in [(Some("checkout-a1"), true), (Some("checkout-b2"), false), (None, false)] {
+        let shared = shared_with(&named);
+        if let Some(id) = instance {
+            shared.instance_id.set(id.to_string()).unwrap();
+            shared.refresh();
+        }
+        let d = dep(&shared, "p");
+        let r = d.call("GET /x", || async { Ok::<_, io::Error>(()) }).await;
+        assert_eq!(matches!(r, Err(CallError::Injected(_))), injected, "{instance:?}: {r:?}");
+    }
+}
+
 /// Operator levers: a forced-open override rejects every call; pausing retries makes one
 /// attempt only.
 #[tokio::test(start_paused = true)]

@@ -153,7 +153,8 @@ impl DepView {
         // Fault rules, each until its expiry (scheduled the same way).
         let mut rules = Vec::new();
         if config.faults_allowed {
-            for (rule, until) in ctx.applied.fault_rules().filter(|(f, _)| *f.dependency == **name) {
+            let mine = |f: &policy::FaultRule| *f.dependency == **name && f.applies_to(ctx.instance_id);
+            for (rule, until) in ctx.applied.fault_rules().filter(|(f, _)| mine(f)) {
                 if until > ctx.now {
                     rules.push(rule.clone());
                     wake_at(until);

@@ -12,6 +12,7 @@ fn rule(op: Option<&str>, action: FaultAction, percent: f64, expires_at: Timesta
         action,
         percent,
         expires_at,
+        instances: Vec::new(),
     }
 }
 

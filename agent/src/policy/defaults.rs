@@ -137,6 +137,11 @@ pub const MAX_FLAGS: usize = 1024;
 pub const MAX_MATRIX_ROWS: usize = 256;
 /// Most fault rules per service.
 pub const MAX_FAULTS: usize = 64;
+/// Most instances one fault rule names (`FaultRule::instances`).
+pub const MAX_FAULT_INSTANCES: usize = 1000;
+/// Longest instance id a fault rule names, in bytes (the server's bound on the ids agents
+/// announce).
+pub const MAX_INSTANCE_ID_BYTES: usize = 128;
 /// Most breaker overrides per service.
 pub const MAX_BREAKER_OVERRIDES: usize = 256;
 /// Most inbound routes per service.

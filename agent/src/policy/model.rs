@@ -950,6 +950,17 @@ pub struct FaultRule {
     pub percent: f64,
     /// Mandatory: the rule stops by itself after this instant, even offline.
     pub expires_at: Timestamp,
+    /// The agent instances (their announced instance ids) the rule applies to; empty (the
+    /// default, and then not written) = every instance. An experiment's blast radius.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<String>,
+}
+
+impl FaultRule {
+    /// Whether the rule applies to the agent instance `instance_id`.
+    pub fn applies_to(&self, instance_id: &str) -> bool {
+        self.instances.is_empty() || self.instances.iter().any(|i| i == instance_id)
+    }
 }
 
 /// State forced on a breaker by an operator.

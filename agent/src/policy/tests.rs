@@ -152,6 +152,18 @@ fn faults_need_an_expiry_and_a_known_dependency() {
     assert_eq!(paths, vec!["faults[0].dependency", "faults[0].action.status"]);
 }
 
+/// A fault rule's instances (an experiment's blast radius) are instance ids, bounded.
+#[test]
+fn fault_rule_instances_are_instance_ids() {
+    let err = check(
+        r#"{"faults":[{"id":"f1","dependency":"x","action":{"type":"connection_error"},"percent":10,
+            "expires_at":"2030-01-01T00:00:00Z","instances":["checkout-7f3a9c01","bad id",""]}]}"#,
+    )
+    .unwrap_err();
+    let paths: Vec<String> = err.field_errors().into_iter().map(|e| e.path).collect();
+    assert_eq!(paths, vec!["faults[0].dependency", "faults[0].instances[1]", "faults[0].instances[2]"]);
+}
+
 #[test]
 fn matrix_rows_reference_declared_dependencies() {
     let err = check(

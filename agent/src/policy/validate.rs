@@ -644,6 +644,22 @@ fn validate_faults(c: &mut Check, faults: &[FaultRule], policy: &Policy) {
         }
         validate_target(c, &fp, &f.dependency, f.operation.as_deref(), policy);
         c.range_f64(&join(&fp, "percent"), f.percent, 0.0, 100.0, " percent");
+        c.count(&join(&fp, "instances"), f.instances.len(), d::MAX_FAULT_INSTANCES);
+        for (j, id) in f.instances.iter().enumerate() {
+            if id.is_empty()
+                || id.len() > d::MAX_INSTANCE_ID_BYTES
+                || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@/-".contains(&b))
+            {
+                c.push(
+                    format!("{fp}.instances[{j}]"),
+                    format!("{id:?}"),
+                    format!(
+                        "must be an instance id: 1..={} bytes of A-Z a-z 0-9 . _ : @ / -",
+                        d::MAX_INSTANCE_ID_BYTES
+                    ),
+                );
+            }
+        }
         match &f.action {
             FaultAction::Delay { delay } => {
                 c.duration(&join(&fp, "action.delay"), *delay, Duration::from_millis(1), MAX_TIMEOUT)

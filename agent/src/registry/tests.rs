@@ -27,6 +27,7 @@ fn past_the_cap_only_unconfigured_names_share_the_overflow_slot_and_each_is_coun
         declared: &(),
         now: Instant::now(),
         confirmed_at: None,
+        instance_id: "",
     };
     let registry = Registry::<DepView>::with_cap(2, "prod", "checkout");
     metrics::with_local_recorder(&recorder, || {

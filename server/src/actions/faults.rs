@@ -20,6 +20,8 @@ pub struct NewFaultRule {
     pub percent: f64,
     /// When the rule ends by itself (mandatory).
     pub expires_at: levee_agent::policy::Timestamp,
+    /// The instances it applies to; empty = every instance.
+    pub instances: Vec<String>,
 }
 
 impl Actions {
@@ -53,6 +55,7 @@ impl Actions {
             action: new.action,
             percent: new.percent,
             expires_at: new.expires_at,
+            instances: new.instances,
         };
         let target = format!("fault {id}");
         self.write(by, reason, Action::FaultSet, at, &target, Subject::Fault(rule.id.clone()), move |p| {

@@ -383,6 +383,7 @@ fn apply_to(
             action: f.action.clone(),
             percent: f.percent,
             expires_at: expires,
+            instances: Vec::new(),
         };
         let before = p.faults.insert(f.id.clone(), set.clone());
         saved.faults.push(SetEntry { key: f.id.clone(), before, set });

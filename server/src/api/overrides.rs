@@ -59,6 +59,10 @@ pub struct PutFault {
     pub percent: f64,
     /// The rule ends by itself after this instant (required, must be in the future).
     pub expires_at: Timestamp,
+    /// The agent instances (instance ids, as the fleet lists them) it applies to; omit for
+    /// every instance.
+    #[serde(default)]
+    pub instances: Vec<String>,
     /// Why, recorded in the audit log; required.
     pub reason: String,
 }
@@ -161,6 +165,7 @@ pub async fn put_fault(
         action: req.action,
         percent: req.percent,
         expires_at: req.expires_at,
+        instances: req.instances,
     };
     let written = s.actions.set_fault_rule(&by, &reason, &at, &id, new).await?;
     Ok(write_response(written, StatusCode::OK))

@@ -176,6 +176,7 @@ fn parse_rule(f: &NewRuleForm) -> Result<(Name, NewFaultRule), String> {
         action,
         percent,
         expires_at,
+        instances: Vec::new(),
     };
     Ok((id, new))
 }
