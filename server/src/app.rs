@@ -391,6 +391,13 @@ impl Server {
         state.trusted_proxies = settings.trusted_proxies.clone().into();
         state.shutdown = shutdown_rx.clone();
         state.health = health.clone();
+        state.experiments = crate::experiments::Experiments::new(
+            store.clone(),
+            state.actions.clone(),
+            health.clone(),
+            shutdown_rx.clone(),
+        );
+        tasks.push(tokio::spawn(state.experiments.clone().watchdog()));
         state.metrics_token =
             settings.metrics_token.as_ref().map(|t| crate::web::MetricsToken::new(t.expose()));
         let actions = state.actions.clone();

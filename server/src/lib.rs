@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod diff;
+pub mod experiments;
 pub mod fleet;
 pub mod fuzz;
 pub mod health;

@@ -50,6 +50,8 @@ pub struct AppState {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Agents' health reports of this replica, and the queries over every replica's.
     pub health: crate::health::Health,
+    /// Experiments started on this replica run here.
+    pub experiments: crate::experiments::Experiments,
 }
 
 impl AppState {
@@ -62,9 +64,17 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
         let replica = format!("replica-{}", uuid::Uuid::new_v4().simple());
+        let health = crate::health::Health::spawn(store.clone(), &replica, crate::shutdown::never()).0;
+        let actions = Actions::new(store.clone(), hub.clone(), keys.clone());
         AppState {
-            health: crate::health::Health::spawn(store.clone(), &replica, crate::shutdown::never()).0,
-            actions: Actions::new(store.clone(), hub.clone(), keys.clone()),
+            experiments: crate::experiments::Experiments::new(
+                store.clone(),
+                actions.clone(),
+                health.clone(),
+                crate::shutdown::never(),
+            ),
+            health,
+            actions,
             hub,
             store: store.reader(),
             keys,

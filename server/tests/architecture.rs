@@ -38,6 +38,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sweeper", &["actions", "alerts", "db", "health", "rollout", "shutdown"]),
     ("listener", &["db", "hub", "shutdown"]),
     ("agent_text", &[]),
+    // experiments: their rules (pure), their readings from the agents' health, their run
+    // (every change an action) and the watchdog, a task stopped like the others.
+    ("experiments", &["actions", "db", "health", "shutdown"]),
     ("tls", &["shutdown"]),
     ("sync", &["agent_text", "auth", "db", "fleet", "health", "hub", "rollout", "shutdown"]),
     // xds: the outbound policy over Envoy's ADS, pushed as the hub publishes, to the
@@ -47,8 +50,23 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // files, the endpoints xDS serves, how often the sweeper drives rollouts).
     ("config", &["fleet", "sweeper", "sync", "tls", "xds"]),
     // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
-    ("web", &["actions", "auth", "db", "health", "hub", "shutdown"]),
-    ("api", &["actions", "advice", "auth", "db", "diff", "health", "manifest", "rollout", "shutdown", "web"]),
+    ("web", &["actions", "auth", "db", "experiments", "health", "hub", "shutdown"]),
+    (
+        "api",
+        &[
+            "actions",
+            "advice",
+            "auth",
+            "db",
+            "diff",
+            "experiments",
+            "health",
+            "manifest",
+            "rollout",
+            "shutdown",
+            "web",
+        ],
+    ),
     // ui reads `diff` for the policy editor's preview, the revision history and the diff a
     // change request's reviewer approves.
     ("ui", &["actions", "advice", "auth", "db", "diff", "rollout", "shutdown", "web"]),
@@ -58,8 +76,24 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "app",
         &[
-            "actions", "alerts", "api", "auth", "config", "db", "fleet", "health", "hub", "listener",
-            "shutdown", "sweeper", "sync", "tls", "ui", "web", "xds",
+            "actions",
+            "alerts",
+            "api",
+            "auth",
+            "config",
+            "db",
+            "experiments",
+            "fleet",
+            "health",
+            "hub",
+            "listener",
+            "shutdown",
+            "sweeper",
+            "sync",
+            "tls",
+            "ui",
+            "web",
+            "xds",
         ],
     ),
 ];
@@ -72,6 +106,7 @@ const HTTP_FREE: &[&str] = &[
     "auth",
     "db",
     "diff",
+    "experiments",
     "fleet",
     "health",
     "hub",

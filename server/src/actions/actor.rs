@@ -191,6 +191,13 @@ pub enum Action {
     RolloutHalt,
     /// The server starts a rollout's next stage or completes it (the server only).
     RolloutStage,
+    /// Starts an experiment (its fault is then set and removed as `fault.set` /
+    /// `fault.delete` under the same actor).
+    ExperimentStart,
+    /// Asks a running experiment to stop (it aborts and removes its fault).
+    ExperimentStop,
+    /// An experiment ended with its verdict (recorded by the server).
+    ExperimentEnd,
 }
 
 impl Action {
@@ -238,6 +245,9 @@ impl Action {
             Action::RolloutAbort => "rollout.abort",
             Action::RolloutHalt => "rollout.halt",
             Action::RolloutStage => "rollout.stage",
+            Action::ExperimentStart => "experiment.start",
+            Action::ExperimentStop => "experiment.stop",
+            Action::ExperimentEnd => "experiment.end",
         }
     }
 
@@ -273,7 +283,10 @@ impl Action {
             | Action::RolloutPromote
             | Action::RolloutPause
             | Action::RolloutResume
-            | Action::RolloutAbort => Role::Operator,
+            | Action::RolloutAbort
+            | Action::ExperimentStart
+            | Action::ExperimentStop
+            | Action::ExperimentEnd => Role::Operator,
             Action::EnvironmentCreate
             | Action::Expiry
             | Action::TokenCreate

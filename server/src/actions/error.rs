@@ -57,6 +57,9 @@ pub enum Missing {
     /// An active emergency profile in an environment.
     #[error("no profile is active in environment {env:?}")]
     ActiveProfile { env: String },
+    /// An experiment still running (for a stop: nobody asked it to stop yet).
+    #[error("no running experiment {id} (it ended, or was asked to stop already)")]
+    Experiment { id: i64 },
 }
 
 /// What a create action found already there.

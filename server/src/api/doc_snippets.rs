@@ -78,6 +78,11 @@ fn decoders() -> Vec<Decoder> {
         ("CreateToken", strict::<super::tokens::CreateToken>),
         ("CreateUser", strict::<super::tokens::CreateUser>),
         ("LoginRequest", strict::<LoginRequest>),
+        ("Experiment", strict::<crate::experiments::ExperimentSpec>),
+        ("Probe", strict::<crate::experiments::Probe>),
+        ("BlastRadius", strict::<crate::experiments::BlastRadius>),
+        ("StartExperiment", strict::<super::experiments::StartExperiment>),
+        ("StopExperiment", strict::<super::experiments::StopExperiment>),
     ]
 }
 

@@ -13,6 +13,7 @@ mod auth_routes;
 mod doc_snippets;
 mod envs;
 mod error;
+mod experiments;
 mod extract;
 mod flags;
 mod fleet;
@@ -119,6 +120,9 @@ pub fn router(state: AppState) -> Router {
         .route("/environments/{env}/change-requests/{id}/reject", post(requests::reject))
         .route("/environments/{env}/change-requests/{id}/apply", post(requests::apply))
         .route("/environments/{env}/services/{svc}/revisions/{rev}/propagation", get(fleet::propagation))
+        .route("/experiments", get(experiments::list).post(experiments::start))
+        .route("/experiments/{id}", get(experiments::get_one))
+        .route("/experiments/{id}/stop", post(experiments::stop))
         .route("/audit", get(audit::list))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))

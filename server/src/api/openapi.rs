@@ -14,8 +14,8 @@ use crate::db::ChangeKind;
 use super::services::IF_MATCH_PATTERN;
 
 use super::{
-    agent_sync, audit, auth_routes, envs, flags, fleet, health, ofrep, overrides, plan, profiles, requests,
-    rollouts, schedule, services, tokens,
+    agent_sync, audit, auth_routes, envs, experiments, flags, fleet, health, ofrep, overrides, plan,
+    profiles, requests, rollouts, schedule, services, tokens,
 };
 
 /// Writes the defaults of duration fields as durations (`"15s"`): the schema derive prints
@@ -375,6 +375,7 @@ fn path_example(name: &str) -> Option<serde_json::Value> {
         requests::edit, requests::approve, requests::reject, requests::apply,
         rollouts::get_settings, rollouts::put_settings, rollouts::list, rollouts::get_one, rollouts::promote,
         rollouts::pause, rollouts::resume, rollouts::abort,
+        experiments::start, experiments::list, experiments::get_one, experiments::stop,
         tokens::update_user, document,
     ),
     modifiers(&BearerAuth, &ProblemResponses, &InputForms, &DurationDefaults),

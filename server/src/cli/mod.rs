@@ -1,13 +1,15 @@
 //! The `levee` command line as a client of the HTTP API: `login`, `get`, `export`,
-//! `apply`, `flip`, `profile`, `rollout` and `tokens`. It never opens the database; everything goes through `/api/v1`
+//! `apply`, `flip`, `profile`, `rollout`, `tokens` and `experiment`. It never opens the database; everything goes through `/api/v1`
 //! with a bearer token, and every write sends `If-Match` with the revision it was based
 //! on and a reason.
 //!
 //! Exit codes, for scripts and CI jobs: 0 done (or nothing to do), 2 `apply --dry-run`
-//! found changes, 1 anything went wrong (the message on stderr names the file, the path
+//! found changes, 3 / 4 an experiment followed with `--wait` failed / was aborted, 1
+//! anything went wrong (the message on stderr names the file, the path
 //! inside it and what is allowed).
 
 mod apply;
+mod experiment;
 mod profile;
 mod rollout;
 mod session;
@@ -22,6 +24,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 pub use apply::ApplyArgs;
+pub use experiment::{EXIT_ABORTED, EXIT_FAILED, ExperimentCommand};
 pub use profile::ProfileCommand;
 pub use rollout::RolloutCommand;
 pub use session::{Api, CliError, Credentials, DEFAULT_SERVER, credentials_path};
@@ -115,6 +118,12 @@ pub enum ClientCommand {
     /// file pick the new one up when they reconnect.
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// Runs, follows or stops an experiment: a fault with a steady-state hypothesis.
+    ///
+    /// `levee experiment run checkout-recs-slow.yaml --reason "after deploy" --wait` starts
+    /// it and exits with its verdict: 0 passed, 3 failed, 4 aborted, 1 error.
+    #[command(subcommand)]
+    Experiment(ExperimentCommand),
 }
 
 /// `levee login`.
@@ -185,6 +194,7 @@ pub async fn run(cmd: ClientCommand) -> ExitCode {
         ClientCommand::Profile(c) => profile::run(c).await,
         ClientCommand::Rollout(c) => rollout::run(c).await,
         ClientCommand::Tokens(c) => tokens::run(c).await,
+        ClientCommand::Experiment(c) => experiment::run(c).await,
     };
     match result {
         Ok(code) => code,

@@ -59,6 +59,7 @@ macro_rules! stored_words {
 mod accounts;
 mod audit;
 mod backup;
+mod experiments;
 mod fleet;
 mod health;
 mod mutate;
@@ -71,6 +72,7 @@ mod services;
 mod tokens;
 
 pub use backup::{Contents, check_file, restore_file, sqlite_path};
+pub use experiments::{ExperimentReadingRow, ExperimentRow, ExperimentUpdate};
 pub use fleet::{
     DISCONNECTED_AGENTS_KEPT_FOR, FLEET_ROWS_PER_SQLITE_TURN, FLEET_ROWS_PER_STATEMENT, MAX_ACKS_LISTED,
     MAX_COUNTER_NAME, MAX_STATUS_COUNTERS,

@@ -59,7 +59,7 @@ fn words(line: &str) -> Vec<String> {
 /// Every `levee <client command> …` of a block, up to the end of its line or a shell
 /// operator.
 fn commands(body: &str) -> Vec<Vec<String>> {
-    let client = ["login", "get", "export", "apply", "flip", "profile", "tokens"];
+    let client = ["login", "get", "export", "apply", "flip", "profile", "tokens", "experiment"];
     let mut out = Vec::new();
     for line in body.lines() {
         let w = words(line);

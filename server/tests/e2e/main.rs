@@ -22,6 +22,7 @@ mod control_plane;
 mod crash;
 mod db_outage;
 mod delivery;
+mod experiments;
 mod haproxy;
 mod health;
 mod http_fallback;

@@ -383,51 +383,6 @@ async fn a_policy_change_during_a_rollout_and_a_bad_plan_are_refused_with_what_t
     assert!(body["detail"].as_str().unwrap().contains("promote or abort"), "{body}");
 }
 
-/// One checkout instance under real traffic: an agent named `name` reporting its health
-/// every 100 ms, the example's checkout with its own pricing and recommendations around
-/// it (recommendations answering in 20 ms), and a client calling it every 10 ms.
-struct Shop {
-    name: String,
-    agent: Agent,
-}
-
-async fn shop(
-    grpc: &str,
-    token: &str,
-    cache: &Path,
-    name: &str,
-    stop: &tokio::sync::watch::Receiver<bool>,
-) -> Shop {
-    let agent = Agent::builder(grpc, token, "prod", "checkout")
-        .instance_name(name)
-        .cache_dir(cache.join(name))
-        .defaults(crate::checkout_app::safe_defaults())
-        .sync_settings(levee_agent::SyncClientSettings {
-            status_interval: Duration::from_millis(100),
-            min_report_gap: Duration::from_millis(50),
-            ..fast_sync()
-        })
-        .build()
-        .expect("agent builds");
-    agent.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
-    let (url, recs) = crate::support::start_example(&agent).await;
-    recs.delay_ms.store(20, std::sync::atomic::Ordering::Relaxed);
-    let mut stop = stop.clone();
-    tokio::spawn(async move {
-        let client = reqwest::Client::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(10));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
-            // Whatever checkout answers: the agent counts what its calls did.
-            let _ = client.get(format!("{url}/checkout/alice")).send().await;
-        }
-    });
-    Shop { name: name.to_string(), agent }
-}
-
 /// Writes a policy whose recommendations attempt timeout is `timeout` (staged as the
 /// environment says); returns the write's answer.
 async fn write_recs_timeout(api: &Api, timeout: &str) -> Value {
@@ -485,7 +440,7 @@ async fn bad_change_halted_at_the_canary_good_change_completes(db: crate::backen
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut shops = Vec::new();
     for i in 0..5 {
-        shops.push(shop(&app.grpc, &token, caches.path(), &format!("pod-{i}"), &stop).await);
+        shops.push(crate::support::shop(&app.grpc, &token, caches.path(), &format!("pod-{i}"), &stop).await);
     }
     let agents: Vec<(String, Agent)> = shops.iter().map(|s| (s.name.clone(), s.agent.clone())).collect();
     for _ in 0..500 {

@@ -160,9 +160,17 @@ impl Api {
 
     /// Environment `prod` and service `checkout` with the kill switch on.
     pub async fn seed(&self) {
+        self.seed_env(serde_json::json!({"name": "prod", "reason": "e2e"})).await;
+    }
+
+    /// [`Api::seed`] in an environment that allows fault injection.
+    pub async fn seed_allowing_faults(&self) {
+        self.seed_env(serde_json::json!({"name": "prod", "allow_faults": true, "reason": "e2e"})).await;
+    }
+
+    async fn seed_env(&self, env: serde_json::Value) {
         use reqwest::Method;
-        self.send(Method::POST, "/environments", Some(serde_json::json!({"name": "prod", "reason": "e2e"})))
-            .await;
+        self.send(Method::POST, "/environments", Some(env)).await;
         self.send(
             Method::POST,
             "/environments/prod/services",
@@ -232,4 +240,49 @@ pub async fn page(url: &str) -> crate::checkout_app::CheckoutPage {
     let res = reqwest::get(format!("{url}/checkout/alice")).await.unwrap();
     assert!(res.status().is_success(), "checkout answered {}", res.status());
     res.json().await.unwrap()
+}
+
+/// One checkout instance under real traffic: an agent named `name` reporting its health
+/// every 100 ms, the example's checkout with its own pricing and recommendations around
+/// it (recommendations answering in 20 ms), and a client calling it every 10 ms.
+pub struct Shop {
+    pub name: String,
+    pub agent: Agent,
+}
+
+pub async fn shop(
+    grpc: &str,
+    token: &str,
+    cache: &Path,
+    name: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Shop {
+    let agent = Agent::builder(grpc, token, "prod", "checkout")
+        .instance_name(name)
+        .cache_dir(cache.join(name))
+        .defaults(crate::checkout_app::safe_defaults())
+        .sync_settings(levee_agent::SyncClientSettings {
+            status_interval: Duration::from_millis(100),
+            min_report_gap: Duration::from_millis(50),
+            ..fast_sync()
+        })
+        .build()
+        .expect("agent builds");
+    agent.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    let (url, recs) = start_example(&agent).await;
+    recs.delay_ms.store(20, std::sync::atomic::Ordering::Relaxed);
+    let mut stop = stop.clone();
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            // Whatever checkout answers: the agent counts what its calls did.
+            let _ = client.get(format!("{url}/checkout/alice")).send().await;
+        }
+    });
+    Shop { name: name.to_string(), agent }
 }

@@ -1,0 +1,271 @@
+//! Experiments: start one (its spec and a reason), list them, read one with its readings
+//! and timeline, stop one. The run is `crate::experiments`; every change is an action.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
+use crate::actions::{Action, Reason};
+use crate::db::ExperimentRow;
+use crate::experiments::{ExperimentSpec, Phase, Reading};
+use crate::web::{AppState, RequestId};
+
+/// An experiment and where it is.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ExperimentView {
+    pub id: i64,
+    pub name: String,
+    pub environment: String,
+    pub service: String,
+    /// The spec as submitted.
+    #[schema(value_type = Object)]
+    pub spec: Value,
+    /// `baseline`, `injected`, `recovery` or `done`.
+    pub state: String,
+    /// `passed`, `failed` or `aborted` once done; `null` before.
+    pub verdict: Option<String>,
+    /// Why, in words.
+    pub why: Option<String>,
+    /// The fault rule it sets in the service.
+    pub fault_id: String,
+    /// The instances given the fault (ids as the fleet lists them); `null` before.
+    pub instances: Option<Vec<String>>,
+    pub created_by: String,
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: i64,
+    pub reason: String,
+    /// When the fault was set.
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub injected_at: Option<i64>,
+    /// When the fault ends by itself on every agent, whatever happens to the server.
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub fault_expires_at: Option<i64>,
+    /// When the server removed it.
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub fault_removed_at: Option<i64>,
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub ended_at: Option<i64>,
+    /// Who asked it to stop, when and why.
+    pub stop_requested_by: Option<String>,
+    #[serde(with = "levee_agent::policy::rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub stop_requested_at: Option<i64>,
+    pub stop_reason: Option<String>,
+}
+
+impl From<ExperimentRow> for ExperimentView {
+    fn from(e: ExperimentRow) -> Self {
+        ExperimentView {
+            fault_id: crate::actions::experiment_fault_id(e.id),
+            id: e.id,
+            name: e.name,
+            environment: e.environment,
+            service: e.service,
+            spec: serde_json::from_str(&e.spec).unwrap_or(Value::Null),
+            state: e.state,
+            verdict: e.verdict,
+            why: e.why,
+            instances: e.instances.and_then(|i| serde_json::from_str(&i).ok()),
+            created_by: e.created_by,
+            created_at: e.created_at,
+            reason: e.reason,
+            injected_at: e.injected_at,
+            fault_expires_at: e.fault_expires_at,
+            fault_removed_at: e.fault_removed_at,
+            ended_at: e.ended_at,
+            stop_requested_by: e.stop_requested_by,
+            stop_requested_at: e.stop_requested_at,
+            stop_reason: e.stop_reason,
+        }
+    }
+}
+
+/// One moment of an experiment's timeline.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TimelineEvent {
+    #[serde(with = "levee_agent::policy::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub at: i64,
+    /// `started`, `injected`, `violated` (a probe's first violated reading of a phase),
+    /// `stop_requested`, `fault_removed`, `ended`.
+    pub event: String,
+    /// Who, for `started` and `stop_requested`.
+    pub by: Option<String>,
+    /// What, in words.
+    pub detail: String,
+}
+
+/// An experiment with its readings and timeline: its report.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ExperimentReport {
+    pub experiment: ExperimentView,
+    /// The probes in words, in the order of each reading's values.
+    pub probes: Vec<String>,
+    /// Every reading, oldest first.
+    pub readings: Vec<Reading>,
+    pub timeline: Vec<TimelineEvent>,
+}
+
+/// Body of `POST /api/v1/experiments`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartExperiment {
+    pub experiment: ExperimentSpec,
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// Body of `POST /api/v1/experiments/{id}/stop`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopExperiment {
+    /// Why, recorded in the audit log; required.
+    pub reason: String,
+}
+
+/// Query of the list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only the experiments of this environment.
+    pub environment: Option<String>,
+    /// Only the experiments of this service.
+    pub service: Option<String>,
+}
+
+/// Starts an experiment (operator): the baseline is measured first, and nothing is
+/// injected unless the hypothesis held. Answers at once; follow it with `GET .../{id}`.
+#[utoipa::path(post, path = "/api/v1/experiments", tag = "experiments", request_body = StartExperiment,
+    responses((status = 201, body = ExperimentView), (status = 400, body = super::Problem),
+              (status = 404, body = super::Problem), (status = 409, body = super::Problem),
+              (status = 422, body = super::Problem)))]
+pub async fn start(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    ApiJson(req): ApiJson<StartExperiment>,
+) -> ApiResult<(StatusCode, Json<ExperimentView>)> {
+    let by = auth.actor(Action::ExperimentStart, &rid)?;
+    let reason = Reason::parse(&req.reason)?;
+    let id = s.experiments.start(&by, &reason, req.experiment).await?;
+    let e = s.store.experiment(id).await?.ok_or_else(|| ApiError::NotFound(format!("no experiment {id}")))?;
+    Ok((StatusCode::CREATED, Json(e.into())))
+}
+
+/// The last 100 experiments, newest first.
+#[utoipa::path(get, path = "/api/v1/experiments", tag = "experiments", params(ListQuery),
+    responses((status = 200, body = [ExperimentView])))]
+pub async fn list(
+    State(s): State<AppState>,
+    _a: Auth,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<Vec<ExperimentView>>> {
+    let rows = s.store.experiments(q.environment.as_deref(), q.service.as_deref()).await?;
+    Ok(Json(rows.into_iter().map(Into::into).collect()))
+}
+
+/// One experiment with its readings and timeline.
+#[utoipa::path(get, path = "/api/v1/experiments/{id}", tag = "experiments", params(("id" = i64, Path)),
+    responses((status = 200, body = ExperimentReport), (status = 404, body = super::Problem)))]
+pub async fn get_one(
+    State(s): State<AppState>,
+    _a: Auth,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<ExperimentReport>> {
+    Ok(Json(report(&s, id).await?))
+}
+
+/// Asks a running experiment to stop (operator): it aborts at its next reading and
+/// removes its fault.
+#[utoipa::path(post, path = "/api/v1/experiments/{id}/stop", tag = "experiments", request_body = StopExperiment,
+    params(("id" = i64, Path)),
+    responses((status = 200, body = ExperimentView), (status = 404, body = super::Problem)))]
+pub async fn stop(
+    State(s): State<AppState>,
+    auth: Auth,
+    rid: RequestId,
+    Path(id): Path<i64>,
+    ApiJson(req): ApiJson<StopExperiment>,
+) -> ApiResult<Json<ExperimentView>> {
+    let by = auth.actor(Action::ExperimentStop, &rid)?;
+    let reason = Reason::parse(&req.reason)?;
+    Ok(Json(s.actions.stop_experiment(&by, &reason, id).await?.into()))
+}
+
+/// The report of experiment `id` (the API's and the UI's).
+///
+/// # Errors
+/// 404 when there is no such experiment.
+pub async fn report(s: &AppState, id: i64) -> ApiResult<ExperimentReport> {
+    let e = s.store.experiment(id).await?.ok_or_else(|| ApiError::NotFound(format!("no experiment {id}")))?;
+    let spec: Option<ExperimentSpec> = serde_json::from_str(&e.spec).ok();
+    let probes: Vec<String> = spec.iter().flat_map(|s| s.hypothesis.iter().map(|p| p.describe())).collect();
+    let readings: Vec<Reading> = s
+        .store
+        .experiment_readings(id)
+        .await?
+        .into_iter()
+        .filter_map(|r| {
+            let body: Value = serde_json::from_str(&r.reading).ok()?;
+            let phase = match r.phase.as_str() {
+                "baseline" => Phase::Baseline,
+                "injected" => Phase::Injected,
+                _ => Phase::Recovery,
+            };
+            Some(Reading {
+                at: r.at,
+                phase,
+                values: serde_json::from_value(body.get("values")?.clone()).ok()?,
+                holds: serde_json::from_value(body.get("holds")?.clone()).ok()?,
+            })
+        })
+        .collect();
+    let timeline = timeline(&e, &probes, &readings);
+    Ok(ExperimentReport { experiment: e.into(), probes, readings, timeline })
+}
+
+/// The experiment's moments, in time order: from its row, and the first violated reading
+/// of each probe in each phase.
+fn timeline(e: &ExperimentRow, probes: &[String], readings: &[Reading]) -> Vec<TimelineEvent> {
+    let ev = |at: i64, event: &str, by: Option<&str>, detail: String| TimelineEvent {
+        at,
+        event: event.into(),
+        by: by.map(Into::into),
+        detail,
+    };
+    let mut out = vec![ev(e.created_at, "started", Some(&e.created_by), e.reason.clone())];
+    if let Some(at) = e.injected_at {
+        let on = e.instances.as_deref().unwrap_or("[]");
+        out.push(ev(at, "injected", None, format!("fault set on instances {on}")));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for r in readings {
+        for i in r.violated() {
+            if seen.insert((i, r.phase)) {
+                let what = probes.get(i).cloned().unwrap_or_default();
+                let value = r.values.get(i).cloned().flatten().map(|v| v.to_string()).unwrap_or_default();
+                out.push(ev(r.at, "violated", None, format!("{what}: {value}")));
+            }
+        }
+    }
+    if let (Some(at), Some(by)) = (e.stop_requested_at, &e.stop_requested_by) {
+        out.push(ev(at, "stop_requested", Some(by), e.stop_reason.clone().unwrap_or_default()));
+    }
+    if let Some(at) = e.fault_removed_at {
+        out.push(ev(at, "fault_removed", None, "fault rule removed".into()));
+    }
+    if let Some(at) = e.ended_at {
+        let verdict = e.verdict.clone().unwrap_or_default();
+        out.push(ev(at, "ended", None, format!("{verdict}: {}", e.why.clone().unwrap_or_default())));
+    }
+    out.sort_by_key(|t| t.at);
+    out
+}

@@ -1,0 +1,103 @@
+//! Experiments (issue 23, article §10): a fault injected into some instances of a service
+//! for a while, with a steady-state hypothesis on what the agents report, measured before
+//! (baseline), during and after; aborted when the hypothesis is violated for the stated
+//! time; ended with a verdict.
+//!
+//! * `spec.rs`: what an experiment is (target, fault, blast radius, duration, hypothesis)
+//!   and the checks of its ranges, each error naming its path;
+//! * `judge.rs`: a probe's reading (holds, violated, no data), the baseline rule (nothing is
+//!   injected unless every probe held, with data), the abort rule (violated without a
+//!   break for `abort_after`) and the verdict with why. Pure;
+//! * `measure.rs`: a reading of each probe from the agents' health reports (`crate::health`,
+//!   the one source of health) and the fleet's status reports;
+//! * `run.rs`: one experiment's run on the replica that started it, and the watchdog that
+//!   ends the runs of a replica that stopped.
+//!
+//! Every change an experiment makes is an action (`crate::actions`): its start (roles,
+//! approval rules and audit as any change), its fault set and removed as a fault rule of the
+//! service under its author's name, its stop and its end. The blast radius reaches the
+//! agents as the fault rule's `instances` (`levee_agent::policy::FaultRule::applies_to`),
+//! and the rule's `expires_at` ends it on every agent by itself, server or not.
+
+pub mod judge;
+pub mod measure;
+pub mod run;
+pub mod spec;
+
+use std::time::Duration;
+
+use levee_agent::policy::{FaultRule, Timestamp, ValidationErrors};
+use tokio::sync::watch;
+
+pub use judge::{AbortRule, Observed, Phase, Reading, Verdict};
+pub use spec::{BlastRadius, ExperimentSpec, FaultSpec, Probe};
+
+use crate::actions::{Actions, Actor, ChangeError, NewExperiment, Reason, experiment_fault_id};
+use crate::db::{Store, now_ms};
+use crate::health::Health;
+
+/// How often a run reads the hypothesis.
+pub const READING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// This replica's experiments: starts runs, and ends those of a replica that stopped.
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Experiments {
+    store: Store,
+    actions: Actions,
+    health: Health,
+    shutdown: watch::Receiver<bool>,
+    every: Duration,
+}
+
+impl Experiments {
+    /// The experiments of this replica over `store`, changing through `actions`, reading
+    /// `health`; runs end (aborted, their fault removed) once `shutdown` is set.
+    pub fn new(
+        store: Store,
+        actions: Actions,
+        health: Health,
+        shutdown: watch::Receiver<bool>,
+    ) -> Experiments {
+        Experiments { store, actions, health, shutdown, every: READING_INTERVAL }
+    }
+
+    /// Starts experiment `spec` as `by` (an action: role, approval rules, audit) and runs
+    /// it on this replica. Returns its id at once; the run measures the baseline first.
+    ///
+    /// # Errors
+    /// [`ChangeError::Invalid`] with every bad field of the spec (the fault's as the
+    /// service's configuration would take it, under `fault.`); what
+    /// [`Actions::start_experiment`] refuses.
+    pub async fn start(&self, by: &Actor, reason: &Reason, spec: ExperimentSpec) -> Result<i64, ChangeError> {
+        let errors = spec.check();
+        if !errors.is_empty() {
+            return Err(ChangeError::Invalid(ValidationErrors(errors)));
+        }
+        let fault = FaultRule {
+            id: experiment_fault_id(0),
+            dependency: spec.fault.dependency.clone(),
+            operation: spec.fault.operation.clone(),
+            action: spec.fault.action.clone(),
+            percent: spec.fault.percent,
+            expires_at: Timestamp::from_unix_ms(now_ms() + spec.duration.as_millis() as i64),
+            instances: Vec::new(),
+        };
+        let new = NewExperiment {
+            environment: spec.environment.clone(),
+            service: spec.service.clone(),
+            name: spec.name.clone(),
+            spec: serde_json::to_string(&spec).map_err(anyhow::Error::from)?,
+            fault,
+        };
+        let id = self.actions.start_experiment(by, reason, &new).await?;
+        tokio::spawn(run::run(self.clone(), id, spec));
+        Ok(id)
+    }
+
+    /// Ends, every third of [`run::ORPHAN_AFTER`], the experiments whose replica stopped
+    /// recording readings, until `shutdown` is set.
+    pub async fn watchdog(self) {
+        run::watchdog(self).await;
+    }
+}
