@@ -61,22 +61,57 @@ pub fn latency_bucket(elapsed: Duration) -> usize {
     LATENCY_BOUNDS_MS.partition_point(|&b| u128::from(b) * 1_000 < us)
 }
 
+/// Calls of one outcome per window whose latency is always measured; past them, one call
+/// in [`LATENCY_STRIDE`] is, and counts for that many in its bucket.
+pub(crate) const LATENCY_MEASURED_ALL: u64 = 64;
+/// Past [`LATENCY_MEASURED_ALL`], the calls of one outcome per latency reading (a power of two).
+pub(crate) const LATENCY_STRIDE: u64 = 8;
+
 impl HealthCounters {
-    /// Counts one call. Latency is counted only for calls that reached the dependency
-    /// (a refusal takes no time worth reporting, and would hide the dependency's own).
+    /// Counts one call, and says how many calls its latency stands for in the window's
+    /// buckets: 0 when it is not to be measured (refused calls take no time worth
+    /// reporting, and would hide the dependency's own), 1 for each of the first
+    /// [`LATENCY_MEASURED_ALL`] calls of its outcome in the window, then [`LATENCY_STRIDE`]
+    /// for every [`LATENCY_STRIDE`]th one and 0 for the rest. The buckets so stay an
+    /// estimate of every call's latency (their sum is the count of calls that reached the
+    /// dependency, give or take the stride) while a busy dependency reads the clock at the
+    /// end of one call in eight: a clock read costs about as much as the rest of a call's
+    /// accounting.
     #[inline]
-    pub(crate) fn record(&self, outcome: HealthOutcome, elapsed: Duration) {
+    pub(crate) fn count(&self, outcome: HealthOutcome) -> u64 {
         let cell = match outcome {
             HealthOutcome::Success => &self.successes,
             HealthOutcome::Failure => &self.failures,
             HealthOutcome::Timeout => &self.timeouts,
             HealthOutcome::Shed => {
                 self.shed.fetch_add(1, Relaxed);
-                return;
+                return 0;
             }
         };
-        cell.fetch_add(1, Relaxed);
-        self.latency[latency_bucket(elapsed)].fetch_add(1, Relaxed);
+        let before = cell.fetch_add(1, Relaxed);
+        if before < LATENCY_MEASURED_ALL {
+            1
+        } else if before & (LATENCY_STRIDE - 1) == 0 {
+            LATENCY_STRIDE
+        } else {
+            0
+        }
+    }
+
+    /// Adds a latency reading standing for `weight` calls (what [`HealthCounters::count`]
+    /// said).
+    #[inline]
+    pub(crate) fn latency(&self, elapsed: Duration, weight: u64) {
+        self.latency[latency_bucket(elapsed)].fetch_add(weight, Relaxed);
+    }
+
+    /// Counts one call whose latency is known: [`HealthCounters::count`], then its reading.
+    #[cfg(test)]
+    pub(crate) fn record(&self, outcome: HealthOutcome, elapsed: Duration) {
+        let weight = self.count(outcome);
+        if weight > 0 {
+            self.latency(elapsed, weight);
+        }
     }
 
     /// Counts an answer a fallback gave instead of the dependency.
@@ -160,5 +195,30 @@ mod tests {
         assert!(c.take(KIND_DEPENDENCY, "db", 10_000, 2).is_none(), "nothing new, opens unchanged");
         let w = c.take(KIND_DEPENDENCY, "db", 10_000, 3).unwrap();
         assert_eq!((w.calls, w.breaker_opens), (0, 1));
+    }
+
+    /// A busy window measures one call in eight past the first 64 of an outcome, each
+    /// reading counting for eight: the buckets still add up to the calls, and a new
+    /// window measures every call again.
+    #[test]
+    fn a_busy_window_samples_latency_and_keeps_its_total() {
+        let c = HealthCounters::default();
+        let mut measured = 0;
+        for i in 0..1_000u64 {
+            let weight = c.count(HealthOutcome::Success);
+            if weight > 0 {
+                measured += 1;
+                // The slow calls are the sampled ones past the first 64: their weight shows.
+                let ms = if i >= LATENCY_MEASURED_ALL { 40 } else { 3 };
+                c.latency(Duration::from_millis(ms), weight);
+            }
+        }
+        assert_eq!(measured, 64 + (1_000 - 64) / 8, "every call of the first 64, then one in 8");
+        let w = c.take(KIND_DEPENDENCY, "db", 10_000, 0).unwrap();
+        assert_eq!(w.successes, 1_000);
+        assert_eq!(w.latency_buckets.iter().sum::<u64>(), 1_000, "the readings stand for every call");
+        assert_eq!((w.latency_buckets[2], w.latency_buckets[5]), (64, 936));
+        assert_eq!(c.count(HealthOutcome::Success), 1, "a new window measures every call again");
+        assert_eq!(c.count(HealthOutcome::Shed), 0, "a refusal is never measured");
     }
 }

@@ -519,11 +519,12 @@ where
             | CallOutcome::Throttled
             | CallOutcome::RefusedLocally => HealthOutcome::Shed,
         };
-        let elapsed = match (health, self.call_start) {
-            (HealthOutcome::Shed, _) | (_, None) => Duration::ZERO,
-            (_, Some(start)) => start.elapsed(),
-        };
-        self.view.state.health.record(health, elapsed);
+        let counters = &self.view.state.health;
+        let weight = counters.count(health);
+        if weight > 0 {
+            let elapsed = self.call_start.map_or(Duration::ZERO, |start| start.elapsed());
+            counters.latency(elapsed, weight);
+        }
     }
 
     /// Starts attempt `n + 1`: 5. client-side throttle, 6. circuit breaker, 7. per-attempt
