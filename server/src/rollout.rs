@@ -355,14 +355,14 @@ pub async fn sides(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::Stage;
+    use crate::db::{RolloutState, Stage};
 
     fn row(threshold: u64) -> RolloutRow {
         RolloutRow {
             id: 7,
             environment: "prod".into(),
             service: "checkout".into(),
-            state: "running".into(),
+            state: RolloutState::Running,
             stable_revision: 3,
             candidate_revision: 4,
             base_policy: "{}".into(),
@@ -426,7 +426,7 @@ mod tests {
         let all = row(ROLLOUT_BUCKETS);
         assert_eq!(serve(Some(snap(4)), Some((&all, Some(&stable))), Some("a")).unwrap().revision, 4);
         // Ended by the revert at 5: the candidate is never served while 5 is not here.
-        let ended = RolloutRow { state: "halted".into(), revert_revision: Some(5), ..row(0) };
+        let ended = RolloutRow { state: RolloutState::Halted, revert_revision: Some(5), ..row(0) };
         assert!(serve(Some(snap(4)), Some((&ended, None)), Some("a")).is_none());
         assert_eq!(serve(Some(snap(5)), Some((&ended, None)), Some("a")).unwrap().revision, 5);
         assert_eq!(serve(Some(snap(4)), None, Some("a")).unwrap().revision, 4);

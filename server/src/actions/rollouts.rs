@@ -6,7 +6,9 @@
 use levee_agent::policy::Policy;
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, Written};
-use crate::db::{AuditDiff, RolloutRow, RolloutSettings, STAGEABLE_KINDS, Staging, Step, Subject};
+use crate::db::{
+    AuditDiff, RolloutRow, RolloutSettings, RolloutState, STAGEABLE_KINDS, Staging, Step, Subject,
+};
 use crate::rollout::{self, Evidence, Side};
 
 /// One instance of the service, as the rollout sees it.
@@ -192,7 +194,7 @@ impl Actions {
     ) -> Result<RolloutRow, ChangeError> {
         by.may(Action::RolloutPause)?;
         let r = self.rollout(env, id).await?;
-        if r.state != "running" {
+        if r.state != RolloutState::Running {
             return Err(ChangeError::Rollout(format!("rollout {id} is {}, not running", r.state)));
         }
         self.step(by, reason, Action::RolloutPause, &r, Step::Pause).await
@@ -212,7 +214,7 @@ impl Actions {
     ) -> Result<RolloutRow, ChangeError> {
         by.may(Action::RolloutPause)?;
         let r = self.rollout(env, id).await?;
-        if r.state != "paused" {
+        if r.state != RolloutState::Paused {
             return Err(ChangeError::Rollout(format!("rollout {id} is {}, not paused", r.state)));
         }
         self.step(by, reason, Action::RolloutResume, &r, Step::Resume).await
@@ -237,7 +239,7 @@ impl Actions {
             return Err(not_in_progress(&r));
         }
         let outcome = format!("aborted by {}: {}", by.name, reason.as_str());
-        self.revert(by, reason, Action::RolloutAbort, &r, "aborted", outcome).await
+        self.revert(by, reason, Action::RolloutAbort, &r, RolloutState::Aborted, outcome).await
     }
 
     /// Ends `r` as `state` with a revision that puts its base policy back.
@@ -247,7 +249,7 @@ impl Actions {
         reason: &Reason,
         action: Action,
         r: &RolloutRow,
-        state: &'static str,
+        state: RolloutState,
         outcome: String,
     ) -> Result<Written, ChangeError> {
         let base: Policy =
@@ -367,7 +369,8 @@ impl Actions {
             let reason = Reason::parse(&format!("automatic halt: {why}"))
                 .unwrap_or_else(|_| Reason::parse("automatic halt").expect("a valid reason"));
             let outcome = format!("halted by the server: {why}");
-            let written = self.revert(&server, &reason, Action::RolloutHalt, r, "halted", outcome).await?;
+            let written =
+                self.revert(&server, &reason, Action::RolloutHalt, r, RolloutState::Halted, outcome).await?;
             tracing::warn!(environment = %r.environment, service = %r.service, rollout = r.id, reason = %why, "rollout halted");
             metrics::counter!("levee_server_rollouts_halted_total").increment(1);
             return Ok(Some(Halted {
@@ -393,7 +396,7 @@ impl Actions {
             return Box::pin(self.drive(&r, now_ms, sides)).await;
         }
         let baked = now_ms.saturating_sub(r.stage_started_at) >= r.plan.bake.as_millis() as i64;
-        if r.state == "running" && baked {
+        if r.state == RolloutState::Running && baked {
             let step = self.next_step(r).await?;
             let reason = Reason::parse("the stage baked without a halt").expect("a valid reason");
             self.step(&server, &reason, Action::RolloutStage, r, step).await?;

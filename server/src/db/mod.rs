@@ -82,7 +82,7 @@ pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, P
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::{ChangeKind, RequestRow, RequestState};
 pub use rollouts::{
-    DEFAULT_BAKE, DEFAULT_STAGES, Delivery, MAX_STAGES, Plan, ROLLOUT_STATES, RolloutRow, RolloutSettings,
+    DEFAULT_BAKE, DEFAULT_STAGES, Delivery, MAX_STAGES, Plan, RolloutRow, RolloutSettings, RolloutState,
     STAGEABLE_KINDS, Stage, Staging, Step,
 };
 pub use rows::*;

@@ -11,7 +11,7 @@ use levee_agent::policy::{
 use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
 
-use super::rollouts::{self, NewRollout, RolloutRow, Staging};
+use super::rollouts::{self, NewRollout, RolloutRow, RolloutState, Staging};
 use super::{AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
 
 /// Who is changing what, why, and through which door: the audit row's `actor`, `via`,
@@ -827,7 +827,15 @@ impl Store {
         // A rollout in progress ends with the service: agents keep what they applied, and a
         // service created again under the name starts without one.
         if let Some(r) = rollouts::active_in(&mut tx, env, name).await? {
-            rollouts::end_in(&mut tx, r.id, "aborted", "aborted: the service was deleted", None, now).await?;
+            rollouts::end_in(
+                &mut tx,
+                r.id,
+                RolloutState::Aborted,
+                "aborted: the service was deleted",
+                None,
+                now,
+            )
+            .await?;
             rollouts::notify_in(&mut tx, self.backend, env, name).await?;
         }
         for table in ["flags", "faults", "breaker_overrides", "levers", "flag_restores"] {
@@ -1071,7 +1079,7 @@ impl Store {
                 Some(r.id)
             }
             Lines::End(r, state, outcome) => {
-                rollouts::end_in(&mut tx, r.id, state, outcome, Some(candidate), now).await?;
+                rollouts::end_in(&mut tx, r.id, *state, outcome, Some(candidate), now).await?;
                 Some(r.id)
             }
         };
@@ -1122,7 +1130,7 @@ impl Store {
         let policy_changed = old.policy != new.policy;
         Ok(match (&change.staging, active) {
             (Staging::Ends { id, state, outcome }, Some(r)) if r.id == *id => {
-                Lines::End(r, state, outcome.clone())
+                Lines::End(r, *state, outcome.clone())
             }
             (Staging::Ends { id, .. }, _) => {
                 return Err(MutateError::Rollout(format!("rollout {id} is no longer in progress")));
@@ -1163,7 +1171,7 @@ enum Lines {
     None,
     Start(rollouts::Plan),
     Continue(RolloutRow),
-    End(RolloutRow, &'static str, String),
+    End(RolloutRow, RolloutState, String),
 }
 
 /// Inserts one revision row.

@@ -18,8 +18,26 @@ use sqlx::{AnyConnection, Row};
 
 use super::{AuditRow, Backend, NOTIFY_CHANNEL, Reader, SnapshotRow, Store, mutate, now_ms};
 
-/// Rollout states. `running` and `paused` are in progress (at most one per service).
-pub const ROLLOUT_STATES: [&str; 5] = ["running", "paused", "halted", "aborted", "completed"];
+stored_words! {
+    /// Where a rollout is. `running` and `paused` are in progress (at most one per service);
+    /// `halted` (by the server, on the cohort's health), `aborted` (by a person, or its
+    /// service deleted) and `completed` have ended.
+    pub enum RolloutState in "rollouts.state" {
+        #[default]
+        Running => "running",
+        Paused => "paused",
+        Halted => "halted",
+        Aborted => "aborted",
+        Completed => "completed",
+    }
+}
+
+impl RolloutState {
+    /// Still in progress: `running` or `paused`.
+    pub const fn is_active(self) -> bool {
+        matches!(self, Self::Running | Self::Paused)
+    }
+}
 
 /// Most stages of a plan.
 pub const MAX_STAGES: usize = 10;
@@ -217,7 +235,7 @@ pub enum Staging {
     /// The write that ends rollout `id` (its revert): it may change the policy while the
     /// rollout is in progress, and ends it in the same transaction as `state` (`halted`
     /// or `aborted`) with `outcome`.
-    Ends { id: i64, state: &'static str, outcome: String },
+    Ends { id: i64, state: RolloutState, outcome: String },
 }
 
 /// One rollout.
@@ -226,8 +244,7 @@ pub struct RolloutRow {
     pub id: i64,
     pub environment: String,
     pub service: String,
-    /// `running`, `paused`, `halted`, `aborted` or `completed`.
-    pub state: String,
+    pub state: RolloutState,
     /// The revision instances outside the cohort are served.
     pub stable_revision: u64,
     /// The revision the cohort is served (the service's newest).
@@ -265,7 +282,7 @@ pub struct RolloutRow {
 impl RolloutRow {
     /// Whether it is in progress (`running` or `paused`).
     pub fn active(&self) -> bool {
-        self.state == "running" || self.state == "paused"
+        self.state.is_active()
     }
 
     fn from_row(r: &AnyRow) -> anyhow::Result<Self> {
@@ -274,7 +291,7 @@ impl RolloutRow {
             id: r.try_get("id")?,
             environment: r.try_get("environment")?,
             service: r.try_get("service")?,
-            state: r.try_get("state")?,
+            state: RolloutState::parse(r.try_get("state")?)?,
             stable_revision: r.try_get::<i64, _>("stable_revision")? as u64,
             candidate_revision: r.try_get::<i64, _>("candidate_revision")? as u64,
             base_policy: r.try_get("base_policy")?,
@@ -412,7 +429,7 @@ pub(super) async fn move_revisions_in(
 pub(super) async fn end_in(
     conn: &mut AnyConnection,
     id: i64,
-    state: &str,
+    state: RolloutState,
     outcome: &str,
     revert: Option<u64>,
     now: i64,
@@ -421,7 +438,7 @@ pub(super) async fn end_in(
         "UPDATE rollouts SET state = $1, outcome = $2, revert_revision = $3, ended_at = $4, version = version + 1 \
          WHERE id = $5",
     )
-    .bind(state)
+    .bind(state.as_str())
     .bind(outcome)
     .bind(revert.map(|r| r as i64))
     .bind(now)

@@ -349,7 +349,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{ChangeKind, RequestState};
+    use super::super::{ChangeKind, RequestState, RolloutState};
     use super::ScheduledState;
 
     /// The stored word of every state is what serde writes (the API's value) and reads back.
@@ -369,6 +369,7 @@ mod tests {
         check(RequestState::ALL, RequestState::as_str, RequestState::parse);
         check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
         check(ChangeKind::ALL, ChangeKind::as_str, ChangeKind::parse);
+        check(RolloutState::ALL, RolloutState::as_str, RolloutState::parse);
         let e = ScheduledState::parse("paused").unwrap_err().to_string();
         assert_eq!(e, r#"scheduled_changes.state "paused" is not one this server knows"#);
     }

@@ -13,7 +13,7 @@ use super::error::UiError;
 use super::page::{Layout, Page, When, duration, seg, service_url, time};
 use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, InstanceView, RolloutDetail};
-use crate::db::Plan;
+use crate::db::{Plan, RolloutState};
 use crate::rollout::{self, Side, Verdict};
 use crate::web::{AppState, RequestId};
 
@@ -182,7 +182,7 @@ pub async fn page(
                 n => format!("{} % and at least {n} instance{}", st.percent, if n == 1 { "" } else { "s" }),
             },
             current: i == r.stage && r.active(),
-            done: i < r.stage || r.state == "completed",
+            done: i < r.stage || r.state == RolloutState::Completed,
         })
         .collect();
     let bake_ms = r.plan.bake.as_millis() as i64;
@@ -192,7 +192,7 @@ pub async fn page(
         url: url(&env, id),
         id,
         active: r.active(),
-        paused: r.state == "paused",
+        paused: r.state == RolloutState::Paused,
         can_operate: user.principal.role >= Action::RolloutPromote.role(),
         stages,
         stage: r.stage + 1,
@@ -215,7 +215,7 @@ pub async fn page(
         health,
         health_since,
         halting,
-        state: r.state,
+        state: r.state.to_string(),
         env,
         svc: r.service,
     };

@@ -387,7 +387,7 @@ pub async fn page(
         s.store.rollouts(&env, Some(&svc), 1).await?.into_iter().find(|r| r.active()).map(|r| RolloutLine {
             url: super::rollouts::url(&env, r.id),
             id: r.id,
-            state: r.state.clone(),
+            state: r.state.to_string(),
             stage: r.stage + 1,
             stages: r.plan.stages.len(),
             candidate: r.candidate_revision,
