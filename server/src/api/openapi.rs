@@ -197,9 +197,26 @@ const NAME_PARAMS: &[(&str, &str)] = &[
     ("/api/v1/users/{username}", "username"),
 ];
 
-/// Internally tagged enums of the policy model (`#[serde(tag = "type", deny_unknown_fields)]`):
-/// utoipa leaves their variants open to other properties, serde refuses them.
-const CLOSED_TAGGED: &[&str] = &["FaultAction", "Window"];
+/// Tagged enums whose serde refuses unknown fields (`deny_unknown_fields`): internally tagged
+/// ones of the policy model (`FaultAction`, `Window`) and externally tagged ones of an
+/// experiment (`Probe`, `BlastRadius`, one key per value). utoipa leaves their variants, and
+/// the bodies of struct variants, open to other properties; serde refuses them.
+const CLOSED_TAGGED: &[&str] = &["FaultAction", "Window", "Probe", "BlastRadius"];
+
+/// Closes an object schema to properties it does not name, and the inline object schemas of
+/// its properties (a struct variant's body under its tag).
+fn close(item: &mut RefOr<Schema>) {
+    if let RefOr::T(Schema::Object(o)) = item {
+        o.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
+        for property in o.properties.values_mut() {
+            if let RefOr::T(Schema::Object(body)) = property
+                && !body.properties.is_empty()
+            {
+                body.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
+            }
+        }
+    }
+}
 
 /// Request bodies whose `description` is checked by `check_text`.
 const DESCRIBED: &[&str] = &["CreateEnvironment", "CreateService", "PutService", "PutProfile"];
@@ -258,11 +275,7 @@ impl Modify for InputForms {
         if let Some(components) = openapi.components.as_mut() {
             for name in CLOSED_TAGGED {
                 if let Some(RefOr::T(Schema::OneOf(one_of))) = components.schemas.get_mut(*name) {
-                    for item in &mut one_of.items {
-                        if let RefOr::T(Schema::Object(o)) = item {
-                            o.additional_properties = Some(Box::new(AdditionalProperties::FreeForm(false)));
-                        }
-                    }
+                    one_of.items.iter_mut().for_each(close);
                 }
             }
             for (component, schema) in components.schemas.iter_mut() {

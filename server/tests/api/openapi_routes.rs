@@ -201,3 +201,25 @@ fn defaults_are_written_as_the_server_reads_them() {
         levee_agent::policy::duration::parse(want).unwrap();
     }
 }
+
+/// Where serde refuses fields a body does not name (`deny_unknown_fields` on a tagged enum),
+/// the document says so: a body the document allows is one the server reads. An experiment's
+/// probe with an extra key, or an extra field in its body, is refused by both.
+#[test]
+fn closed_tagged_enums_are_closed_in_the_document() {
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    for name in ["FaultAction", "Window", "Probe", "BlastRadius"] {
+        let variants = schemas[name]["oneOf"].as_array().unwrap_or_else(|| panic!("{name} is a oneOf"));
+        for v in variants {
+            assert_eq!(v["additionalProperties"], serde_json::json!(false), "{name}: {v}");
+        }
+    }
+    let success_rate = schemas["Probe"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["properties"].get("success_rate"))
+        .expect("a success_rate variant");
+    assert_eq!(success_rate["additionalProperties"], serde_json::json!(false), "{success_rate}");
+}
