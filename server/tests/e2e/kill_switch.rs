@@ -123,8 +123,12 @@ async fn cp_1_server_killed_agent_keeps_enforcing_and_restart_starts_from_cache(
     let rev2 = api.set_recommendations(true).await;
     for a in [&first, &second] {
         let d = a.dependency("recommendations");
-        wait_until("the re-enable to reach every agent", Duration::from_secs(1), || d.is_enabled()).await;
-        assert_eq!(a.status().revision, rev2);
+        // The handles enforce a revision before the status names it (a waiter on the status
+        // never sees a revision not yet enforced), so both are awaited within the bound.
+        wait_until("the re-enable to reach every agent", Duration::from_secs(1), || {
+            d.is_enabled() && a.status().revision == rev2
+        })
+        .await;
     }
     first.shutdown().await;
     second.shutdown().await;
