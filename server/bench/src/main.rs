@@ -1,5 +1,6 @@
 //! `levee-bench`: Levee's harness binary. Everything it starts listens on 127.0.0.1 with a
-//! port chosen by the OS; nothing leaves loopback.
+//! port chosen by the OS; nothing leaves loopback (`overload --target URL` sends to the
+//! URL given, a loopback one unless `--allow-non-loopback`).
 //!
 //! Each mode lives in its own module with its own clap sub-enum, flattened into
 //! [`Command`]: `overload/` (tests to failure of inbound admission against the Rust

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -99,7 +99,7 @@ pub struct Target {
 /// An open-loop generator against one server.
 #[derive(Clone, Debug)]
 pub struct Generator {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     base: String,
     targets: Vec<Target>,
     mix: Mix,
@@ -108,6 +108,8 @@ pub struct Generator {
     seed: u64,
     /// Sent with every request, after Levee's own headers (`--header` of `--target`).
     extra_headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The body of every request (`--body` of `--target`; empty: none).
+    body: Bytes,
 }
 
 impl Generator {
@@ -130,12 +132,18 @@ impl Generator {
             .pool_max_idle_per_host(usize::MAX)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Self { client, base, targets, mix, budget, seed, extra_headers: Vec::new() }
+        Self { client, base, targets, mix, budget, seed, extra_headers: Vec::new(), body: Bytes::new() }
     }
 
     /// Sends `headers` with every request as well (authentication of a real service).
     pub fn headers(mut self, headers: Vec<(http::HeaderName, http::HeaderValue)>) -> Self {
         self.extra_headers = headers;
+        self
+    }
+
+    /// Sends `body` with every request (a POST to a service of one's own).
+    pub fn body(mut self, body: Bytes) -> Self {
+        self.body = body;
         self
     }
 
@@ -199,7 +207,9 @@ impl Generator {
         for (name, value) in &self.extra_headers {
             req = req.header(name, value);
         }
-        let req = req.body(Empty::new()).expect("valid request");
+        // An empty `Full` is the end of the stream at once: hyper sends no body and, for a GET,
+        // no content-length, as with no body at all.
+        let req = req.body(Full::new(self.body.clone())).expect("valid request");
         let call = async {
             let resp = self.client.request(req).await?;
             let status = resp.status();

@@ -2,7 +2,9 @@
 //! §10.3: test to failure, not to a target). The same open-loop generator as the
 //! harness ([`Generator`]: scheduled send times, latency from the intended send time,
 //! a `levee-criticality` header drawn from the mix and a `levee-deadline-ms` header on
-//! every request, the client giving up at that deadline) is pointed at a URL:
+//! every request, the client giving up at that deadline) is pointed at a URL (a
+//! loopback one unless `--allow-non-loopback`: the run overloads it on purpose), with the
+//! method, path, headers and body given:
 //!
 //! 1. **Capacity**: given (`--capacity`), or found by a probe, an open-loop ramp from
 //!    `--probe-start` rps growing by [`PROBE_GROWTH`] per short step until fewer than
@@ -19,10 +21,14 @@
 //! ([`super::target_plot`]). `--max-rps` bounds every rate the run offers: the generator
 //! is open-loop and does not slow down with the service.
 
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail, ensure};
+use bytes::Bytes;
 use clap::Args as ClapArgs;
+use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Uri};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -47,12 +53,31 @@ const SEED: u64 = 0x7a26_e7ed;
 #[derive(Debug, Clone, ClapArgs)]
 pub struct TargetOpts {
     /// Drive this HTTP service to failure instead of the harness' own: `http://host:port/path`
-    /// (plain HTTP; the path and query are requested as given).
+    /// (plain HTTP; the path and query are requested as given). Only a loopback host
+    /// (127.0.0.0/8, [::1], localhost) unless --allow-non-loopback.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
-    /// HTTP method of the requests sent to --target.
-    #[arg(long, default_value = "GET", requires = "target")]
-    pub method: String,
+    /// Path and query to request, when --target names only `http://host:port`.
+    #[arg(long, value_name = "/PATH?QUERY", requires = "target")]
+    pub path: Option<String>,
+    /// HTTP method of the requests sent to --target: GET by default, POST when a body is
+    /// given (as curl does with -d).
+    #[arg(long, requires = "target")]
+    pub method: Option<String>,
+    /// Body of every request, as given (set its type with --header 'content-type: ...').
+    #[arg(long, value_name = "TEXT", requires = "target", conflicts_with = "body_file")]
+    pub body: Option<String>,
+    /// Body of every request, read from this file once at start.
+    #[arg(long, value_name = "FILE", requires = "target")]
+    pub body_file: Option<PathBuf>,
+    /// A header sent with every request, `name: value` (repeatable), e.g. authentication.
+    #[arg(long = "header", value_name = "NAME: VALUE", requires = "target")]
+    pub headers: Vec<String>,
+    /// Allow a --target that is not on loopback. The run offers several times the
+    /// target's capacity on purpose: point it only at a service you own, in an
+    /// environment made for it.
+    #[arg(long, requires = "target")]
+    pub allow_non_loopback: bool,
     /// The target's capacity in requests/s, if known; otherwise a probe finds it.
     #[arg(long, value_name = "RPS", requires = "target")]
     pub capacity: Option<f64>,
@@ -73,9 +98,6 @@ pub struct TargetOpts {
     /// Offered load of the ramp's steps, as multiples of the capacity (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "X,...", requires = "target")]
     pub multiples: Vec<f64>,
-    /// A header sent with every request, `name: value` (repeatable), e.g. authentication.
-    #[arg(long = "header", value_name = "NAME: VALUE", requires = "target")]
-    pub headers: Vec<String>,
 }
 
 /// A checked `--target` run.
@@ -86,6 +108,7 @@ pub struct Plan {
     /// Path and query.
     pub path: String,
     pub method: Method,
+    pub body: Bytes,
     pub capacity: Option<f64>,
     pub probe_start: f64,
     pub max_rps: f64,
@@ -103,9 +126,34 @@ impl TargetOpts {
     /// Checks every option, naming the option and what it accepts on error.
     pub fn plan(&self, smoke: bool, step_secs: Option<f64>) -> anyhow::Result<Plan> {
         let url = self.target.as_deref().ok_or_else(|| anyhow!("--target is required"))?;
-        let (base, path) = split_url(url)?;
-        let method = Method::from_bytes(self.method.as_bytes())
-            .map_err(|_| anyhow!("--method {:?} is not an HTTP method", self.method))?;
+        let (base, host, url_path) = split_url(url)?;
+        if !self.allow_non_loopback {
+            ensure!(
+                is_loopback(&host),
+                "--target {url:?}: {host} is not a loopback address (127.0.0.0/8, [::1], localhost); \
+                 this run offers several times the target's capacity, so it goes elsewhere only \
+                 with --allow-non-loopback, to a service you own"
+            );
+        }
+        let path = match (&self.path, url_path) {
+            (None, path) => path.unwrap_or_else(|| "/".into()),
+            (Some(p), None) => {
+                ensure!(
+                    p.starts_with('/') && p.parse::<PathAndQuery>().is_ok(),
+                    "--path {p:?} must be a path starting with / (and an optional ?query)"
+                );
+                p.clone()
+            }
+            (Some(p), Some(in_url)) => bail!(
+                "--path {p:?} and the path of --target ({in_url:?}) both name what to request: give one"
+            ),
+        };
+        let method = match &self.method {
+            Some(m) => Method::from_bytes(m.as_bytes())
+                .map_err(|_| anyhow!("--method {m:?} is not an HTTP method"))?,
+            None if self.body.is_some() || self.body_file.is_some() => Method::POST,
+            None => Method::GET,
+        };
         let positive = |name: &str, v: f64| -> anyhow::Result<f64> {
             ensure!(v.is_finite() && v > 0.0, "{name} must be a positive number of requests/s, got {v}");
             Ok(v)
@@ -139,12 +187,20 @@ impl TargetOpts {
             "--multiples must be increasing, got {multiples:?}"
         );
         let headers = self.headers.iter().map(|h| parse_header(h)).collect::<anyhow::Result<Vec<_>>>()?;
+        let body = match (&self.body, &self.body_file) {
+            (Some(text), _) => Bytes::from(text.clone()),
+            (None, Some(file)) => {
+                Bytes::from(std::fs::read(file).with_context(|| format!("--body-file {}", file.display()))?)
+            }
+            (None, None) => Bytes::new(),
+        };
         let measure = Duration::from_secs_f64(step_secs.unwrap_or(if smoke { 1.5 } else { 8.0 }));
         ensure!(measure >= Duration::from_millis(200), "--step-secs must be at least 0.2");
         Ok(Plan {
             base,
             path,
             method,
+            body,
             capacity,
             probe_start,
             max_rps,
@@ -159,8 +215,9 @@ impl TargetOpts {
     }
 }
 
-/// `http://host:port/path?query` → (`http://host:port`, `/path?query`).
-fn split_url(url: &str) -> anyhow::Result<(String, String)> {
+/// `http://host:port/path?query` → (`http://host:port`, the host, `/path?query` unless the
+/// URL has no path or only `/`).
+fn split_url(url: &str) -> anyhow::Result<(String, String, Option<String>)> {
     let uri: Uri = url.parse().with_context(|| format!("--target {url:?} is not a URL"))?;
     match uri.scheme_str() {
         Some("http") => {}
@@ -168,9 +225,19 @@ fn split_url(url: &str) -> anyhow::Result<(String, String)> {
         None => bail!("--target {url:?} needs a scheme: http://host:port/path"),
     }
     let authority = uri.authority().ok_or_else(|| anyhow!("--target {url:?} has no host"))?;
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let path = if path.is_empty() { "/" } else { path };
-    Ok((format!("http://{authority}"), path.to_string()))
+    let path = uri.path_and_query().map(|p| p.as_str()).filter(|p| !p.is_empty() && *p != "/");
+    Ok((format!("http://{authority}"), authority.host().to_string(), path.map(str::to_string)))
+}
+
+/// A host this machine reaches without leaving it: an address of 127.0.0.0/8 or ::1
+/// (also IPv4-mapped), or the name `localhost`. Any other name is refused unchecked rather
+/// than resolved: what it resolves to when checked need not be what the generator reaches.
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<IpAddr>() {
+        Ok(ip) => ip.to_canonical().is_loopback(),
+        Err(_) => host.trim_end_matches('.').eq_ignore_ascii_case("localhost"),
+    }
 }
 
 /// `C,S+,S` per mille → [`Mix`].
@@ -228,12 +295,7 @@ pub struct Run {
 
 /// Runs the probe (unless the capacity is given) and the ramp against the target.
 pub async fn run(plan: &Plan) -> anyhow::Result<Run> {
-    // The run's one copy of the path; the generator's targets are 'static.
-    let path: &'static str = Box::leak(plan.path.clone().into_boxed_str());
-    let target =
-        Target { method: plan.method.clone(), path, share: 1000, send_criticality: true, class: None };
-    let generator = Generator::with_base(plan.base.clone(), vec![target], plan.mix, plan.deadline, SEED)
-        .headers(plan.headers.clone());
+    let generator = generator(plan);
     let capacity = match plan.capacity {
         Some(rps) => Capacity { rps, source: "given", probe: Vec::new() },
         None => probe(&generator, plan).await?,
@@ -270,6 +332,17 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Run> {
         }
     }
     Ok(Run { capacity, steps })
+}
+
+/// The generator of a run: every request is the plan's method, path, headers and body.
+fn generator(plan: &Plan) -> Generator {
+    // The run's one copy of the path; the generator's targets are 'static.
+    let path: &'static str = Box::leak(plan.path.clone().into_boxed_str());
+    let target =
+        Target { method: plan.method.clone(), path, share: 1000, send_criticality: true, class: None };
+    Generator::with_base(plan.base.clone(), vec![target], plan.mix, plan.deadline, SEED)
+        .headers(plan.headers.clone())
+        .body(plan.body.clone())
 }
 
 async fn probe(generator: &Generator, plan: &Plan) -> anyhow::Result<Capacity> {
@@ -482,12 +555,19 @@ pub fn check(summary: &Value) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use levee_agent::policy::Criticality;
+
+    use super::super::load::{CRITICALITIES, Outcome};
     use super::*;
 
     fn opts(target: &str) -> TargetOpts {
         TargetOpts {
             target: Some(target.into()),
-            method: "GET".into(),
+            path: None,
+            method: None,
+            body: None,
+            body_file: None,
+            allow_non_loopback: false,
             capacity: None,
             probe_start: 20.0,
             max_rps: 5000.0,
@@ -512,6 +592,117 @@ mod tests {
         assert!(err.contains("--target"), "{err}");
     }
 
+    /// The command line as a user writes it: repeated --header, one body source.
+    #[test]
+    fn the_command_line_takes_repeated_headers_and_one_body() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            target: TargetOpts,
+        }
+        let cli = Cli::try_parse_from([
+            "levee-bench",
+            "--target",
+            "http://127.0.0.1:3000",
+            "--path",
+            "/checkout/alice",
+            "--header",
+            "authorization: Bearer t",
+            "--header",
+            "x-tenant: 7",
+            "--body",
+            "{}",
+        ])
+        .unwrap();
+        let plan = cli.target.plan(false, None).unwrap();
+        assert_eq!(plan.headers.len(), 2);
+        assert_eq!(plan.headers[1].0, "x-tenant");
+        assert_eq!((plan.method, plan.path.as_str()), (Method::POST, "/checkout/alice"));
+        let both = Cli::try_parse_from([
+            "levee-bench",
+            "--target",
+            "http://127.0.0.1:3000/",
+            "--body",
+            "{}",
+            "--body-file",
+            "b.json",
+        ]);
+        assert!(both.unwrap_err().to_string().contains("--body-file"));
+        let no_target = Cli::try_parse_from(["levee-bench", "--path", "/x"]);
+        assert!(no_target.unwrap_err().to_string().contains("--target"));
+    }
+
+    /// The run offers several times a service's capacity: it goes to this machine only,
+    /// unless said otherwise. Names other than localhost are refused without resolving them.
+    #[test]
+    fn only_loopback_targets_unless_allowed() {
+        for ok in [
+            "http://127.0.0.1:3000/",
+            "http://127.3.2.1:3000/",
+            "http://[::1]:3000/",
+            "http://[::ffff:127.0.0.1]:3000/",
+            "http://localhost:3000/",
+            "http://LOCALHOST.:3000/",
+        ] {
+            opts(ok).plan(false, None).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for far in [
+            "http://10.0.0.1:3000/",
+            "http://192.0.2.1/",
+            "http://0.0.0.0:3000/",
+            "http://[2001:db8::1]:3000/",
+            "http://example.com/",
+            "http://localhost.example.com/",
+            "http://user@192.0.2.1/",
+        ] {
+            let err = opts(far).plan(false, None).unwrap_err().to_string();
+            assert!(
+                err.contains("not a loopback address") && err.contains("--allow-non-loopback"),
+                "{far}: {err}"
+            );
+            let mut o = opts(far);
+            o.allow_non_loopback = true;
+            o.plan(false, None).unwrap_or_else(|e| panic!("{far} allowed: {e}"));
+        }
+    }
+
+    /// `--path` names what to request when the URL does not; a body is sent as given, or
+    /// read from a file.
+    #[test]
+    fn path_and_body_options() {
+        let mut o = opts("http://127.0.0.1:3000");
+        o.path = Some("/checkout/alice?x=1".into());
+        o.body = Some(r#"{"items":[1]}"#.into());
+        let plan = o.plan(false, None).unwrap();
+        assert_eq!(plan.path, "/checkout/alice?x=1");
+        assert_eq!(plan.method, Method::POST, "a body without --method is a POST");
+        assert_eq!(plan.body, Bytes::from_static(br#"{"items":[1]}"#));
+        o.method = Some("PUT".into());
+        assert_eq!(o.plan(false, None).unwrap().method, Method::PUT);
+        let get = opts("http://127.0.0.1:3000/").plan(false, None).unwrap();
+        assert_eq!((get.method, get.body), (Method::GET, Bytes::new()));
+
+        let mut both = opts("http://127.0.0.1:3000/checkout/bob");
+        both.path = Some("/checkout/alice".into());
+        let err = both.plan(false, None).unwrap_err().to_string();
+        assert!(err.contains("--path") && err.contains("give one"), "{err}");
+        let mut relative = opts("http://127.0.0.1:3000");
+        relative.path = Some("checkout".into());
+        let err = relative.plan(false, None).unwrap_err().to_string();
+        assert!(err.contains("--path \"checkout\" must be a path"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("body.json");
+        std::fs::write(&file, b"[1,2,3]").unwrap();
+        let mut from_file = opts("http://127.0.0.1:3000/");
+        from_file.body_file = Some(file);
+        assert_eq!(from_file.plan(false, None).unwrap().body, Bytes::from_static(b"[1,2,3]"));
+        from_file.body_file = Some(dir.path().join("missing.json"));
+        let err = from_file.plan(false, None).unwrap_err().to_string();
+        assert!(err.contains("--body-file"), "{err}");
+    }
+
     /// Every bad option is refused with its name and what it accepts.
     #[test]
     fn bad_options_name_the_option_and_the_range() {
@@ -529,7 +720,7 @@ mod tests {
         assert!(bad(&|o| o.max_rps = f64::NAN).contains("--max-rps"));
         assert!(bad(&|o| o.probe_start = 10_000.0).contains("must not exceed --max-rps"));
         assert!(bad(&|o| o.multiples = vec![2.0, 1.0]).contains("increasing"));
-        assert!(bad(&|o| o.method = "GE T".into()).contains("--method"));
+        assert!(bad(&|o| o.method = Some("GE T".into())).contains("--method"));
         assert!(bad(&|o| o.headers = vec!["no colon".into()]).contains("name: value"));
         let mut o = opts("http://127.0.0.1:3000/");
         o.headers = vec!["Authorization: Bearer x".into()];
@@ -581,6 +772,115 @@ mod tests {
         assert_eq!(summary(&plan, &held)["goodput_falls_at"], Value::Null);
     }
 
+    /// The samples of one 2 s step at `multiple` × 100 rps against a model service, the
+    /// classes in the default mix's proportions (of every ten requests one CRITICAL, three
+    /// SHEDDABLE_PLUS, six SHEDDABLE); `answer` says how the `k`-th request of its class,
+    /// sent at `at`, ended and after how many ms.
+    fn model_step(multiple: f64, answer: &dyn Fn(Criticality, usize, Duration) -> (Outcome, u64)) -> Step {
+        let secs = 2.0;
+        let offered = multiple * 100.0;
+        let total = (offered * secs) as usize;
+        let class = |i: usize| match i % 10 {
+            0 => Criticality::Critical,
+            1..=3 => Criticality::SheddablePlus,
+            _ => Criticality::Sheddable,
+        };
+        let mut seen = std::collections::HashMap::new();
+        let samples: Vec<Sample> = (0..total)
+            .map(|i| {
+                let c = class(i);
+                let k = seen.entry(c).or_insert(0usize);
+                let at = Duration::from_secs_f64(i as f64 / offered);
+                let (outcome, latency_ms) = answer(c, *k, at);
+                *k += 1;
+                Sample {
+                    at,
+                    criticality: c,
+                    route: 0,
+                    outcome,
+                    latency: Duration::from_millis(latency_ms),
+                    degraded: false,
+                }
+            })
+            .collect();
+        Step::measure(
+            multiple,
+            &samples,
+            (Duration::ZERO, Duration::from_secs_f64(secs)),
+            Duration::from_millis(500),
+        )
+    }
+
+    /// The knee, goodput per criticality and p99 of what was admitted, computed from the
+    /// samples of two model services of capacity 100 rps (no timing, no network).
+    /// A service that sheds by criticality serves 100 rps, CRITICAL first, and refuses the
+    /// rest at once: goodput holds (no knee), SHEDDABLE falls first, CRITICAL never, the
+    /// p99 of the admitted stays at their 20 ms. A service with a FIFO queue serves every
+    /// request in turn: past its capacity the queue grows until answers come after the
+    /// 500 ms deadline, and goodput falls at 2×, every class at once, p99 at the deadline.
+    #[test]
+    fn the_knee_and_goodput_per_criticality_of_two_model_services() {
+        let ok = Outcome::Answered(http::StatusCode::OK);
+        let shed = Outcome::Answered(http::StatusCode::SERVICE_UNAVAILABLE);
+        let multiples = [0.5, 1.0, 2.0, 4.0, 8.0];
+        let plan = opts("http://127.0.0.1:3000/").plan(false, None).unwrap();
+        let capacity = Capacity { rps: 100.0, source: "given", probe: Vec::new() };
+
+        // 200 requests per 2 s fit; the classes fill them in order of criticality.
+        let shedding: Vec<Step> = multiples
+            .iter()
+            .map(|&m| {
+                // Sent per class in the step: its share of m x 200.
+                let sent = [0.1, 0.3, 0.6].map(|share| (m * 200.0 * share) as usize);
+                model_step(m, &|c, k, _| {
+                    let before: usize =
+                        CRITICALITIES.iter().zip(sent).take_while(|(x, _)| **x != c).map(|(_, n)| n).sum();
+                    if before + k < 200 { (ok, 20) } else { (shed, 1) }
+                })
+            })
+            .collect();
+        let s = summary(&plan, &Run { capacity: capacity.clone(), steps: shedding });
+        assert_eq!(s["goodput_falls_at"], Value::Null, "{s}");
+        assert_eq!(s["steps"][1]["goodput_rps"], json!(100.0));
+        assert_eq!(s["steps"][4]["goodput_rps"], json!(100.0));
+        assert_eq!(s["criticality"]["SHEDDABLE"]["falls_at"]["multiple"], json!(2.0));
+        assert_eq!(s["criticality"]["SHEDDABLE_PLUS"]["falls_at"]["multiple"], json!(4.0));
+        assert_eq!(s["criticality"]["CRITICAL"]["falls_at"], Value::Null);
+        // At 4x: CRITICAL 40 rps all served, SHEDDABLE_PLUS 60 of 120, SHEDDABLE none.
+        assert_eq!(
+            s["steps"][3]["goodput_rps_by_criticality"],
+            json!({"CRITICAL": 40.0, "SHEDDABLE_PLUS": 60.0, "SHEDDABLE": 0.0})
+        );
+        assert_eq!(s["steps"][3]["rejected_ratio"], json!(0.75));
+        assert_eq!(s["steps"][4]["p99_admitted_ms"], json!(20.0));
+        check(&s).unwrap();
+
+        // FIFO: the i-th request sent at `at` leaves the queue at i / capacity (it cannot
+        // start before it arrives); given up at the deadline when that is later.
+        let queueing: Vec<Step> = multiples
+            .iter()
+            .map(|&m| {
+                model_step(m, &|_, _, at| {
+                    let i = (at.as_secs_f64() * m * 100.0).round();
+                    let done_ms = (i * 10.0).max(at.as_secs_f64() * 1000.0) + 20.0;
+                    let latency = (done_ms - at.as_secs_f64() * 1000.0).round() as u64;
+                    if latency > 500 { (Outcome::TimedOut, 500) } else { (ok, latency) }
+                })
+            })
+            .collect();
+        let s = summary(&plan, &Run { capacity, steps: queueing });
+        assert_eq!(s["peak"]["multiple"], json!(1.0), "{s}");
+        assert_eq!(s["p99_admitted_ms_at_peak"], json!(20.0));
+        assert_eq!(s["goodput_falls_at"]["multiple"], json!(2.0));
+        // At 2x the k-th request waits 5k ms: the first 97 of 400 are in time.
+        assert_eq!(s["steps"][2]["goodput_rps"], json!(48.5));
+        assert_eq!(s["steps"][2]["p99_admitted_ms"], json!(500.0));
+        for class in CLASS_NAMES {
+            assert_eq!(s["criticality"][class]["falls_at"]["multiple"], json!(2.0), "{class}");
+        }
+        check(&s).unwrap();
+    }
+
     #[test]
     fn the_check_wants_a_ramp_past_the_capacity() {
         let plan = opts("http://127.0.0.1:3000/").plan(false, None).unwrap();
@@ -596,6 +896,53 @@ mod tests {
         assert!(err.contains("past the capacity"), "{err}");
         let err = check(&json!({"capacity_rps": 10.0, "steps": []})).unwrap_err().to_string();
         assert!(err.contains("at least 3"), "{err}");
+    }
+
+    /// What the target receives, on a real connection: the method, path and query, body
+    /// and headers given, with Levee's criticality and deadline headers beside them.
+    #[tokio::test]
+    async fn the_target_receives_the_request_as_given() {
+        use axum::extract::{Request, State};
+        use tokio::sync::mpsc;
+
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let app = axum::Router::new().fallback(
+            |State(tx): State<mpsc::UnboundedSender<_>>, req: Request| async move {
+                let (parts, body) = req.into_parts();
+                let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                let _ = tx.send((parts.method, parts.uri.to_string(), parts.headers, body));
+                "ok"
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app.with_state(tx)).await });
+
+        let mut o = opts(&format!("http://{addr}"));
+        o.path = Some("/orders?dry=1".into());
+        o.method = Some("POST".into());
+        o.body = Some(r#"{"sku":42}"#.into());
+        o.headers = vec!["content-type: application/json".into(), "authorization: Bearer t0k".into()];
+        o.mix = "0,1000,0".into();
+        let plan = o.plan(false, None).unwrap();
+        let samples =
+            generator(&plan).run(&[Phase { rps: 50.0, duration: Duration::from_millis(100) }]).await;
+        assert_eq!(samples.len(), 5);
+        assert!(samples.iter().all(|s| s.good(plan.deadline)), "{samples:?}");
+        for _ in 0..5 {
+            let (method, uri, headers, body) = rx.recv().await.unwrap();
+            assert_eq!(
+                (method, uri.as_str(), &body[..]),
+                (Method::POST, "/orders?dry=1", &br#"{"sku":42}"#[..])
+            );
+            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(headers["authorization"], "Bearer t0k");
+            assert_eq!(headers[levee_agent::deadline::CRITICALITY_HEADER], "SHEDDABLE_PLUS");
+            let deadline_ms: u64 =
+                headers[levee_agent::deadline::DEADLINE_MS_HEADER].to_str().unwrap().parse().unwrap();
+            assert!((1..=500).contains(&deadline_ms), "{deadline_ms}");
+        }
+        server.abort();
     }
 
     /// A real run on loopback against a service of known capacity (20 workers x 50 ms =
