@@ -283,6 +283,9 @@ impl Args {
             println!("plot written to {}", path.display());
         }
         let out = target::summary(&plan, &run);
+        for line in target::conclusions(&out) {
+            println!("{line}");
+        }
         println!("{out}");
         if self.check {
             target::check(&out)?;
@@ -567,6 +570,7 @@ mod tests {
             rejected_ratio: 0.0,
             timed_out_ratio: 0.0,
             goodput_ratio_by_criticality: [1.0, 1.0, 1.0],
+            goodput_rps_by_criticality: [goodput / 3.0; 3],
             p99_admitted_ms_by_criticality: [110.0; 3],
         };
         let rows = vec![step(0.5, 200.0), step(3.0, 400.0), step(10.0, 380.0)];

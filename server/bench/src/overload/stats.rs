@@ -25,6 +25,9 @@ pub struct Step {
     /// Per criticality (CRITICAL, SHEDDABLE_PLUS, SHEDDABLE): share of the requests sent
     /// that were answered 2xx within their deadline.
     pub goodput_ratio_by_criticality: [f64; 3],
+    /// Per criticality: requests answered 2xx within their deadline, per second (they add
+    /// up to `goodput_rps`).
+    pub goodput_rps_by_criticality: [f64; 3],
     /// p99 of the admitted requests of each criticality (as `p99_admitted_ms`), ms: says
     /// which class a high p99 comes from.
     pub p99_admitted_ms_by_criticality: [f64; 3],
@@ -48,6 +51,7 @@ impl Step {
             in_window.iter().filter(|s| !s.rejected()).map(|s| s.latency.min(budget)).collect();
         admitted.sort_unstable();
         let mut by_crit = [0.0; 3];
+        let mut rps_by_crit = [0.0; 3];
         let mut p99_by_crit = [0.0; 3];
         for (i, c) in CRITICALITIES.iter().enumerate() {
             let sent: Vec<_> = in_window.iter().filter(|s| s.criticality == *c).collect();
@@ -55,11 +59,9 @@ impl Step {
                 sent.iter().filter(|s| !s.rejected()).map(|s| s.latency.min(budget)).collect();
             lat.sort_unstable();
             p99_by_crit[i] = percentile_ms(&lat, 0.99);
-            by_crit[i] = if sent.is_empty() {
-                1.0
-            } else {
-                sent.iter().filter(|s| s.good(budget)).count() as f64 / sent.len() as f64
-            };
+            let good = sent.iter().filter(|s| s.good(budget)).count() as f64;
+            rps_by_crit[i] = good / secs;
+            by_crit[i] = if sent.is_empty() { 1.0 } else { good / sent.len() as f64 };
         }
         Self {
             multiple,
@@ -70,6 +72,7 @@ impl Step {
             rejected_ratio: in_window.iter().filter(|s| s.rejected()).count() as f64 / n,
             timed_out_ratio: in_window.iter().filter(|s| s.outcome == Outcome::TimedOut).count() as f64 / n,
             goodput_ratio_by_criticality: by_crit,
+            goodput_rps_by_criticality: rps_by_crit,
             p99_admitted_ms_by_criticality: p99_by_crit,
         }
     }
@@ -137,6 +140,7 @@ mod tests {
         // Admitted latencies 100, 500 (given up), 500 (600 capped at the deadline).
         assert_eq!((s.p50_admitted_ms, s.p99_admitted_ms), (500.0, 500.0));
         assert_eq!(s.goodput_ratio_by_criticality, [1.0, 0.0, 0.0]);
+        assert_eq!(s.goodput_rps_by_criticality, [1.0, 0.0, 0.0]);
         // Per class: CRITICAL 100; SHEDDABLE_PLUS 500 (600 capped); SHEDDABLE 500 (given up).
         assert_eq!(s.p99_admitted_ms_by_criticality, [100.0, 500.0, 500.0]);
     }

@@ -208,7 +208,7 @@ impl TargetOpts {
             deadline,
             multiples,
             headers,
-            probe_secs: if smoke { 1.0 } else { 3.0 },
+            probe_secs: if smoke { 0.5 } else { 3.0 },
             warmup: measure / 4,
             measure,
         })
@@ -466,14 +466,9 @@ pub fn summary(plan: &Plan, run: &Run) -> Value {
             let mut p99 = serde_json::Map::new();
             for (c, name) in CLASS_NAMES.iter().enumerate() {
                 let sent = plan.mix.0[c] > 0;
-                let share = f64::from(plan.mix.0[c]) / 1000.0;
                 good.insert(
                     (*name).into(),
-                    if sent {
-                        json!(round3(s.goodput_ratio_by_criticality[c] * share * s.offered_rps))
-                    } else {
-                        Value::Null
-                    },
+                    if sent { json!(round3(s.goodput_rps_by_criticality[c])) } else { Value::Null },
                 );
                 p99.insert(
                     (*name).into(),
@@ -506,6 +501,52 @@ pub fn summary(plan: &Plan, run: &Run) -> Value {
         "goodput_falls_at": at(falls),
         "criticality": by_class,
     })
+}
+
+/// The summary's conclusions in words, printed before its JSON line: the peak and the p99
+/// of what was admitted there, where goodput falls (the knee), and where each class sent
+/// stops being answered in time. Read from the summary, so the words and the JSON cannot
+/// disagree.
+pub fn conclusions(summary: &Value) -> Vec<String> {
+    let step = |v: &Value| {
+        format!(
+            "{}x capacity ({} rps offered, {} rps good)",
+            v["multiple"],
+            v["offered_rps"].as_f64().unwrap_or(0.0).round(),
+            v["goodput_rps"].as_f64().unwrap_or(0.0).round()
+        )
+    };
+    let last =
+        summary["steps"].as_array().and_then(|s| s.last()).map_or(Value::Null, |s| s["multiple"].clone());
+    let fall = FALL * 100.0;
+    let mut lines = Vec::new();
+    if summary["peak"].is_object() {
+        lines.push(format!(
+            "goodput peaks at {}, p99 of the admitted {:.1} ms",
+            step(&summary["peak"]),
+            summary["p99_admitted_ms_at_peak"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    let falls = &summary["goodput_falls_at"];
+    lines.push(if falls.is_object() {
+        format!("goodput falls below {fall:.0} % of the peak at {}", step(falls))
+    } else {
+        format!("goodput stays above {fall:.0} % of the peak over the whole ramp (to {last}x)")
+    });
+    let classes: Vec<String> = CLASS_NAMES
+        .iter()
+        .filter(|c| summary["criticality"][**c]["share_per_mille"].as_u64().unwrap_or(0) > 0)
+        .map(|c| {
+            let at = &summary["criticality"][*c]["falls_at"];
+            if at.is_object() {
+                format!("{c} from {}x", at["multiple"])
+            } else {
+                format!("{c} never (to {last}x)")
+            }
+        })
+        .collect();
+    lines.push(format!("under {fall:.0} % of a class answered in time: {}", classes.join(", ")));
+    lines
 }
 
 /// The CI check of a `--target` summary: every figure of every step is a number, the ramp
@@ -739,6 +780,8 @@ mod tests {
             rejected_ratio: 0.0,
             timed_out_ratio: 0.0,
             goodput_ratio_by_criticality: by_class,
+            // The mix of the test below: 10 % CRITICAL, 90 % SHEDDABLE_PLUS.
+            goodput_rps_by_criticality: [by_class[0] * 0.1 * offered, by_class[1] * 0.9 * offered, 0.0],
             p99_admitted_ms_by_criticality: [50.0; 3],
         }
     }
@@ -854,6 +897,14 @@ mod tests {
         assert_eq!(s["steps"][3]["rejected_ratio"], json!(0.75));
         assert_eq!(s["steps"][4]["p99_admitted_ms"], json!(20.0));
         check(&s).unwrap();
+        assert_eq!(
+            conclusions(&s)[1..],
+            [
+                "goodput stays above 90 % of the peak over the whole ramp (to 8.0x)",
+                "under 90 % of a class answered in time: CRITICAL never (to 8.0x), SHEDDABLE_PLUS from 4.0x, \
+                 SHEDDABLE from 2.0x",
+            ]
+        );
 
         // FIFO: the i-th request sent at `at` leaves the queue at i / capacity (it cannot
         // start before it arrives); given up at the deadline when that is later.
@@ -879,6 +930,15 @@ mod tests {
             assert_eq!(s["criticality"][class]["falls_at"]["multiple"], json!(2.0), "{class}");
         }
         check(&s).unwrap();
+        assert_eq!(
+            conclusions(&s),
+            [
+                "goodput peaks at 1.0x capacity (100 rps offered, 100 rps good), p99 of the admitted 20.0 ms",
+                "goodput falls below 90 % of the peak at 2.0x capacity (200 rps offered, 49 rps good)",
+                "under 90 % of a class answered in time: CRITICAL from 2.0x, SHEDDABLE_PLUS from 2.0x, \
+                 SHEDDABLE from 2.0x",
+            ]
+        );
     }
 
     #[test]

@@ -58,14 +58,11 @@ pub fn draw(path: &Path, font: &Path, plan: &Plan, run: &Run) -> anyhow::Result<
         .label("all")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     for (c, (name, colour)) in CLASSES.iter().enumerate() {
-        let share = f64::from(plan.mix.0[c]) / 1000.0;
-        if share == 0.0 {
+        if plan.mix.0[c] == 0 {
             continue;
         }
-        let pts: Vec<(f64, f64)> = steps
-            .iter()
-            .map(|s| (s.offered_rps, s.goodput_ratio_by_criticality[c] * share * s.offered_rps))
-            .collect();
+        let pts: Vec<(f64, f64)> =
+            steps.iter().map(|s| (s.offered_rps, s.goodput_rps_by_criticality[c])).collect();
         let colour = *colour;
         chart
             .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(2)))?
