@@ -30,6 +30,7 @@ use bytes::Bytes;
 use clap::Args as ClapArgs;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Uri};
+use levee_agent::deadline::{CRITICALITY_HEADER, DEADLINE_MS_HEADER};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -263,6 +264,20 @@ fn parse_header(s: &str) -> anyhow::Result<(HeaderName, HeaderValue)> {
         .map_err(|_| anyhow!("--header {s:?}: {:?} is not a header name", name.trim()))?;
     let value = HeaderValue::from_str(value.trim())
         .map_err(|_| anyhow!("--header {s:?}: the value is not a valid header value"))?;
+    // Headers the run sets itself: a second copy would contradict it (two criticalities,
+    // two deadlines, a length that is not the body's).
+    let owned = if name == CRITICALITY_HEADER {
+        Some("--mix draws it for each request")
+    } else if name == DEADLINE_MS_HEADER {
+        Some("--deadline sets it for each request")
+    } else if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+        Some("it follows from --body")
+    } else {
+        None
+    };
+    if let Some(why) = owned {
+        bail!("--header {s:?}: {name} is not set with --header: {why}");
+    }
     Ok((name, value))
 }
 
@@ -763,6 +778,9 @@ mod tests {
         assert!(bad(&|o| o.multiples = vec![2.0, 1.0]).contains("increasing"));
         assert!(bad(&|o| o.method = Some("GE T".into())).contains("--method"));
         assert!(bad(&|o| o.headers = vec!["no colon".into()]).contains("name: value"));
+        assert!(bad(&|o| o.headers = vec!["Levee-Criticality: CRITICAL".into()]).contains("--mix"));
+        assert!(bad(&|o| o.headers = vec!["levee-deadline-ms: 100".into()]).contains("--deadline"));
+        assert!(bad(&|o| o.headers = vec!["content-length: 3".into()]).contains("--body"));
         let mut o = opts("http://127.0.0.1:3000/");
         o.headers = vec!["Authorization: Bearer x".into()];
         let plan = o.plan(false, None).unwrap();
@@ -997,9 +1015,8 @@ mod tests {
             );
             assert_eq!(headers["content-type"], "application/json");
             assert_eq!(headers["authorization"], "Bearer t0k");
-            assert_eq!(headers[levee_agent::deadline::CRITICALITY_HEADER], "SHEDDABLE_PLUS");
-            let deadline_ms: u64 =
-                headers[levee_agent::deadline::DEADLINE_MS_HEADER].to_str().unwrap().parse().unwrap();
+            assert_eq!(headers[CRITICALITY_HEADER], "SHEDDABLE_PLUS");
+            let deadline_ms: u64 = headers[DEADLINE_MS_HEADER].to_str().unwrap().parse().unwrap();
             assert!((1..=500).contains(&deadline_ms), "{deadline_ms}");
         }
         server.abort();
