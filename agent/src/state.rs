@@ -64,6 +64,13 @@ pub trait StatusContributor: Send + Sync + 'static {
     /// Appends entries to `report` (its `service`, `applied_revision` and `source` are
     /// already filled in).
     fn contribute(&self, report: &mut StatusReport);
+
+    /// Appends the health windows of what it counts (at most `room` windows in `out` in
+    /// all), each covering the `window_ms` since the previous report and holding only
+    /// what happened in it. Nothing by default.
+    fn health(&self, window_ms: u64, room: usize, out: &mut Vec<crate::proto::HealthWindow>) {
+        let _ = (window_ms, room, out);
+    }
 }
 
 pub(crate) struct Shared {
@@ -326,6 +333,7 @@ impl Shared {
         self.deps.contribute(&mut report);
         self.features.contribute(&mut report);
         for c in self.contributors.load().iter() {
+            c.health(window_ms, crate::health::MAX_HEALTH_WINDOWS, &mut report.health);
             c.contribute(&mut report);
         }
         report

@@ -571,7 +571,7 @@ impl Admission {
     ) -> Start<'p> {
         let core = &self.inner.core;
         if entry.exempt {
-            return Start::Admitted(AdmissionPermit::uncounted(criticality, outcome));
+            return Start::Admitted(AdmissionPermit::uncounted(None, criticality, outcome));
         }
         let shadow = settings.inbound.mode == AdmissionMode::Shadow;
         // Read-only mode is a deliberate operator switch, not a policy on trial: enforced
@@ -610,11 +610,12 @@ impl Admission {
             None // others wait: no overtaking them
         };
         if let Some((in_flight, seq)) = acquired {
-            let measured =
-                (seq & (core.limiter.sample_stride() - 1) == 0).then(|| (entry.clone(), Instant::now()));
+            let stride = core.limiter.sample_stride();
+            let started = (seq & (stride - 1) == 0).then(|| (Instant::now(), stride));
             return Start::Admitted(AdmissionPermit::counted(
                 owner(),
-                measured,
+                entry.clone(),
+                started,
                 criticality,
                 in_flight,
                 outcome,
@@ -626,7 +627,7 @@ impl Admission {
                 return Self::shed(entry, criticality, Reason::Limit, true, outcome);
             }
             entry.state.count_would_queue(criticality);
-            return Start::Admitted(AdmissionPermit::uncounted(criticality, outcome));
+            return Start::Admitted(AdmissionPermit::uncounted(Some(entry.clone()), criticality, outcome));
         }
         if max_len == 0 || !may_wait {
             return Self::shed(entry, criticality, Reason::Limit, false, outcome);
@@ -635,7 +636,7 @@ impl Admission {
     }
 
     fn shed<'p>(
-        entry: &RouteEntry,
+        entry: &Arc<RouteEntry>,
         criticality: Criticality,
         reason: Reason,
         shadow: bool,
@@ -643,7 +644,7 @@ impl Admission {
     ) -> Start<'p> {
         entry.state.count_shed(shadow, criticality, reason);
         if shadow {
-            Start::Admitted(AdmissionPermit::uncounted(criticality, outcome))
+            Start::Admitted(AdmissionPermit::uncounted(Some(entry.clone()), criticality, outcome))
         } else {
             Start::Rejected(Rejected::new(reason, criticality))
         }
@@ -744,6 +745,24 @@ impl Admission {
         }
     }
 
+    /// Appends the health window of every route that saw requests since the last report
+    /// (`window_ms` long, kind [`KIND_ROUTE`](crate::health::KIND_ROUTE), named as in
+    /// [`route_key`](super::route_key); the shared overflow route included), at most
+    /// `room` windows in all; the other routes keep their counts for a later report.
+    /// Exempt routes (health, readiness, metrics) count nothing.
+    pub(crate) fn health(&self, window_ms: u64, room: usize, out: &mut Vec<crate::proto::HealthWindow>) {
+        let settings = self.inner.core.settings.load();
+        let routes = settings.routes.states().chain(std::iter::once(settings.routes.overflow_state()));
+        for state in routes {
+            if out.len() >= room {
+                return;
+            }
+            if let Some(w) = state.health.take(crate::health::KIND_ROUTE, &state.name, window_ms, 0) {
+                out.push(w);
+            }
+        }
+    }
+
     /// A tower layer admitting every request of a server (axum, hyper, tonic) through this
     /// engine; see [`AdmissionLayer`](super::AdmissionLayer).
     pub fn layer(&self) -> super::AdmissionLayer {
@@ -757,6 +776,12 @@ impl crate::StatusContributor for Report {
     fn contribute(&self, report: &mut crate::proto::StatusReport) {
         if let Some(inner) = self.0.upgrade() {
             Admission { inner }.status().contribute(report);
+        }
+    }
+
+    fn health(&self, window_ms: u64, room: usize, out: &mut Vec<crate::proto::HealthWindow>) {
+        if let Some(inner) = self.0.upgrade() {
+            Admission { inner }.health(window_ms, room, out);
         }
     }
 }

@@ -14,6 +14,7 @@ use super::queue::Wait;
 use super::response::{AdmissionBody, rejection};
 use super::route::{RouteKey, is_unimplemented};
 use crate::deadline::RequestContext;
+use crate::health::HealthOutcome;
 
 pin_project! {
     /// The future of [`Admission::admit`](super::Admission::admit): ready at once when the
@@ -74,6 +75,22 @@ fn outcome<B, E>(result: &Result<Response<B>, E>) -> Outcome {
                 res.headers().get("grpc-status").is_some_and(|v| matches!(v.as_bytes(), b"4" | b"8" | b"14"));
             if status == 503 || status == 504 || grpc_overload { Outcome::Dropped } else { Outcome::Success }
         }
+    }
+}
+
+/// How a finished request counts in its route's health window: the inner service's
+/// error, a 5xx answer or a gRPC UNKNOWN, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE or
+/// DATA_LOSS status in the response headers is a failure; a 504 or gRPC
+/// DEADLINE_EXCEEDED a timeout; anything else (4xx included: the caller's mistake, not the
+/// route's) a success. A gRPC status sent only in the trailers of a streamed answer is not
+/// seen here: such a call counts by its HTTP status.
+fn served<B, E>(result: &Result<Response<B>, E>) -> HealthOutcome {
+    let Ok(res) = result else { return HealthOutcome::Failure };
+    let grpc = res.headers().get("grpc-status").map(http::HeaderValue::as_bytes);
+    match (res.status().as_u16(), grpc) {
+        (504, _) | (_, Some(b"4")) => HealthOutcome::Timeout,
+        (500..=599, _) | (_, Some(b"2" | b"8" | b"13" | b"14" | b"15")) => HealthOutcome::Failure,
+        _ => HealthOutcome::Success,
     }
 }
 
@@ -192,6 +209,7 @@ where
                     let result = ready!(fut.poll(cx));
                     if let Some(mut p) = permit.take() {
                         p.set_outcome(outcome(&result));
+                        p.set_served(served(&result));
                     }
                     if let Some(c) = confirm.take() {
                         c.answered(&result);

@@ -5,6 +5,7 @@ use tokio::time::Instant;
 
 use super::engine::Core;
 use super::route::RouteEntry;
+use crate::health::HealthOutcome;
 use crate::policy::Criticality;
 
 /// How an admitted request ended, as the concurrency limit sees it.
@@ -42,8 +43,9 @@ impl std::ops::Deref for CoreRef<'_> {
     }
 }
 
-/// Holds one admission slot; dropping it gives the slot back and records the request's
-/// latency and [`Outcome`] for the concurrency limit.
+/// Holds one admission slot; dropping it gives the slot back, records the request's
+/// latency and [`Outcome`] for the concurrency limit, and counts how the request ended in
+/// its route's health window (reported to the server: see [`set_failed`](Self::set_failed)).
 ///
 /// Dropped normally, on cancellation, or while unwinding from a panic (then nothing is
 /// recorded, but the slot is still given back): a permit is never leaked. Permits from
@@ -54,12 +56,19 @@ pub struct AdmissionPermit<'a> {
     /// The engine when this permit holds a slot; `None` for requests admitted without one
     /// (exempt routes, shadow-mode admissions past a would-be rejection).
     core: Option<CoreRef<'a>>,
-    /// The route, for requests whose service time is measured.
+    /// The route whose health window counts how the request ended; `None` for exempt
+    /// routes (probes are not the service's traffic).
     route: Option<Arc<RouteEntry>>,
     criticality: Criticality,
     in_flight: u32,
-    started: Option<Instant>,
+    /// For a request whose service time is measured: when it started, and how many
+    /// requests its latency reading stands for in the route's health window (the limit
+    /// measures one admission in its sample stride).
+    started: Option<(Instant, u64)>,
     outcome: Outcome,
+    /// How the request ended for its route's health window, when the caller said more
+    /// than the [`Outcome`] does; else taken from the outcome (see [`Self::served`]).
+    served: Option<HealthOutcome>,
 }
 
 impl fmt::Debug for AdmissionPermit<'_> {
@@ -73,26 +82,56 @@ impl fmt::Debug for AdmissionPermit<'_> {
 }
 
 impl<'a> AdmissionPermit<'a> {
-    /// A permit holding a slot; `measured` carries the route and start of a request whose
-    /// service time is measured.
+    /// A permit holding a slot of `route`; `started` is set for a request whose service
+    /// time is measured (with the number of requests its reading stands for).
     pub(crate) fn counted(
         core: CoreRef<'a>,
-        measured: Option<(Arc<RouteEntry>, Instant)>,
+        route: Arc<RouteEntry>,
+        started: Option<(Instant, u64)>,
         criticality: Criticality,
         in_flight: u32,
         outcome: Outcome,
     ) -> Self {
-        let (route, started) = measured.map_or((None, None), |(r, s)| (Some(r), Some(s)));
-        Self { core: Some(core), route, criticality, in_flight, started, outcome }
+        Self { core: Some(core), route: Some(route), criticality, in_flight, started, outcome, served: None }
     }
 
-    pub(crate) fn uncounted(criticality: Criticality, outcome: Outcome) -> Self {
-        Self { core: None, route: None, criticality, in_flight: 0, started: None, outcome }
+    /// A permit holding no slot: an exempt route (`route` is `None`: not counted anywhere)
+    /// or a request shadow mode admitted (counted in its route's health window only).
+    pub(crate) fn uncounted(
+        route: Option<Arc<RouteEntry>>,
+        criticality: Criticality,
+        outcome: Outcome,
+    ) -> Self {
+        Self { core: None, route, criticality, in_flight: 0, started: None, outcome, served: None }
     }
 
     /// Sets what the drop records (see [`Outcome`]).
     pub fn set_outcome(&mut self, outcome: Outcome) {
         self.outcome = outcome;
+    }
+
+    /// Counts the request as failed in its route's health window (an error answer, say a
+    /// 500) without telling the limit anything about load: the limit still reads the
+    /// [`Outcome`]. A request whose outcome is [`Outcome::Dropped`] counts as failed anyway;
+    /// one whose outcome is [`Outcome::Ignore`] counts for nothing.
+    pub fn set_failed(&mut self) {
+        self.served = Some(HealthOutcome::Failure);
+    }
+
+    /// How the request ended, as the tower layer saw its answer.
+    pub(crate) fn set_served(&mut self, served: HealthOutcome) {
+        self.served = Some(served);
+    }
+
+    /// What the route's health window counts: nothing for an ignored request (cancelled,
+    /// or the layer's request that never finished); else what the caller said, or the
+    /// outcome read as a success or a failure.
+    fn served(&self) -> Option<HealthOutcome> {
+        match self.outcome {
+            Outcome::Ignore if self.served.is_none() => None,
+            Outcome::Dropped => Some(self.served.unwrap_or(HealthOutcome::Failure)),
+            _ => Some(self.served.unwrap_or(HealthOutcome::Success)),
+        }
     }
 
     /// The outcome the drop will record.
@@ -116,15 +155,31 @@ impl<'a> AdmissionPermit<'a> {
 impl Drop for AdmissionPermit<'_> {
     #[inline]
     fn drop(&mut self) {
-        let Some(core) = self.core.take() else { return };
-        core.release();
-        let (Some(started), Some(route)) = (self.started, &self.route) else { return };
-        if self.outcome == Outcome::Ignore || std::thread::panicking() {
+        let core = self.core.take();
+        if let Some(core) = &core {
+            core.release();
+        }
+        if std::thread::panicking() {
+            return;
+        }
+        let Some(route) = &self.route else { return };
+        let served = self.served();
+        if let Some(served) = served {
+            // The route's latency readings are the limit's samples (below), so the
+            // window's own sampling weight is not used.
+            route.state.health.count(served);
+        }
+        let (Some(core), Some((started, weight))) = (core, self.started) else { return };
+        if self.outcome == Outcome::Ignore {
+            if served.is_some() {
+                route.state.health.latency(Instant::now().saturating_duration_since(started), weight);
+            }
             return;
         }
         let now = Instant::now();
         let rtt = now.saturating_duration_since(started);
         route.state.learn(rtt);
+        route.state.health.latency(rtt, weight);
         if let Some(limit) = core.limiter.record(now, rtt, self.in_flight, self.outcome == Outcome::Dropped) {
             core.set_limit(limit);
         }

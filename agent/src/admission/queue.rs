@@ -134,9 +134,11 @@ impl Wait {
             Grant::Admitted { in_flight, slot } => {
                 debug_assert!(Arc::ptr_eq(core, slot.0.as_ref().expect("untaken slot")));
                 let core = CoreRef::Shared(slot.take());
+                // Every request that waited is measured: its reading stands for itself.
                 Ok(AdmissionPermit::counted(
                     core,
-                    Some((route, Instant::now())),
+                    route,
+                    Some((Instant::now(), 1)),
                     criticality,
                     in_flight,
                     outcome,

@@ -8,6 +8,7 @@ use metrics::Counter;
 
 use super::reason::{CRITICALITIES, crit_index};
 use super::{Reason, ShedCount};
+use crate::health::{HealthCounters, HealthOutcome};
 use crate::metrics_names as names;
 use crate::policy::{self, Criticality};
 
@@ -189,6 +190,12 @@ pub(crate) struct RouteState {
     would_queue: [AtomicU64; 4],
     /// Estimated service time in ns (see [`RouteState::learn`]), 0 before any sample.
     expected_ns: AtomicU64,
+    /// How the route's requests ended since the last status report: served (a success,
+    /// or a failure or timeout as the answer said) or refused here (shed). Its latency
+    /// readings are the limit's sampled measurements, each standing for the stride it
+    /// was sampled at, so the buckets add up to the served requests give or take the
+    /// stride.
+    pub(crate) health: HealthCounters,
 }
 
 impl RouteState {
@@ -201,6 +208,7 @@ impl RouteState {
             shadow_handles: Default::default(),
             would_queue: Default::default(),
             expected_ns: AtomicU64::new(0),
+            health: HealthCounters::default(),
         }
     }
 
@@ -220,6 +228,9 @@ impl RouteState {
     /// Counts a rejection (or, with `shadow`, a would-be rejection). The series is set
     /// from the route's own count, so it is exact whenever the recorder was installed.
     pub(crate) fn count_shed(&self, shadow: bool, c: Criticality, r: Reason) {
+        if !shadow {
+            self.health.count(HealthOutcome::Shed);
+        }
         let cells = if shadow { &self.shadow } else { &self.shed };
         let n = cells[crit_index(c)][r.index()].fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(counter) = self.counter(shadow, c, r) {

@@ -7,6 +7,7 @@
 //! HTTP in `agent/tests/agent`.
 
 mod engine;
+mod health;
 mod in_3;
 mod in_4;
 mod in_5;
