@@ -154,6 +154,7 @@ impl HealthCounters {
             shed,
             breaker_opens,
             latency_buckets,
+            revision: 0,
         })
     }
 }

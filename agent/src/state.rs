@@ -19,6 +19,7 @@ use crate::cache::DiskCache;
 use crate::enforce::{DepRegistry, Dependency};
 use crate::feature::{Feature, FeatureRegistry};
 use crate::flags::FlagRegistry;
+use crate::health::MAX_HEALTH_WINDOWS;
 use crate::metrics_names;
 use crate::policy::ServiceConfig;
 use crate::proto::StatusReport;
@@ -108,9 +109,14 @@ pub(crate) struct Shared {
     /// Bumped when what the status report says about breakers, fallbacks or degraded
     /// features changes; the sync client sends a report soon after.
     pub(crate) status_changes: Arc<StatusChanges>,
-    /// When the last status report was built, in ms since `started_at`: the health
-    /// windows of the next one cover the time since.
+    /// When the health windows were last taken (a status report built, or the windows cut
+    /// at a change of revision), in ms since `started_at`: the next windows cover the
+    /// time since.
     last_report_ms: AtomicU64,
+    /// Windows cut when the enforced revision changed, each naming the revision its calls
+    /// ran under; the next status report carries them before its own. At most
+    /// [`MAX_HEALTH_WINDOWS`].
+    cut_health: ArcSwap<Vec<crate::proto::HealthWindow>>,
     /// Readiness waits for a configuration confirmed live (`refuse_until_fresh`).
     pub(crate) refuse_until_fresh: AtomicBool,
     /// The instance id the agent announces, set once by `AgentBuilder::build` before any
@@ -164,6 +170,7 @@ impl Shared {
             levers_in_force: AtomicBool::new(false),
             wake: Notify::new(),
             last_report_ms: AtomicU64::new(0),
+            cut_health: ArcSwap::from_pointee(Vec::new()),
             refuse_until_fresh: AtomicBool::new(false),
             instance_id: std::sync::OnceLock::new(),
         };
@@ -205,6 +212,10 @@ impl Shared {
             }
             while self.refresh_dirty.swap(false, Ordering::SeqCst) {
                 let (next, levers) = self.with_snapshot(|ctx, applied| {
+                    let before = self.enforced.load().revision;
+                    if applied.revision != before {
+                        self.cut_health_windows(before);
+                    }
                     let a = self.flags.refresh(ctx);
                     let b = self.deps.refresh(ctx);
                     let c = self.features.views.refresh(ctx);
@@ -315,13 +326,50 @@ impl Shared {
             && self.deps.critical_ready()
     }
 
-    /// The periodic status report for the server. Its health windows cover the time since
-    /// the previous report was built, and their counts start again from 0: a report that
-    /// is built must be sent (a dropped one loses its window's counts, never counts twice).
-    pub(crate) fn status_report(&self) -> StatusReport {
-        let current = self.enforced.load();
+    /// Appends the health windows of every dependency and contributor (routes) since they
+    /// were last taken, until `out` holds [`MAX_HEALTH_WINDOWS`] windows; their counts
+    /// start again from 0.
+    fn take_health(&self, out: &mut Vec<crate::proto::HealthWindow>) {
         let now_ms = Instant::now().saturating_duration_since(self.started_at).as_millis() as u64;
         let window_ms = now_ms.saturating_sub(self.last_report_ms.swap(now_ms, Ordering::Relaxed));
+        self.deps.health(window_ms, MAX_HEALTH_WINDOWS, out);
+        for c in self.contributors.load().iter() {
+            c.health(window_ms, MAX_HEALTH_WINDOWS, out);
+        }
+    }
+
+    /// Cuts the health windows when the enforced revision changes from `revision`: the
+    /// calls so far ran under it, and the report that follows the change names the new
+    /// one, so the windows are kept aside naming `revision` (a rollout compares the
+    /// revisions' health; a window straddling the change would lend the old revision's
+    /// calls to the new one). Windows not sent yet are cut again into their own entries;
+    /// when the ones kept aside already fill a report, the calls stay counted and go to
+    /// the next revision's window.
+    fn cut_health_windows(&self, revision: u64) {
+        if self.cut_health.load().len() >= MAX_HEALTH_WINDOWS {
+            return;
+        }
+        let mut cut = Vec::new();
+        self.take_health(&mut cut);
+        if cut.is_empty() {
+            return;
+        }
+        for w in &mut cut {
+            w.revision = revision;
+        }
+        self.cut_health.rcu(|kept| {
+            let mut all = Vec::clone(kept);
+            all.extend(cut.iter().take(MAX_HEALTH_WINDOWS.saturating_sub(kept.len())).cloned());
+            all
+        });
+    }
+
+    /// The periodic status report for the server. Its health windows cover the time since
+    /// the previous report was built (those cut at a change of revision first, naming
+    /// theirs), and their counts start again from 0: a report that is built must be sent
+    /// (a dropped one loses its windows' counts, never counts twice).
+    pub(crate) fn status_report(&self) -> StatusReport {
+        let current = self.enforced.load();
         let mut report = StatusReport {
             service: self.service.clone(),
             applied_revision: current.revision,
@@ -329,11 +377,11 @@ impl Shared {
             not_ready: !self.ready(),
             ..StatusReport::default()
         };
-        self.deps.health(window_ms, crate::health::MAX_HEALTH_WINDOWS, &mut report.health);
+        report.health = Vec::clone(&self.cut_health.swap(Arc::new(Vec::new())));
+        self.take_health(&mut report.health);
         self.deps.contribute(&mut report);
         self.features.contribute(&mut report);
         for c in self.contributors.load().iter() {
-            c.health(window_ms, crate::health::MAX_HEALTH_WINDOWS, &mut report.health);
             c.contribute(&mut report);
         }
         report

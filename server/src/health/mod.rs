@@ -229,6 +229,10 @@ pub(crate) struct Window {
     pub(crate) kind: SubjectKind,
     pub(crate) name: String,
     pub(crate) counts: HealthTotals,
+    /// The revision the agent says these calls ran under, when not the report's (a
+    /// window it cut when it switched revisions). Only believed when it is the revision
+    /// the instance reported before (see `task::State::add`).
+    pub(crate) cut_from: Option<u64>,
 }
 
 /// A status report's health, as kept.
@@ -265,6 +269,7 @@ pub(crate) fn windows_of(r: &StatusReport) -> Vec<Window> {
             };
             Some(Window {
                 kind,
+                cut_from: (w.revision != 0 && w.revision != r.applied_revision).then_some(w.revision),
                 name: agent_text::name(&w.name),
                 counts: HealthTotals {
                     calls: successes + failures + timeouts + shed,

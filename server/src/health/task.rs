@@ -63,25 +63,41 @@ struct State {
 }
 
 impl State {
+    /// Adds a report to its slot. A window the agent cut when it switched revisions counts
+    /// for the revision it names only when that is the revision the instance reported
+    /// before (an agent cannot lend its counts to a revision it was not seen on); else,
+    /// as an untagged window, for the report's.
     fn add(&mut self, r: Report) {
-        let key = (r.environment.clone(), r.service.clone(), r.revision, slot_of(r.at_ms));
+        let instance_key = (r.environment.clone(), r.service.clone(), r.instance.clone());
+        let previous = self.instances.get(&instance_key).map(|i| i.revision);
+        let slot_ms = slot_of(r.at_ms);
+        let key = (r.environment.clone(), r.service.clone(), r.revision, slot_ms);
         let slot = self.slots.entry(key).or_default();
         slot.dirty = true;
         slot.instances.insert(r.instance.clone());
         if r.not_ready {
             slot.not_ready.insert(r.instance.clone());
         }
-        for w in &r.windows {
+        let (cut, own): (Vec<Window>, Vec<Window>) =
+            r.windows.into_iter().partition(|w| w.cut_from.is_some() && w.cut_from == previous);
+        for w in &own {
+            slot.subjects.entry((w.kind, w.name.clone())).or_insert_with(HealthTotals::empty).add(&w.counts);
+        }
+        for w in &cut {
+            let revision = w.cut_from.expect("partitioned on it");
+            let key = (r.environment.clone(), r.service.clone(), revision, slot_ms);
+            let slot = self.slots.entry(key).or_default();
+            slot.dirty = true;
             slot.subjects.entry((w.kind, w.name.clone())).or_insert_with(HealthTotals::empty).add(&w.counts);
         }
         self.instances.insert(
-            (r.environment, r.service, r.instance.clone()),
+            instance_key,
             InstanceHealth {
                 instance_id: r.instance,
                 revision: r.revision,
                 not_ready: r.not_ready,
                 at_ms: r.at_ms,
-                windows: r.windows,
+                windows: own,
             },
         );
     }
@@ -215,5 +231,66 @@ pub(super) async fn run(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use levee_agent::proto::{HealthWindow, StatusReport};
+
+    use super::*;
+    use crate::health::windows_of;
+
+    /// A report of instance `pod-1` on `revision` at `at_ms` whose window of `db` saw
+    /// `failed` failures, cut from `cut_from` (0: not cut).
+    fn report(revision: u64, at_ms: i64, windows: &[(u64, u64)]) -> Report {
+        let health = windows
+            .iter()
+            .map(|&(failed, cut_from)| HealthWindow {
+                kind: "dependency".into(),
+                name: "db".into(),
+                window_ms: 1_000,
+                calls: failed,
+                failures: failed,
+                revision: cut_from,
+                ..HealthWindow::default()
+            })
+            .collect();
+        let r = StatusReport { applied_revision: revision, health, ..StatusReport::default() };
+        Report {
+            environment: "prod".into(),
+            service: "checkout".into(),
+            instance: "pod-1".into(),
+            revision,
+            not_ready: false,
+            at_ms,
+            windows: windows_of(&r),
+        }
+    }
+
+    fn failures_by_revision(state: &State) -> BTreeMap<u64, u64> {
+        let mut out = BTreeMap::new();
+        for row in state.pending("prod", "checkout") {
+            *out.entry(row.revision).or_default() += row.failures;
+        }
+        out
+    }
+
+    /// The windows an agent cut when it switched revisions count for the revision they
+    /// ran under — the one the instance reported before — and only that one: a cut naming
+    /// a revision the instance was never seen on counts for the report's own.
+    #[test]
+    fn windows_cut_at_a_switch_count_for_the_revision_the_instance_was_on() {
+        let mut state = State::default();
+        let at = 1_000_000;
+        state.add(report(1, at, &[(2, 0)]));
+        state.add(report(2, at + 100, &[(5, 1), (1, 0)]));
+        assert_eq!(failures_by_revision(&state), BTreeMap::from([(1, 7), (2, 1)]));
+        // Revision 1 is no longer the instance's previous one: a window naming it is
+        // taken as the report's.
+        state.add(report(3, at + 200, &[(4, 1)]));
+        assert_eq!(failures_by_revision(&state), BTreeMap::from([(1, 7), (2, 1), (3, 4)]));
+        let instance = &state.instances[&("prod".into(), "checkout".into(), "pod-1".into())];
+        assert_eq!(instance.revision, 3);
     }
 }

@@ -171,3 +171,59 @@ async fn unchanged_status_reports_are_not_written_again(app) {
     a.shutdown().await;
 }
 }
+
+/// Waits (up to 10 s) until the server has a report of an instance on `revision`.
+async fn reported_on(server: &levee_server::Server, revision: u64) {
+    for _ in 0..1000 {
+        if server
+            .health
+            .instances("prod", "checkout", 0)
+            .await
+            .unwrap()
+            .iter()
+            .any(|i| i.revision == revision)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no report on revision {revision}");
+}
+
+on_both_backends! {
+/// The calls an agent made under one revision count for that revision even when its next
+/// report comes after it switched: the agent cuts its windows at the switch and sends them
+/// naming the revision they ran under. Here no periodic report separates three failed
+/// calls from a flip (the report interval is an hour), yet the flip's revision shows none
+/// of them — without the cut, its first window would lend it the old revision's failures.
+async fn calls_before_a_switch_count_for_the_revision_they_ran_under(app) {
+    let api = Api::login(&app.base).await;
+    api.seed().await;
+    let token = api.agent_token("prod", &["checkout"]).await;
+    let a = Agent::builder(&app.grpc, &token, "prod", "checkout")
+        .defaults(crate::checkout_app::safe_defaults())
+        .instance_name("pod-a")
+        .sync_settings(SyncClientSettings { status_interval: Duration::from_secs(3_600), ..fast_sync() })
+        .build()
+        .expect("agent builds");
+    a.wait_for_initial_sync(Duration::from_secs(10)).await.unwrap();
+    let first = a.status().revision;
+    // The server has the instance on `first` (its report after the ACK), with nothing counted.
+    let server = app.server.as_ref().unwrap();
+    reported_on(server, first).await;
+
+    calls(&a, 0, 3).await;
+    let off = api.set_recommendations(false).await;
+    let recs = a.dependency("recommendations");
+    crate::support::wait_until("the flip", Duration::from_secs(5), || !recs.is_enabled()).await;
+    let (_, before) = recs_on(&api, first, 3).await;
+    assert_eq!(before["totals"]["failures"], 3, "{before}");
+    // The report that followed the switch named `off`; none of the failures went there.
+    reported_on(server, off).await;
+    let v = api.send(Method::GET, "/environments/prod/services/checkout/health", None).await;
+    let on_off = v["revisions"].as_array().unwrap().iter().find(|r| r["revision"] == off);
+    let failures_on_off = on_off.map_or(0, |r| r["dependencies"]["totals"]["failures"].as_u64().unwrap());
+    assert_eq!(failures_on_off, 0, "{v}");
+    a.shutdown().await;
+}
+}
