@@ -176,7 +176,7 @@ pub fn calls_in_words(t: &HealthTotals) -> String {
 }
 
 /// How one dependency or inbound route of the cohort compares with the rest's.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct SubjectVerdict {
     pub kind: SubjectKind,
     pub name: String,
@@ -191,7 +191,7 @@ pub struct SubjectVerdict {
 
 /// Everything the halt rule looked at and what it concluded: each subject either side
 /// called, readiness, NACKs, and the reason of a halt.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct Verdict {
     /// Every dependency and route of either side, in order of kind and name.
     pub subjects: Vec<SubjectVerdict>,
@@ -204,7 +204,8 @@ pub struct Verdict {
     pub readiness_worse: bool,
     /// Whether the cohort's NACKs exceed what the plan tolerates.
     pub nacks_worse: bool,
-    /// Why the rollout halts, in words ([`halt_reason`]); `None`: it does not.
+    /// Why the rollout halts (or would, read now), in words ([`halt_reason`]); `None`:
+    /// it does not.
     pub reason: Option<String>,
 }
 

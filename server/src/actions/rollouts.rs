@@ -46,6 +46,10 @@ pub struct RolloutDetail {
     pub rest: SideView,
     /// Every instance the fleet view lists (connected, or recently seen).
     pub instances: Vec<InstanceView>,
+    /// The halt rule read now on the health of both sides since the rollout began (at
+    /// most `rollout::HEALTH_LOOKBACK`), subject by subject: what the server's own turn
+    /// judges, and the rollout page shows.
+    pub verdict: rollout::Verdict,
 }
 
 /// A halt the server decided, as POSTed to the alert webhook.
@@ -69,8 +73,13 @@ pub struct Halted {
 }
 
 impl Actions {
-    /// `r` with its cohort beside the rest and every instance the fleet view lists, read now.
-    pub async fn rollout_detail(&self, r: RolloutRow) -> anyhow::Result<RolloutDetail> {
+    /// `r` with its cohort beside the rest, every instance the fleet view lists and the
+    /// halt rule's `verdict` (`rollout_verdict`), read now.
+    pub async fn rollout_detail(
+        &self,
+        r: RolloutRow,
+        verdict: rollout::Verdict,
+    ) -> anyhow::Result<RolloutDetail> {
         let agents = self.store.agents(&r.environment, &r.service).await?;
         let nacking = self.store.nacking_instances(&r.environment, &r.service, r.candidate_revision).await?;
         let (mut cohort, mut rest) = (SideView::default(), SideView::default());
@@ -97,7 +106,7 @@ impl Actions {
                 nacked,
             });
         }
-        Ok(RolloutDetail { rollout: r, cohort, rest, instances })
+        Ok(RolloutDetail { rollout: r, cohort, rest, instances, verdict })
     }
 
     /// The rollout setting of `env`.

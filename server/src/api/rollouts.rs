@@ -9,6 +9,7 @@ use super::{ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, Reason, RolloutDetail};
 use crate::db::{RolloutRow, RolloutSettings};
 use crate::web::{AppState, RequestId};
+use levee_agent::policy::Timestamp;
 
 /// Body of `PUT .../rollout-settings`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -78,7 +79,9 @@ pub async fn list(
     Ok(Json(s.store.rollouts(&env, q.service.as_deref(), 100).await?))
 }
 
-/// One rollout: its stage and plan, the cohort beside the rest, every instance.
+/// One rollout: its stage and plan, the cohort beside the rest, every instance, and the
+/// halt rule's verdict read now (each dependency and route of either side: both sides'
+/// counts, whether it is judged and whether the cohort does worse; readiness; NACKs).
 #[utoipa::path(get, path = "/api/v1/environments/{env}/rollouts/{id}", tag = "rollouts",
     params(("env" = String, Path), ("id" = i64, Path)), responses((status = 200, body = RolloutDetail)))]
 pub async fn get_one(
@@ -87,7 +90,9 @@ pub async fn get_one(
     Path((env, id)): Path<(String, i64)>,
 ) -> ApiResult<Json<RolloutDetail>> {
     let r = s.actions.rollout(&env, id).await?;
-    Ok(Json(s.actions.rollout_detail(r).await?))
+    let sides = crate::rollout::sides(&s.health, &s.store, &r, Timestamp::now().unix_ms()).await?;
+    let verdict = s.actions.rollout_verdict(&r, sides).await?;
+    Ok(Json(s.actions.rollout_detail(r, verdict).await?))
 }
 
 /// The operator's steps.

@@ -167,7 +167,8 @@ pub async fn page(
     let now = Timestamp::now().unix_ms();
     let sides = rollout::sides(&s.health, &s.store, &r, now).await?;
     let verdict = s.actions.rollout_verdict(&r, sides.clone()).await?;
-    let RolloutDetail { rollout: r, cohort, rest, instances } = s.actions.rollout_detail(r).await?;
+    let RolloutDetail { rollout: r, cohort, rest, instances, verdict } =
+        s.actions.rollout_detail(r, verdict).await?;
     let health = health_lines(&verdict, &r.plan, (&sides.0, &sides.1), (cohort.nacks, rest.nacks));
     let health_since = time(r.created_at.max(now - rollout::HEALTH_LOOKBACK.as_millis() as i64));
     let halting = verdict.reason.filter(|_| r.active());

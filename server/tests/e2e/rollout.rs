@@ -593,6 +593,17 @@ async fn a_change_that_hurts_only_an_inbound_route_is_halted_at_the_canary() {
     assert!(outcome.contains(": route GET /checkout/{user}: "), "{outcome}");
     assert!(outcome.contains(" shed;"), "{outcome}");
     assert!(outcome.contains("against 0.0 % of the rest's"), "{outcome}");
+    // The API shows the rule's reading subject by subject, both sides' counts.
+    let route = halted["verdict"]["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == "route" && s["name"] == "GET /checkout/{user}")
+        .unwrap_or_else(|| panic!("the route in the verdict: {halted}"));
+    assert_eq!((&route["judged"], &route["worse"]), (&json!(true), &json!(true)), "{route}");
+    assert!(route["cohort"]["shed"].as_u64().unwrap() > 0, "{route}");
+    assert_eq!(route["rest"]["shed"], 0, "{route}");
+    assert_eq!(halted["verdict"]["health_compared"], true, "{halted}");
     let cohort = names_in_cohort(&halted);
     assert_eq!(cohort.len(), 2, "{halted}");
     let revert = halted["rollout"]["revert_revision"].as_u64().unwrap();
