@@ -76,7 +76,7 @@ use crate::advice;
 
 use crate::auth::Keys;
 use crate::db::{
-    AuditDiff, AuditRow, Change, Committed, Parts, SnapshotRow, Staging, Store, Subject, now_ms,
+    AuditDiff, AuditOutcome, AuditRow, Change, Committed, Parts, SnapshotRow, Staging, Store, Subject, now_ms,
 };
 use crate::hub::Hub;
 
@@ -248,11 +248,11 @@ fn audit_row(by: &Actor, reason: &Reason, action: Action, target: String) -> Aud
     AuditRow {
         at: now_ms(),
         actor: by.name.clone(),
-        via: by.via.as_str().to_string(),
+        via: by.via,
         request_id: by.request_id.clone(),
         action: action.name().to_string(),
         target,
-        outcome: "ok".to_string(),
+        outcome: AuditOutcome::Ok,
         reason: reason.as_str().to_string(),
         ..Default::default()
     }

@@ -28,7 +28,7 @@ use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
 use serde_json::{Value, json};
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, ChangeKind, Parts, RequestRow, RequestState, now_ms};
+use crate::db::{AuditOutcome, AuditRow, ChangeKind, Parts, RequestRow, RequestState, now_ms};
 
 /// How an actor's change relates to four-eyes review.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -145,7 +145,7 @@ impl Actions {
         let mut audit = audit_row(by, &b.why, Action::ApprovalBypass, format!("{kinds}: {target}"));
         audit.environment = Some(env.to_string());
         audit.service = service.map(str::to_string);
-        audit.outcome = "bypass".into();
+        audit.outcome = AuditOutcome::Bypass;
         audit.revision = revision.map(|r| r as i64);
         self.store.append_audit(&audit).await?;
         tracing::warn!(actor = %by.name, environment = env, kinds, target, "break-glass: change applied without approval");
@@ -169,7 +169,7 @@ impl Actions {
         let mut audit = audit_row(by, &Reason::by_server(String::new()), action, target.to_string());
         audit.environment = Some(env.to_string());
         audit.service = service.map(str::to_string);
-        audit.outcome = "rejected".into();
+        audit.outcome = AuditOutcome::Rejected;
         audit.detail = Some(refusal.to_string());
         if let Err(e) = self.store.append_audit(&audit).await {
             tracing::error!(error = %e, environment = env, "auditing a refusal for want of approval");
@@ -637,7 +637,7 @@ impl Actions {
         let next =
             RequestRow { state: RequestState::Conflict, outcome: Some(outcome.clone()), ..old.clone() };
         let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
-        audit.outcome = "conflict".into();
+        audit.outcome = AuditOutcome::Conflict;
         audit.detail = Some(outcome.clone());
         self.transition(old, next, audit).await?;
         Ok(ChangeError::ApprovalVoid { id: old.id, what: describe_request(old), why: outcome })

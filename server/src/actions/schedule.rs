@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use super::overrides::in_future;
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
-use crate::db::{AuditRow, ChangeKind, Claimed, Role, ScheduledRow, ScheduledState, now_ms};
+use crate::db::{AuditOutcome, AuditRow, ChangeKind, Claimed, Role, ScheduledRow, ScheduledState, now_ms};
 
 /// How long a claim on a scheduled change holds. Far longer than a run takes (a few
 /// database writes); a change still running after it is taken over by another run.
@@ -490,8 +490,12 @@ impl Actions {
         );
         audit.environment = Some(c.environment.clone());
         audit.service = c.service.clone();
-        audit.outcome =
-            if ran.state == ScheduledState::Applied { "ok".into() } else { ran.state.to_string() };
+        // A run ends applied, conflict or failed (`Ran`); nothing else is a run's end.
+        audit.outcome = match ran.state {
+            ScheduledState::Applied => AuditOutcome::Ok,
+            ScheduledState::Conflict => AuditOutcome::Conflict,
+            _ => AuditOutcome::Failed,
+        };
         // The scheduled change is the target: its state as this run claimed it and as
         // the run left it; what happened, in words, is the detail.
         audit.before = Some(json!({"state": c.state}).to_string());

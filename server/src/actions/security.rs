@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{Actions, Actor, Forbidden, Via};
 use crate::auth::{Door, LoginError, LoginLimiter, Session, login_to};
-use crate::db::{AuditRow, now_ms};
+use crate::db::{AuditOutcome, AuditRow, now_ms};
 
 /// Audit action of a successful login.
 pub const AUDIT_LOGIN: &str = "auth.login";
@@ -61,13 +61,13 @@ impl Actions {
         let (action, outcome) = match &result {
             Ok(s) => {
                 tracing::info!(user = ?name, client = %client, via = a.via.as_str(), role = s.role.as_str(), "login");
-                (AUDIT_LOGIN, "ok")
+                (AUDIT_LOGIN, AuditOutcome::Ok)
             }
             Err(LoginError::WrongCredentials) => {
                 began_wait = limiter.check(a.username, a.client, Instant::now()).await.err();
                 tracing::warn!(user = ?name, client = %client, via = a.via.as_str(),
                     throttled_for_s = began_wait.map(|t| t.retry_after.as_secs_f64()), "failed login");
-                (AUDIT_LOGIN_FAILED, "failed")
+                (AUDIT_LOGIN_FAILED, AuditOutcome::Failed)
             }
             Err(LoginError::TooManyAttempts(t)) => {
                 tracing::warn!(user = ?name, client = %client, via = a.via.as_str(), by = t.by.as_str(),
@@ -84,7 +84,7 @@ impl Actions {
                 t.retry_after.as_secs_f64(),
                 t.by.as_str()
             );
-            rows.push(row(name, &a, AUDIT_LOGIN_THROTTLED, "throttled", detail));
+            rows.push(row(name, &a, AUDIT_LOGIN_THROTTLED, AuditOutcome::Throttled, detail));
         }
         for r in rows {
             if let Err(e) = self.store.append_audit(&r).await {
@@ -104,13 +104,13 @@ impl Actions {
         let r = AuditRow {
             at: now_ms(),
             actor: by.name.clone(),
-            via: by.via.as_str().to_string(),
+            via: by.via,
             request_id: by.request_id.clone(),
             action: AUDIT_REFUSED.to_string(),
             environment: scope(target).0,
             service: scope(target).1,
             target: target.to_string(),
-            outcome: "forbidden".to_string(),
+            outcome: AuditOutcome::Forbidden,
             detail: Some(format!(
                 "{attempted} needs role {}; the actor has role {}",
                 why.needed.as_str(),
@@ -150,15 +150,15 @@ fn scope(target: &str) -> (Option<String>, Option<String>) {
 
 /// A login's audit row: the account is its target, which it does not change (no `before`
 /// or `after`); where it came from, and any wait it started, are its `detail`.
-fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: &str, detail: String) -> AuditRow {
+fn row(name: &str, a: &LoginAttempt<'_>, action: &str, outcome: AuditOutcome, detail: String) -> AuditRow {
     AuditRow {
         at: now_ms(),
         actor: name.to_string(),
-        via: a.via.as_str().to_string(),
+        via: a.via,
         request_id: a.request_id.clone(),
         action: action.to_string(),
         target: format!("user:{name}"),
-        outcome: outcome.to_string(),
+        outcome,
         detail: Some(detail),
         ..Default::default()
     }

@@ -9,7 +9,7 @@ use super::{
     Action, Actions, Actor, BadInput, ChangeError, CreateError, Existing, Missing, Name, Reason, ServiceAt,
     Written, profile_undo,
 };
-use crate::db::{AuditDiff, AuditRow, Change, MutateError, Parts, Staging, Subject};
+use crate::db::{AuditDiff, AuditOutcome, AuditRow, Change, MutateError, Parts, Staging, Subject};
 
 /// A service to create: its first revision holds `policy` and `flags`.
 #[derive(Clone, Debug)]
@@ -338,7 +338,7 @@ impl Actions {
     /// the service unchanged, and returns `e`.
     async fn refuse_audited(&self, audit: AuditRow, e: ChangeError) -> ChangeError {
         let refused = AuditRow {
-            outcome: "rejected".into(),
+            outcome: AuditOutcome::Rejected,
             after: audit.before.clone(),
             before: audit.before.clone(),
             detail: Some(e.to_string()),

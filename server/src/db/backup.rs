@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use sqlx::Row;
 
-use super::{AuditRow, Backend, Store, now_ms};
+use super::{AuditOutcome, AuditRow, Backend, Store, now_ms};
 
 /// What a backup or a restored file holds, for the operator's summary.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,7 +183,7 @@ impl Store {
                 environment: Some(env.clone()),
                 service: Some(svc.clone()),
                 target: "revision".into(),
-                outcome: "ok".into(),
+                outcome: AuditOutcome::Ok,
                 before: Some(from.to_string()),
                 after: Some(to.to_string()),
                 revision: Some(to),

@@ -369,3 +369,34 @@ pub fn redact(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{AuditOutcome, ChangeKind, RequestState, RolloutState, ScheduledState, Via};
+
+    /// The stored word of every state is what serde writes (the API's value) and reads back.
+    #[test]
+    fn stored_words_are_the_serde_names_and_parse_back() {
+        fn check<T: Copy + PartialEq + std::fmt::Debug + serde::Serialize>(
+            all: &[T],
+            word: fn(T) -> &'static str,
+            parse: fn(&str) -> anyhow::Result<T>,
+        ) {
+            for &v in all {
+                assert_eq!(serde_json::to_value(v).unwrap(), serde_json::json!(word(v)));
+                assert_eq!(parse(word(v)).unwrap(), v);
+            }
+            assert!(parse("Open").is_err() && parse("").is_err());
+        }
+        check(RequestState::ALL, RequestState::as_str, RequestState::parse);
+        check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
+        check(ChangeKind::ALL, ChangeKind::as_str, ChangeKind::parse);
+        check(RolloutState::ALL, RolloutState::as_str, RolloutState::parse);
+        check(AuditOutcome::ALL, AuditOutcome::as_str, AuditOutcome::parse);
+        check(Via::ALL, Via::as_str, Via::parse);
+        let e = ScheduledState::parse("paused").unwrap_err().to_string();
+        assert_eq!(e, r#"scheduled_changes.state "paused" is not one this server knows"#);
+        let e = AuditOutcome::parse("refused").unwrap_err().to_string();
+        assert_eq!(e, r#"audit.outcome "refused" is not one this server knows"#);
+    }
+}

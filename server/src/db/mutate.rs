@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
 
 use super::rollouts::{self, NewRollout, RolloutRow, RolloutState, Staging};
-use super::{AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
+use super::{AuditOutcome, AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
 
 /// Who is changing what, why, and through which door: the audit row's `actor`, `via`,
 /// `request_id` and `reason`.
@@ -280,13 +280,13 @@ pub(crate) async fn insert_audit(conn: &mut AnyConnection, row: &AuditRow) -> an
     )
     .bind(row.at)
     .bind(&row.actor)
-    .bind(&row.via)
+    .bind(row.via.as_str())
     .bind(&row.request_id)
     .bind(&row.action)
     .bind(row.environment.clone())
     .bind(row.service.clone())
     .bind(&row.target)
-    .bind(&row.outcome)
+    .bind(row.outcome.as_str())
     .bind(&row.reason)
     .bind(row.before.clone())
     .bind(row.after.clone())
@@ -295,7 +295,7 @@ pub(crate) async fn insert_audit(conn: &mut AnyConnection, row: &AuditRow) -> an
     .execute(conn)
     .await?;
     // Rows written inside their transaction (a rolled-back one is counted too).
-    metrics::counter!("levee_server_audit_writes_total", "outcome" => if row.outcome == "ok" { "ok" } else { "refused" })
+    metrics::counter!("levee_server_audit_writes_total", "outcome" => if row.outcome == AuditOutcome::Ok { "ok" } else { "refused" })
         .increment(1);
     Ok(())
 }
@@ -566,13 +566,13 @@ fn written_row(ctx: &AuditCtx, change: &Change<'_>, now: i64, diff: AuditDiff, r
     AuditRow {
         at: now,
         actor: ctx.actor.clone(),
-        via: ctx.via.as_str().into(),
+        via: ctx.via,
         request_id: ctx.request_id.clone(),
         action: change.action.to_string(),
         environment: Some(change.env.to_string()),
         service: Some(change.service.to_string()),
         target: change.target.to_string(),
-        outcome: "ok".to_string(),
+        outcome: AuditOutcome::Ok,
         reason: ctx.reason.clone(),
         before: diff.before,
         after: diff.after,
@@ -616,9 +616,9 @@ impl Store {
         let mut seen = None;
         let result = self.mutate_inner(&change, ctx, &mut seen, edit).await;
         let outcome = match &result {
-            Err(MutateError::Conflict { .. }) => Some("conflict"),
+            Err(MutateError::Conflict { .. }) => Some(AuditOutcome::Conflict),
             Err(MutateError::Invalid(_) | MutateError::Refused(_) | MutateError::Rollout(_)) => {
-                Some("rejected")
+                Some(AuditOutcome::Rejected)
             }
             _ => None,
         };
@@ -627,13 +627,13 @@ impl Store {
             let row = AuditRow {
                 at: now_ms(),
                 actor: ctx.actor.clone(),
-                via: ctx.via.as_str().into(),
+                via: ctx.via,
                 request_id: ctx.request_id.clone(),
                 action: change.action.to_string(),
                 environment: Some(change.env.to_string()),
                 service: Some(change.service.to_string()),
                 target: change.target.to_string(),
-                outcome: outcome.to_string(),
+                outcome,
                 reason: ctx.reason.clone(),
                 before: value.clone(),
                 after: value,

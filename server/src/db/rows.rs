@@ -334,31 +334,41 @@ impl RevisionMeta {
     }
 }
 
-/// Through which door a change came; recorded as the audit row's `via`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Via {
-    /// The HTTP API with a bearer token.
-    Api,
-    /// The HTTP API from the `levee` command line (it sends `x-levee-client: cli`).
-    Cli,
-    /// The web UI (session cookie and a confirmed form).
-    Ui,
-    /// The server itself (the expiry sweeper, the bootstrap admin at start).
-    Server,
-    /// A command run where the database is reachable, without the API (`levee users set`).
-    Local,
+stored_words! {
+    /// Through which door a change came; recorded as the audit row's `via`.
+    pub enum Via in "audit.via" {
+        /// The HTTP API with a bearer token.
+        Api => "api",
+        /// The HTTP API from the `levee` command line (it sends `x-levee-client: cli`).
+        Cli => "cli",
+        /// The web UI (session cookie and a confirmed form).
+        Ui => "ui",
+        /// The server itself (the expiry sweeper, the bootstrap admin at start).
+        #[default]
+        Server => "server",
+        /// A command run where the database is reachable, without the API (`levee users set`).
+        Local => "local",
+    }
 }
 
-impl Via {
-    /// The value recorded in the audit log: `api`, `cli`, `ui`, `server` or `local`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Via::Api => "api",
-            Via::Cli => "cli",
-            Via::Ui => "ui",
-            Via::Server => "server",
-            Via::Local => "local",
-        }
+stored_words! {
+    /// What came of an audited attempt.
+    pub enum AuditOutcome in "audit.outcome" {
+        /// Done: the change was made, the login succeeded, the scheduled change applied.
+        #[default]
+        Ok => "ok",
+        /// Refused: invalid, refused by the change itself, or held for approval.
+        Rejected => "rejected",
+        /// Not made: its target had moved past what it was based on.
+        Conflict => "conflict",
+        /// Made past the environment's approval rules by break-glass (`approval.bypass`).
+        Bypass => "bypass",
+        /// Refused for a lack of role.
+        Forbidden => "forbidden",
+        /// A login with wrong credentials, or a scheduled change that could not apply.
+        Failed => "failed",
+        /// A failed login that made further logins wait.
+        Throttled => "throttled",
     }
 }
 
@@ -373,8 +383,8 @@ pub struct AuditRow {
     pub at: i64,
     /// Who (username, `token:<name>`, or `levee` for the server itself).
     pub actor: String,
-    /// From where: `api`, `ui`, `cli`, `server` or `local` ([`Via::as_str`]).
-    pub via: String,
+    /// From where: `api`, `ui`, `cli`, `server` or `local`.
+    pub via: Via,
     /// The request's `x-request-id`; empty for the server's own changes.
     pub request_id: String,
     /// What was attempted, e.g. `policy.update`, `flag.set`.
@@ -385,9 +395,8 @@ pub struct AuditRow {
     pub service: Option<String>,
     /// Target inside the service (flag key, dependency…).
     pub target: String,
-    /// `ok`; `conflict` (the service had moved past the revision the change was based on);
-    /// `rejected` (invalid, or refused by the change).
-    pub outcome: String,
+    /// What came of it.
+    pub outcome: AuditOutcome,
     /// Mandatory reason given by the actor.
     pub reason: String,
     /// The JSON value of the target before the attempt (stored as JSON text; the API
@@ -417,13 +426,13 @@ impl AuditRow {
             id: r.try_get("id")?,
             at: r.try_get("at")?,
             actor: r.try_get("actor")?,
-            via: r.try_get("via")?,
+            via: Via::parse(r.try_get("via")?)?,
             request_id: r.try_get("request_id")?,
             action: r.try_get("action")?,
             environment: r.try_get("environment")?,
             service: r.try_get("service")?,
             target: r.try_get("target")?,
-            outcome: r.try_get("outcome")?,
+            outcome: AuditOutcome::parse(r.try_get("outcome")?)?,
             reason: r.try_get("reason")?,
             before: r.try_get("before")?,
             after: r.try_get("after")?,

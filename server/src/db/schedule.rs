@@ -346,31 +346,3 @@ impl Store {
         Ok(true)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::super::{ChangeKind, RequestState, RolloutState};
-    use super::ScheduledState;
-
-    /// The stored word of every state is what serde writes (the API's value) and reads back.
-    #[test]
-    fn stored_words_are_the_serde_names_and_parse_back() {
-        fn check<T: Copy + PartialEq + std::fmt::Debug + serde::Serialize>(
-            all: &[T],
-            word: fn(T) -> &'static str,
-            parse: fn(&str) -> anyhow::Result<T>,
-        ) {
-            for &v in all {
-                assert_eq!(serde_json::to_value(v).unwrap(), serde_json::json!(word(v)));
-                assert_eq!(parse(word(v)).unwrap(), v);
-            }
-            assert!(parse("Open").is_err() && parse("").is_err());
-        }
-        check(RequestState::ALL, RequestState::as_str, RequestState::parse);
-        check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
-        check(ChangeKind::ALL, ChangeKind::as_str, ChangeKind::parse);
-        check(RolloutState::ALL, RolloutState::as_str, RolloutState::parse);
-        let e = ScheduledState::parse("paused").unwrap_err().to_string();
-        assert_eq!(e, r#"scheduled_changes.state "paused" is not one this server knows"#);
-    }
-}

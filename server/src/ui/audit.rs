@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::error::UiError;
 use super::page::{Layout, Page, When, time};
 use super::session::UiUser;
-use crate::db::AuditFilter;
+use crate::db::{AuditFilter, AuditOutcome};
 use crate::web::AppState;
 
 /// The action filter's choices: (value, label). `changes` is every row but the logins
@@ -55,11 +55,11 @@ struct EntryView {
     id: i64,
     at: When,
     actor: String,
-    via: String,
+    via: &'static str,
     action: String,
     scope: String,
     target: String,
-    outcome: String,
+    outcome: &'static str,
     ok: bool,
     reason: String,
     revision: String,
@@ -141,7 +141,7 @@ pub async fn page(
             id: r.id,
             at: time(r.at),
             actor: r.actor,
-            via: r.via,
+            via: r.via.as_str(),
             action: r.action,
             scope: match (&r.environment, &r.service) {
                 (Some(e), Some(s)) => format!("{e} / {s}"),
@@ -149,8 +149,8 @@ pub async fn page(
                 _ => String::new(),
             },
             target: r.target,
-            ok: r.outcome == "ok",
-            outcome: r.outcome,
+            ok: r.outcome == AuditOutcome::Ok,
+            outcome: r.outcome.as_str(),
             reason: r.reason,
             revision: r.revision.map(|v| v.to_string()).unwrap_or_default(),
             before: r.before.unwrap_or_default(),
