@@ -139,7 +139,7 @@ proptest! {
     }
 }
 
-/// The rule on the examples that used to disagree: a `false` switch under a partial
+/// One rule for a dependency and a feature alike: a `false` switch under a partial
 /// rollout is on for a dependency *and* a feature (unkeyed callers are outside the
 /// rollout and get the default), off at 100 %; a declared default decides for both.
 #[tokio::test(start_paused = true)]

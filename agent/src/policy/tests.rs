@@ -226,8 +226,8 @@ fn admission_and_throttling_fields_are_checked_with_their_ranges() {
     assert_eq!(ok.policy.inbound.read_only_flag.as_deref(), Some("shop.read_only"));
 }
 
-/// The model types were renamed (`DependencyPolicy`, …) so they no longer share a name with
-/// the runtime types; the API document keeps the schema names clients know.
+/// The model types' Rust names (`DependencyPolicy`, …) differ from the runtime types';
+/// the API document keeps the schema names clients know.
 #[cfg(feature = "openapi")]
 #[test]
 fn renamed_model_types_keep_their_schema_names() {

@@ -179,11 +179,6 @@ impl Actions {
             expected: at.base,
             staging: at.staging.clone(),
         };
-        // Whatever the edit did to the flags, what their temporary values go back to
-        // follows from it by one rule.
-        // An edit may itself say what a temporary flag goes back to (an apply over a flip:
-        // `flags::over_temporary`) by changing its entry in `restores`; that wins over the
-        // memory from before.
         // Four-eyes by what the write changes, whatever action carries it: the rules in
         // force now, against the parts this transaction replaces.
         let rules = self.four_eyes(by, &at.env).await?;
@@ -193,6 +188,10 @@ impl Actions {
             let (flags, restores) = (p.flags.clone(), p.restores.clone());
             let diff = edit(p)?;
             bypass = rules.admit(&requests::kinds_changed(Some(&old), Some(p)))?;
+            // Whatever the edit did to the flags, what their temporary values go back to
+            // follows from it by one rule (`flags::remembered`). An edit may itself say what
+            // a temporary flag goes back to (an apply over a flip: `flags::over_temporary`)
+            // by changing its entry in `restores`; that wins over the memory from before.
             let mut memory = restores.clone();
             for (k, v) in std::mem::take(&mut p.restores) {
                 if restores.get(&k) != Some(&v) {

@@ -47,7 +47,7 @@ pub struct ActivationRow {
     pub reason: String,
     /// ms since the epoch: the profile reverts by itself then.
     pub expires_at: i64,
-    /// JSON of what each entry set replaced, per service (the actions' `Saved`).
+    /// JSON of what each entry set replaced, per service (the actions' `ProfileSet`).
     pub saved: String,
     /// Set once reverted (by hand or at expiry); `None` while active.
     pub reverted_at: Option<i64>,

@@ -135,8 +135,8 @@ fn duplicate_keys_are_refused() {
     let p = problem(&text);
     assert!(p.message.contains("duplicate"), "{p:?}");
     assert_eq!(p.line, Some(7));
-    // Trial: the path ended in `?`, the message suggested a decoder option, and every
-    // other problem of the file stayed hidden until the duplicate was removed.
+    // The path names the duplicated key and the message says the rule in YAML's words (not
+    // the decoder's); the file's other problems are reported beside it.
     assert_eq!(p.path, "policy.default_deadline");
     assert_eq!(p.message, "duplicate key `default_deadline`: a key may appear only once in a mapping");
     let err = parse("svc.yaml", &text.replace("max_attempts: 2", "max_attempts: 20")).unwrap_err();
@@ -260,7 +260,7 @@ fn an_empty_file_holds_no_service() {
 fn syntax_errors_carry_the_location() {
     let p = problem("api_version: levee/v1\nenvironment: [prod\n");
     assert!(p.line.is_some(), "{p:?}");
-    // Trial: `policy.dependencies.db.?: unclosed bracket`; the path ends at what it names.
+    // The path ends at what it names: no `?` for the part the parser never reached.
     let p = problem(
         "api_version: levee/v1\nenvironment: prod\nservice: x\npolicy:\n  dependencies:\n    db: [1\n",
     );

@@ -330,8 +330,8 @@ struct ServicePage {
     /// The server's advice: the policy's own lints and those that need the environment
     /// and the agents' reports.
     lints: Vec<(String, String)>,
-    /// What makes the stored snapshot invalid under today's validation (e.g. a kill switch
-    /// naming no flag, stored before OPS-1 was checked): shown as problems.
+    /// What makes the stored snapshot invalid under this server's validation (a revision an
+    /// older server stored, e.g. a kill switch naming no flag): shown as problems.
     problems: Vec<(String, String)>,
     dependencies: Vec<DepView>,
     dependency_names: Vec<String>,
