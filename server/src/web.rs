@@ -13,14 +13,48 @@ use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sha2::Digest;
 
-use crate::actions::Actions;
-use crate::auth::{Keys, LoginLimiter};
-use crate::db::{Reader, Store};
+use crate::actions::{Action, Actions, Actor, Forbidden, Via};
+use crate::auth::{Keys, LoginLimiter, Principal};
+use crate::db::{Reader, Role, Store};
 use crate::hub::Hub;
 
 /// Name of the UI session cookie (it holds the session JWT; the API reads it for safe
 /// methods only).
 pub const SESSION_COOKIE: &str = "levee_session";
+
+/// What an edge needs to record a 403: the actions, the request's id, and its method and
+/// path (the refusal's target). The API's `Auth` and the UI's `UiUser` refuse through it.
+#[derive(Clone, Debug)]
+pub struct Refusals {
+    pub actions: Actions,
+    pub request_id: String,
+    pub target: String,
+}
+
+impl Refusals {
+    /// `Ok` when `principal`'s role is at least `needed`; else the refusal of `attempted`
+    /// (an action, a role, a page), audited and logged without waiting.
+    pub fn check(
+        &self,
+        principal: &Principal,
+        via: Via,
+        needed: Role,
+        attempted: &str,
+    ) -> Result<(), Forbidden> {
+        Forbidden::check(principal.role, needed)
+            .inspect_err(|&f| self.record(Actor::new(principal, via, self.request_id.clone()), attempted, f))
+    }
+
+    /// `Ok` when `actor` may do `action`; else its refusal, audited and logged as an
+    /// attempt at the action.
+    pub fn may(&self, actor: &Actor, action: Action) -> Result<(), Forbidden> {
+        actor.may(action).inspect_err(|&f| self.record(actor.clone(), action.name(), f))
+    }
+
+    fn record(&self, actor: Actor, attempted: &str, why: Forbidden) {
+        self.actions.spawn_refused(actor, attempted.to_string(), self.target.clone(), why);
+    }
+}
 
 /// Shared state of the HTTP side. Cheap to clone.
 #[derive(Clone, Debug)]

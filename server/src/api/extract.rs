@@ -6,10 +6,10 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
-use crate::actions::{Action, Actor, Forbidden, Via};
+use crate::actions::{Action, Actor, Via};
 use crate::auth::{AuthError, Principal, authenticate_api, authenticate_ui};
 use crate::db::Role;
-use crate::web::{AppState, RequestId, SESSION_COOKIE, cookie};
+use crate::web::{AppState, Refusals, RequestId, SESSION_COOKIE, cookie};
 
 /// An authenticated caller (bearer token, or the UI session cookie for safe methods only).
 #[derive(Clone, Debug)]
@@ -26,30 +26,13 @@ pub struct Auth {
     refusals: Refusals,
 }
 
-/// What an edge needs to record a 403: the actions, the request id, method and path.
-#[derive(Clone, Debug)]
-struct Refusals {
-    actions: crate::actions::Actions,
-    request_id: String,
-    target: String,
-}
-
 /// The header that breaks the glass: its value is the reason for bypassing review.
 pub const BREAK_GLASS_HEADER: &str = "x-levee-break-glass";
 
 impl Auth {
     /// Refuses with 403 unless the caller has at least `role` (audited and logged).
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
-        Forbidden::check(self.principal.role, role).map_err(|f| {
-            let actor = Actor::new(&self.principal, self.via, self.refusals.request_id.clone());
-            self.refusals.actions.spawn_refused(
-                actor,
-                format!("role {}", role.as_str()),
-                self.refusals.target.clone(),
-                f,
-            );
-            f.into()
-        })
+        Ok(self.refusals.check(&self.principal, self.via, role, &format!("role {}", role.as_str()))?)
     }
 
     /// The caller as the actor of `action`, refused with 403 unless its role allows the
@@ -60,15 +43,7 @@ impl Auth {
         if let Some(why) = &self.break_glass {
             actor.approval = crate::actions::Approval::BreakGlass(why.clone());
         }
-        if let Err(f) = actor.may(action) {
-            self.refusals.actions.spawn_refused(
-                actor,
-                action.name().to_string(),
-                self.refusals.target.clone(),
-                f,
-            );
-            return Err(f.into());
-        }
+        self.refusals.may(&actor, action)?;
         Ok(actor)
     }
 }

@@ -11,10 +11,10 @@ use serde::de::DeserializeOwned;
 
 use super::error::UiError;
 use super::page::{Layout, NavUser};
-use crate::actions::{Action, Actor, BadInput, Forbidden, Reason, ReasonError, Via};
+use crate::actions::{Action, Actor, BadInput, Reason, ReasonError, Via};
 use crate::auth::{Principal, SESSION_TTL, authenticate_ui};
 use crate::db::Role;
-use crate::web::{AppState, RequestId, SESSION_COOKIE, cookie};
+use crate::web::{AppState, Refusals, RequestId, SESSION_COOKIE, cookie};
 
 /// Name of the cookie that carries the login form's anti-CSRF nonce (before a session exists).
 pub const LOGIN_NONCE_COOKIE: &str = "levee_login";
@@ -32,39 +32,18 @@ pub struct UiUser {
     refusals: Refusals,
 }
 
-/// What recording a 403 needs: the actions and the request's method and path.
-#[derive(Clone, Debug)]
-struct Refusals {
-    actions: crate::actions::Actions,
-    target: String,
-    request_id: String,
-}
-
 impl UiUser {
     /// Refuses with 403 unless the user's role allows `action` (audited and logged as an
     /// attempt at that action: a page that only shows what the action will do is refused
     /// as the action itself).
     pub fn require(&self, action: Action) -> Result<(), UiError> {
-        Forbidden::check(self.principal.role, action.role()).map_err(|f| {
-            let actor = Actor::new(&self.principal, Via::Ui, self.refusals.request_id.clone());
-            self.refusals.actions.spawn_refused(
-                actor,
-                action.name().to_string(),
-                self.refusals.target.clone(),
-                f,
-            );
-            f.into()
-        })
+        Ok(self.refusals.check(&self.principal, Via::Ui, action.role(), action.name())?)
     }
 
     /// Refuses with 403 unless the user has at least `role` (audited and logged as the
     /// page `page`, e.g. `the users and tokens page`).
     pub fn require_role(&self, role: Role, page: &str) -> Result<(), UiError> {
-        Forbidden::check(self.principal.role, role).map_err(|f| {
-            let actor = Actor::new(&self.principal, Via::Ui, self.refusals.request_id.clone());
-            self.refusals.actions.spawn_refused(actor, page.to_string(), self.refusals.target.clone(), f);
-            f.into()
-        })
+        Ok(self.refusals.check(&self.principal, Via::Ui, role, page)?)
     }
 
     /// Whether the user may flip switches and override breakers (the roles those actions
@@ -79,15 +58,7 @@ impl UiUser {
     /// allows it.
     pub fn actor(&self, action: Action, request: &RequestId) -> Result<Actor, UiError> {
         let actor = Actor::new(&self.principal, Via::Ui, request.0.clone());
-        if let Err(f) = actor.may(action) {
-            self.refusals.actions.spawn_refused(
-                actor,
-                action.name().to_string(),
-                self.refusals.target.clone(),
-                f,
-            );
-            return Err(f.into());
-        }
+        self.refusals.may(&actor, action)?;
         Ok(actor)
     }
 
