@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
 
 use super::rollouts::{self, NewRollout, RolloutRow, RolloutState, Staging};
-use super::{AuditOutcome, AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms};
+use super::{AuditOutcome, AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms, services};
 
 /// Who is changing what, why, and through which door: the audit row's `actor`, `via`,
 /// `request_id` and `reason`.
@@ -999,7 +999,7 @@ impl Store {
             let stable_hash = content_hash(&stable_body);
             // The stable line so far: the rollout's, or the newest revision for a start.
             let prev = match &lines {
-                Lines::Continue(r) => load_snapshot(&mut tx, env, service, r.stable_revision).await?,
+                Lines::Continue(r) => services::revision_in(&mut tx, env, service, r.stable_revision).await?,
                 _ => sqlx::query(
                     "SELECT environment, service, revision, hash, body, created_at FROM revisions \
                      WHERE environment = $1 AND service = $2 ORDER BY revision DESC LIMIT 1",
@@ -1096,7 +1096,9 @@ impl Store {
             Some(id) => {
                 let row = rollouts::row_in(&mut tx, id).await?;
                 let stable_snap = match (&stable, &row) {
-                    (Some(rev), Some(r)) if r.active() => load_snapshot(&mut tx, env, service, *rev).await?,
+                    (Some(rev), Some(r)) if r.active() => {
+                        services::revision_in(&mut tx, env, service, *rev).await?
+                    }
                     _ => None,
                 };
                 row.map(|r| (r, stable_snap))
@@ -1201,23 +1203,4 @@ async fn insert_revision(
     .execute(tx)
     .await?;
     Ok(())
-}
-
-/// One stored snapshot, read inside a transaction.
-async fn load_snapshot(
-    tx: &mut AnyConnection,
-    env: &str,
-    service: &str,
-    revision: u64,
-) -> anyhow::Result<Option<SnapshotRow>> {
-    let row = sqlx::query(
-        "SELECT environment, service, revision, hash, body, created_at FROM revisions \
-         WHERE environment = $1 AND service = $2 AND revision = $3",
-    )
-    .bind(env)
-    .bind(service)
-    .bind(revision as i64)
-    .fetch_optional(tx)
-    .await?;
-    row.map(|r| SnapshotRow::from_row(&r)).transpose()
 }

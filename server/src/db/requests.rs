@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Reader, Store, mutate, now_ms};
+use super::{AuditRow, Reader, Store, mutate};
 
 stored_words! {
     /// Where a change request is: `open` (waiting for a second person), `approved` (that
@@ -171,22 +171,15 @@ impl Store {
         kinds: &[ChangeKind],
         audit: &AuditRow,
     ) -> anyhow::Result<()> {
-        let _g = self.write_guard().await;
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
+        self.set_environment_setting(
             "INSERT INTO approval_rules (environment, kinds, updated_at, updated_by) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (environment) DO UPDATE SET kinds = excluded.kinds, updated_at = excluded.updated_at, \
              updated_by = excluded.updated_by",
+            env,
+            serde_json::to_string(kinds)?,
+            audit,
         )
-        .bind(env)
-        .bind(serde_json::to_string(kinds)?)
-        .bind(now_ms())
-        .bind(&audit.actor)
-        .execute(&mut *tx)
-        .await?;
-        mutate::insert_audit(&mut tx, audit).await?;
-        tx.commit().await?;
-        Ok(())
+        .await
     }
 
     /// Stores a new open request (version 1) with its audit row. Returns its id.

@@ -610,22 +610,15 @@ impl Store {
         settings: &RolloutSettings,
         audit: &AuditRow,
     ) -> anyhow::Result<()> {
-        let _g = self.write_guard().await;
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
+        self.set_environment_setting(
             "INSERT INTO rollout_settings (environment, body, updated_at, updated_by) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (environment) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, \
              updated_by = excluded.updated_by",
+            env,
+            serde_json::to_string(settings)?,
+            audit,
         )
-        .bind(env)
-        .bind(serde_json::to_string(settings)?)
-        .bind(now_ms())
-        .bind(&audit.actor)
-        .execute(&mut *tx)
-        .await?;
-        mutate::insert_audit(&mut tx, audit).await?;
-        tx.commit().await?;
-        Ok(())
+        .await
     }
 
     /// Takes `step` on rollout `id` if it is still at `version` (another replica or an

@@ -1,7 +1,7 @@
 //! Environments and their services as stored: the flags, the revisions and their snapshots,
 //! and what expires on its own (temporary flags, fault rules, overrides, levers).
 
-use sqlx::Row;
+use sqlx::{AnyConnection, Row};
 
 use super::{
     AuditRow, EnvironmentRow, Reader, RevisionMeta, ServiceRow, SnapshotRow, Store, mutate, now_ms, timed,
@@ -85,16 +85,8 @@ impl Reader {
         service: &str,
         revision: u64,
     ) -> anyhow::Result<Option<SnapshotRow>> {
-        let row = sqlx::query(
-            "SELECT environment, service, revision, hash, body, created_at FROM revisions \
-             WHERE environment = $1 AND service = $2 AND revision = $3",
-        )
-        .bind(env)
-        .bind(service)
-        .bind(revision as i64)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| SnapshotRow::from_row(&r)).transpose()
+        let mut conn = self.pool.acquire().await?;
+        revision_in(&mut conn, env, service, revision).await
     }
 
     /// The newest stored snapshot of a service.
@@ -161,6 +153,24 @@ impl Reader {
 }
 
 impl Store {
+    /// Stores a setting of environment `env` as JSON with `audit` in one transaction:
+    /// `upsert` writes ($1 environment, $2 the JSON, $3 when, $4 by whom) into the
+    /// setting's table.
+    pub(super) async fn set_environment_setting(
+        &self,
+        upsert: &'static str,
+        env: &str,
+        json: String,
+        audit: &AuditRow,
+    ) -> anyhow::Result<()> {
+        let _g = self.write_guard().await;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(upsert).bind(env).bind(json).bind(now_ms()).bind(&audit.actor).execute(&mut *tx).await?;
+        mutate::insert_audit(&mut tx, audit).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Creates an environment and appends its audit row, in one transaction. Returns `None`
     /// when one of that name exists (nothing is written).
     pub async fn create_environment(
@@ -195,4 +205,24 @@ impl Store {
             created_at,
         }))
     }
+}
+
+/// Revision `revision` of a service, if it was stored, read on `conn` (a transaction reads
+/// the revisions it is writing).
+pub(super) async fn revision_in(
+    conn: &mut AnyConnection,
+    env: &str,
+    service: &str,
+    revision: u64,
+) -> anyhow::Result<Option<SnapshotRow>> {
+    let row = sqlx::query(
+        "SELECT environment, service, revision, hash, body, created_at FROM revisions \
+         WHERE environment = $1 AND service = $2 AND revision = $3",
+    )
+    .bind(env)
+    .bind(service)
+    .bind(revision as i64)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| SnapshotRow::from_row(&r)).transpose()
 }
