@@ -15,6 +15,8 @@
 //! Logs carry these strings as structured fields (`detail = ?text`), quoted and escaped by
 //! the formatter on top.
 
+use levee_agent::breaker::State;
+
 /// Longest `instance_id`, in bytes.
 pub const MAX_INSTANCE_ID: usize = 128;
 /// Longest `agent_version`, in bytes.
@@ -30,9 +32,16 @@ pub const MAX_REPORT_ENTRIES: usize = 256;
 /// What replaces a word outside its vocabulary.
 pub const UNRECOGNIZED: &str = "UNRECOGNIZED";
 
-/// Breaker states an agent may report.
-pub const BREAKER_STATES: &[&str] =
-    &["CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "FORCED_CLOSED", "DISABLED"];
+/// Breaker states an agent may report: the agent's own words ([`State::as_str`]).
+pub const BREAKER_STATES: &[&str] = &{
+    let mut words = [""; State::ALL.len()];
+    let mut i = 0;
+    while i < words.len() {
+        words[i] = State::ALL[i].as_str();
+        i += 1;
+    }
+    words
+};
 /// Feature levels an agent may report.
 pub const FEATURE_LEVELS: &[&str] = &["FRESH", "STALE", "GENERIC", "EMPTY_MARKED", "FEATURE_ERROR"];
 /// Where an agent's configuration may come from.
@@ -138,6 +147,16 @@ mod tests {
         assert_eq!(one_of("open", BREAKER_STATES), UNRECOGNIZED);
         assert_eq!(one_of("live", SOURCES), "live");
         assert_eq!(one_of("verified by server", SOURCES), UNRECOGNIZED);
+    }
+
+    /// The breaker states kept are the agent's own words, each naming its state back.
+    #[test]
+    fn breaker_states_are_the_agents_words() {
+        assert_eq!(BREAKER_STATES, ["CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "FORCED_CLOSED", "DISABLED"]);
+        for w in BREAKER_STATES {
+            assert_eq!(State::parse(w).map(State::as_str), Some(*w));
+        }
+        assert_eq!(State::parse(UNRECOGNIZED), None);
     }
 
     #[test]

@@ -29,11 +29,32 @@ pub const WEBHOOK_FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// Timeout of one attempt.
 pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Which way a feature crossed its row's `alert_after`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum FallbackAlert {
+    /// It has been on its fallback longer than `alert_after`.
+    #[serde(rename = "fallback_past_alert_after")]
+    Past,
+    /// It no longer is.
+    #[serde(rename = "fallback_alert_resolved")]
+    Resolved,
+}
+
+impl FallbackAlert {
+    /// The event's name, as the webhook's JSON spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FallbackAlert::Past => "fallback_past_alert_after",
+            FallbackAlert::Resolved => "fallback_alert_resolved",
+        }
+    }
+}
+
 /// One transition, as POSTed to the webhook.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AlertEvent {
     /// `fallback_past_alert_after` (it started) or `fallback_alert_resolved` (it ended).
-    pub event: &'static str,
+    pub event: FallbackAlert,
     pub environment: String,
     pub service: String,
     /// The feature, as its matrix row names it.
@@ -85,7 +106,7 @@ impl AlertWatcher {
         for (k, p) in &found {
             if !self.active.contains_key(k) {
                 events.push(AlertEvent {
-                    event: "fallback_past_alert_after",
+                    event: FallbackAlert::Past,
                     environment: k.0.clone(),
                     service: k.1.clone(),
                     feature: k.2.clone(),
@@ -99,7 +120,7 @@ impl AlertWatcher {
         for (k, p) in &self.active {
             if !found.contains_key(k) {
                 events.push(AlertEvent {
-                    event: "fallback_alert_resolved",
+                    event: FallbackAlert::Resolved,
                     environment: k.0.clone(),
                     service: k.1.clone(),
                     feature: k.2.clone(),
@@ -117,7 +138,7 @@ impl AlertWatcher {
     /// Sets the gauge of every transition in `events` (1 past, 0 resolved).
     pub fn publish(events: &[AlertEvent]) {
         for e in events {
-            let value = if e.event == "fallback_past_alert_after" { 1.0 } else { 0.0 };
+            let value = if e.event == FallbackAlert::Past { 1.0 } else { 0.0 };
             metrics::gauge!(PAST_ALERT_GAUGE, "environment" => e.environment.clone(),
                 "service" => e.service.clone(), "feature" => e.feature.clone())
             .set(value);
@@ -133,7 +154,7 @@ pub trait Eventful {
 
 impl Eventful for AlertEvent {
     fn subject(&self) -> String {
-        format!("{} {}/{} feature {:?}", self.event, self.environment, self.service, self.feature)
+        format!("{} {}/{} feature {:?}", self.event.as_str(), self.environment, self.service, self.feature)
     }
 }
 
@@ -191,7 +212,7 @@ pub async fn run(store: Store, webhook: Option<String>, mut shutdown: watch::Rec
         };
         AlertWatcher::publish(&events);
         for e in events {
-            tracing::warn!(event = e.event, environment = ?e.environment, service = ?e.service,
+            tracing::warn!(event = e.event.as_str(), environment = ?e.environment, service = ?e.service,
                 feature = ?e.feature, since = ?e.since, "feature fallback alert");
             if let Some(url) = webhook.clone() {
                 let client = client.clone();

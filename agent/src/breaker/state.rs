@@ -21,7 +21,8 @@ pub enum State {
 }
 
 impl State {
-    pub(crate) const ALL: [State; 6] = [
+    /// Every state, in the order of its gauge value.
+    pub const ALL: [State; 6] = [
         State::Closed,
         State::Open,
         State::HalfOpen,
@@ -43,6 +44,11 @@ impl State {
             4 => State::ForcedClosed,
             _ => State::Disabled,
         }
+    }
+
+    /// The state [`State::as_str`] spells `word`, if any (how a status report names it).
+    pub fn parse(word: &str) -> Option<State> {
+        Self::ALL.into_iter().find(|s| s.as_str() == word)
     }
 
     /// Upper-case name as resilience4j spells it (`HALF_OPEN`).

@@ -7,7 +7,7 @@ use levee_agent::policy::Policy;
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, Written};
 use crate::db::{
-    AuditDiff, RolloutRow, RolloutSettings, RolloutState, STAGEABLE_KINDS, Staging, Step, Subject,
+    AuditDiff, ChangeKind, RolloutRow, RolloutSettings, RolloutState, STAGEABLE_KINDS, Staging, Step, Subject,
 };
 use crate::rollout::{self, Evidence, Side};
 
@@ -136,7 +136,7 @@ impl Actions {
     ) -> Result<RolloutSettings, ChangeError> {
         by.may(Action::RolloutSettings)?;
         for (i, kind) in settings.staged.iter().enumerate() {
-            if !STAGEABLE_KINDS.contains(&kind.as_str()) {
+            if !ChangeKind::parse(kind).is_ok_and(|k| STAGEABLE_KINDS.contains(&k)) {
                 return Err(invalid(
                     format!("staged[{i}]"),
                     kind.clone(),

@@ -12,7 +12,9 @@ use serde::Serialize;
 use sqlx::{AnyConnection, AnyConnection as Conn, Row};
 
 use super::rollouts::{self, NewRollout, RolloutRow, RolloutState, Staging};
-use super::{AuditOutcome, AuditRow, Backend, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms, services};
+use super::{
+    AuditOutcome, AuditRow, Backend, ChangeKind, NOTIFY_CHANNEL, SnapshotRow, Store, now_ms, services,
+};
 
 /// Who is changing what, why, and through which door: the audit row's `actor`, `via`,
 /// `request_id` and `reason`.
@@ -1155,7 +1157,7 @@ impl Store {
             },
             (Staging::Default, None) if policy_changed => {
                 let settings = rollouts::settings_in(tx, env).await?;
-                if settings.staged.iter().any(|k| k == "policy")
+                if settings.stages(ChangeKind::Policy)
                     && rollouts::connected_in(tx, env, service).await? >= rollouts::MIN_INSTANCES_TO_STAGE
                 {
                     Lines::Start(settings.plan)

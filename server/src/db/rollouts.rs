@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::{AuditRow, Backend, NOTIFY_CHANNEL, Reader, SnapshotRow, Store, mutate, now_ms};
+use super::{AuditRow, Backend, ChangeKind, NOTIFY_CHANNEL, Reader, SnapshotRow, Store, mutate, now_ms};
 
 stored_words! {
     /// Where a rollout is. `running` and `paused` are in progress (at most one per service);
@@ -57,7 +57,7 @@ pub const DEFAULT_MIN_CALLS: u64 = 20;
 pub const DEFAULT_MAX_NACKS: u64 = 0;
 /// Kinds of change an environment stages when it has no setting of its own: policy
 /// changes (flag flips, breaker overrides and emergency profiles are always immediate).
-pub const DEFAULT_STAGED: [&str; 1] = ["policy"];
+pub const DEFAULT_STAGED: [ChangeKind; 1] = [ChangeKind::Policy];
 /// Connected instances a service needs for a change to be staged by the environment's
 /// setting: a cohort and at least one instance beside it to compare it with. With fewer,
 /// such a change is delivered at once: a lone instance would be a cohort judged on its
@@ -210,7 +210,14 @@ pub struct RolloutSettings {
 }
 
 fn default_staged() -> Vec<String> {
-    DEFAULT_STAGED.iter().map(|k| k.to_string()).collect()
+    DEFAULT_STAGED.iter().map(|k| k.as_str().to_string()).collect()
+}
+
+impl RolloutSettings {
+    /// Whether a change of `kind` is staged when the write does not say.
+    pub fn stages(&self, kind: ChangeKind) -> bool {
+        self.staged.iter().any(|k| ChangeKind::parse(k).is_ok_and(|k| k == kind))
+    }
 }
 
 impl Default for RolloutSettings {
@@ -220,7 +227,7 @@ impl Default for RolloutSettings {
 }
 
 /// The kinds of change a rollout can stage.
-pub const STAGEABLE_KINDS: [&str; 1] = ["policy"];
+pub const STAGEABLE_KINDS: [ChangeKind; 1] = [ChangeKind::Policy];
 
 /// Whether a write is staged.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use levee_agent::breaker::State;
 use levee_agent::policy::{BreakerOverrideState, FlagType, Timestamp};
 
 use super::fleet::AgentReport;
@@ -235,7 +236,7 @@ pub fn for_service(f: &ServiceFacts) -> Alarms {
     let mut features = BTreeMap::new();
     for r in &reports {
         for b in &r.breaker_states {
-            if b.state == "OPEN" || b.state == "HALF_OPEN" || b.state == "FORCED_OPEN" {
+            if matches!(b.state, Some(State::Open | State::HalfOpen | State::ForcedOpen)) {
                 let name = if b.operation.is_empty() {
                     b.dependency.clone()
                 } else {
@@ -247,7 +248,7 @@ pub fn for_service(f: &ServiceFacts) -> Alarms {
                         && o.operation.as_deref().unwrap_or("") == b.operation
                         && o.state == BreakerOverrideState::ForcedOpen
                 });
-                if !(b.state == "FORCED_OPEN" && forced) {
+                if !(b.state == Some(State::ForcedOpen) && forced) {
                     *open.entry(name).or_default() += 1;
                 }
             }

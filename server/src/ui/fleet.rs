@@ -4,10 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use levee_agent::breaker::State;
+
 use crate::db::{AgentRow, NackRow};
 
 /// Breaker states that count as "open" in the overview.
-const OPEN_STATES: [&str; 2] = ["OPEN", "FORCED_OPEN"];
+const OPEN_STATES: [State; 2] = [State::Open, State::ForcedOpen];
 
 /// Summary of a service's agents.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -70,11 +72,17 @@ pub struct BreakerReport {
     pub dependency: String,
     /// The operation with its own breaker; empty for the dependency's.
     pub operation: String,
-    /// `CLOSED`, `OPEN`, `HALF_OPEN`, `FORCED_OPEN`, `FORCED_CLOSED` or `DISABLED` (as sent;
-    /// the page escapes it).
-    pub state: String,
+    /// Its state; `None` for a word this server does not know (an agent newer than it).
+    pub state: Option<State>,
     /// Share of failed calls in its window, 0..=1 (0 when not reported).
     pub failure_rate: f64,
+}
+
+impl BreakerReport {
+    /// The state in the agent's word (`HALF_OPEN`).
+    pub fn word(&self) -> &'static str {
+        self.state.map_or("an unknown state", State::as_str)
+    }
 }
 
 /// What one agent's last status report says, in words.
@@ -103,34 +111,30 @@ impl AgentReport {
         let mut r = AgentReport { source: a.source.clone(), ..AgentReport::default() };
         let Some(status) = &a.status else { return r };
         for b in status["breakers"].as_array().into_iter().flatten() {
-            let state = b["state"].as_str().unwrap_or("");
-            if state.is_empty() {
-                continue;
-            }
-            if state == "CLOSED" {
-                r.breaker_states.push(BreakerReport {
-                    dependency: b["dependency"].as_str().unwrap_or("?").to_string(),
-                    operation: b["operation"].as_str().unwrap_or("").to_string(),
-                    state: state.to_string(),
-                    failure_rate: b["failure_rate"].as_f64().filter(|f| f.is_finite()).unwrap_or(0.0),
-                });
+            let word = b["state"].as_str().unwrap_or("");
+            if word.is_empty() {
                 continue;
             }
             let dep = b["dependency"].as_str().unwrap_or("?");
-            r.breaker_states.push(BreakerReport {
+            let report = BreakerReport {
                 dependency: dep.to_string(),
                 operation: b["operation"].as_str().unwrap_or("").to_string(),
-                state: state.to_string(),
+                state: State::parse(word),
                 failure_rate: b["failure_rate"].as_f64().filter(|f| f.is_finite()).unwrap_or(0.0),
-            });
+            };
+            let (state, word) = (report.state, report.word());
+            r.breaker_states.push(report);
+            if state == Some(State::Closed) {
+                continue;
+            }
             let name = match b["operation"].as_str() {
                 Some(op) if !op.is_empty() => format!("{dep} {op}"),
                 _ => dep.to_string(),
             };
-            if OPEN_STATES.contains(&state) {
+            if state.is_some_and(|s| OPEN_STATES.contains(&s)) {
                 r.open_breakers.push(name.clone());
             }
-            r.breakers.push(format!("{name}: {state}"));
+            r.breakers.push(format!("{name}: {word}"));
         }
         for f in status["features"].as_array().into_iter().flatten() {
             let level = f["level"].as_str().unwrap_or("");

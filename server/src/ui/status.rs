@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use levee_agent::breaker::State;
 use levee_agent::policy::{FlagType, ServiceConfig, Timestamp};
 
 use super::error::UiError;
@@ -210,18 +211,20 @@ pub fn breaker_column(facts: &ServiceFacts) -> BTreeMap<String, BreakerCell> {
         } else if seen.is_empty() {
             BreakerCell { text: "not reported yet (no call made)".into(), class: "muted" }
         } else {
-            let mut states: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+            // By the state's word, so the cell lists them in alphabetical order.
+            let mut states: BTreeMap<&str, (usize, f64, bool)> = BTreeMap::new();
             for b in &seen {
-                let e = states.entry(b.state.as_str()).or_default();
+                let e = states.entry(b.word()).or_default();
                 e.0 += 1;
                 e.1 = e.1.max(b.failure_rate);
+                e.2 = b.state == Some(State::Closed);
             }
             let n = connected.len();
-            let open = states.keys().any(|s| *s == "OPEN" || *s == "HALF_OPEN");
+            let open = seen.iter().any(|b| matches!(b.state, Some(State::Open | State::HalfOpen)));
             let text = states
                 .iter()
-                .map(|(state, (k, rate))| {
-                    let rate = if *state != "CLOSED" && *rate > 0.0 {
+                .map(|(state, (k, rate, closed))| {
+                    let rate = if !*closed && *rate > 0.0 {
                         format!(" (failures {})", percent(*rate))
                     } else {
                         String::new()

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::http::StatusCode as AxumStatus;
 use levee_agent::policy::Timestamp;
 use levee_agent::{Agent, SyncClientSettings};
-use levee_server::alerts::{AlertWatcher, PAST_ALERT_GAUGE, deliver};
+use levee_server::alerts::{AlertWatcher, FallbackAlert, PAST_ALERT_GAUGE, deliver};
 use levee_server::db::AgentUpsert;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -171,7 +171,7 @@ async fn alert_after_transitions_reach_the_gauge_and_the_webhook_once_each() {
     assert_eq!(events.len(), 1, "{events:?}");
     let e = &events[0];
     assert_eq!(
-        (e.event, e.feature.as_str(), e.level.as_str()),
+        (e.event.as_str(), e.feature.as_str(), e.level.as_str()),
         ("fallback_past_alert_after", "product recommendations", "GENERIC")
     );
     assert_eq!(e.since.as_deref(), Some(an_hour_ago.to_rfc3339().as_str()));
@@ -198,7 +198,7 @@ async fn alert_after_transitions_reach_the_gauge_and_the_webhook_once_each() {
     store.write_fleet(&[report(false)], &[], &[], "replica-test", lease_until).await.unwrap();
     let events = w.check(&store, now).await.unwrap();
     assert_eq!(events.len(), 1);
-    assert_eq!(events[0].event, "fallback_alert_resolved");
+    assert_eq!(events[0].event, FallbackAlert::Resolved);
     metrics::with_local_recorder(&recorder, || AlertWatcher::publish(&events));
     assert!(handle.render().contains("feature=\"product recommendations\"} 0"), "{}", handle.render());
 }
