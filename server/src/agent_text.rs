@@ -152,7 +152,10 @@ mod tests {
     /// The breaker states kept are the agent's own words, each naming its state back.
     #[test]
     fn breaker_states_are_the_agents_words() {
-        assert_eq!(BREAKER_STATES, ["CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "FORCED_CLOSED", "DISABLED"]);
+        assert_eq!(
+            BREAKER_STATES,
+            ["CLOSED", "OPEN", "HALF_OPEN", "FORCED_OPEN", "FORCED_CLOSED", "DISABLED"]
+        );
         for w in BREAKER_STATES {
             assert_eq!(State::parse(w).map(State::as_str), Some(*w));
         }

@@ -55,8 +55,8 @@ pub struct ApplyArgs {
     /// server's plan as `POST /api/v1/plan` answers it and one result per write
     /// (`service`, `action`, and `revision` or `error`). Errors still go to stderr, and the
     /// exit codes are the same.
-    #[arg(long, short, default_value = "text", value_parser = ["text", "json"])]
-    pub output: String,
+    #[arg(long, short, value_enum, default_value = "text")]
+    pub output: super::Output,
 }
 
 /// Where a manifest came from, for error messages.
@@ -315,7 +315,7 @@ pub(super) async fn run(a: ApplyArgs) -> Result<ExitCode, CliError> {
             "--override-profile must say why (it is recorded in the audit log)".into(),
         ));
     }
-    let json = a.output == "json";
+    let json = a.output == super::Output::Json;
     // With -o json a CI job reads stdout: a failure before the plan is a JSON document too.
     let failed_early = |e: CliError| {
         if json {

@@ -144,8 +144,22 @@ pub struct GetArgs {
     /// ENV for every service of an environment, or ENV/SERVICE for one.
     pub target: String,
     /// yaml (one document per service) or json.
-    #[arg(long, short, default_value = "yaml", value_parser = ["yaml", "json"])]
-    pub output: String,
+    #[arg(long, short, value_enum, default_value = "yaml")]
+    pub output: ManifestFormat,
+}
+
+/// How `get` writes manifests; also the files' extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ManifestFormat {
+    Yaml,
+    Json,
+}
+
+/// How `apply` and `rollout` print what they did or read: for people, or as JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
 }
 
 /// `levee export`.
@@ -342,15 +356,19 @@ async fn get(a: &GetArgs, dir: Option<&std::path::Path>) -> Result<ExitCode, Cli
     for name in &names {
         manifests.push(fetch_manifest(&api, env, name).await?);
     }
-    let render = |ms: &[ServiceManifest]| {
-        if a.output == "json" { manifest::to_json(ms) } else { manifest::to_yaml(ms) }
+    let render = |ms: &[ServiceManifest]| match a.output {
+        ManifestFormat::Json => manifest::to_json(ms),
+        ManifestFormat::Yaml => manifest::to_yaml(ms),
     };
     match dir {
         None => print!("{}", render(&manifests)),
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", dir.display())))?;
-            let ext = if a.output == "json" { "json" } else { "yaml" };
+            let ext = match a.output {
+                ManifestFormat::Json => "json",
+                ManifestFormat::Yaml => "yaml",
+            };
             for m in &manifests {
                 let file = dir.join(format!("{}.{ext}", m.service));
                 std::fs::write(&file, render(std::slice::from_ref(m)))

@@ -31,8 +31,8 @@ pub struct StatusArgs {
     /// ENV/SERVICE.
     pub target: String,
     /// text or json (the API's document).
-    #[arg(long, short, default_value = "text", value_parser = ["text", "json"])]
-    pub output: String,
+    #[arg(long, short, value_enum, default_value = "text")]
+    pub output: super::Output,
 }
 
 /// `levee rollout promote|pause|resume|abort`.
@@ -78,7 +78,7 @@ async fn status(a: StatusArgs) -> Result<ExitCode, CliError> {
     };
     let id = newest["id"].as_i64().unwrap_or_default();
     let d: Value = api.get(&format!("/environments/{}/rollouts/{id}", seg(env))).await?;
-    if a.output == "json" {
+    if a.output == super::Output::Json {
         println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
         return Ok(ExitCode::SUCCESS);
     }
