@@ -16,6 +16,7 @@
 //! the formatter on top.
 
 use levee_agent::breaker::State;
+use levee_agent::policy::FallbackLevel;
 
 /// Longest `instance_id`, in bytes.
 pub const MAX_INSTANCE_ID: usize = 128;
@@ -32,18 +33,24 @@ pub const MAX_REPORT_ENTRIES: usize = 256;
 /// What replaces a word outside its vocabulary.
 pub const UNRECOGNIZED: &str = "UNRECOGNIZED";
 
+/// The words of every value of an agent enum, as its `as_str` spells them: a vocabulary
+/// taken from the agent, never copied.
+macro_rules! words_of {
+    ($all:expr, $word:path) => {{
+        let mut words = [""; $all.len()];
+        let mut i = 0;
+        while i < words.len() {
+            words[i] = $word($all[i]);
+            i += 1;
+        }
+        words
+    }};
+}
+
 /// Breaker states an agent may report: the agent's own words ([`State::as_str`]).
-pub const BREAKER_STATES: &[&str] = &{
-    let mut words = [""; State::ALL.len()];
-    let mut i = 0;
-    while i < words.len() {
-        words[i] = State::ALL[i].as_str();
-        i += 1;
-    }
-    words
-};
+pub const BREAKER_STATES: &[&str] = &words_of!(State::ALL, State::as_str);
 /// Feature levels an agent may report.
-pub const FEATURE_LEVELS: &[&str] = &["FRESH", "STALE", "GENERIC", "EMPTY_MARKED", "FEATURE_ERROR"];
+pub const FEATURE_LEVELS: &[&str] = &words_of!(FallbackLevel::ALL, FallbackLevel::as_str);
 /// Where an agent's configuration may come from.
 pub const SOURCES: &[&str] = &["live", "cache", "default"];
 
@@ -149,7 +156,7 @@ mod tests {
         assert_eq!(one_of("verified by server", SOURCES), UNRECOGNIZED);
     }
 
-    /// The breaker states kept are the agent's own words, each naming its state back.
+    /// The breaker states and feature levels kept are the agent's own words.
     #[test]
     fn breaker_states_are_the_agents_words() {
         assert_eq!(
@@ -160,6 +167,7 @@ mod tests {
             assert_eq!(State::parse(w).map(State::as_str), Some(*w));
         }
         assert_eq!(State::parse(UNRECOGNIZED), None);
+        assert_eq!(FEATURE_LEVELS, ["FRESH", "STALE", "GENERIC", "EMPTY_MARKED", "FEATURE_ERROR"]);
     }
 
     #[test]

@@ -473,6 +473,15 @@ pub enum FallbackLevel {
 }
 
 impl FallbackLevel {
+    /// Every level, best to worst.
+    pub const ALL: [FallbackLevel; 5] = [
+        FallbackLevel::Fresh,
+        FallbackLevel::Stale,
+        FallbackLevel::Generic,
+        FallbackLevel::EmptyMarked,
+        FallbackLevel::FeatureError,
+    ];
+
     /// The level as an upper-case label (`"STALE"`), used in metrics and status reports.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use levee_agent::breaker::State;
+use levee_agent::policy::FallbackLevel;
 
 use crate::db::{AgentRow, NackRow};
 
@@ -139,7 +140,7 @@ impl AgentReport {
         for f in status["features"].as_array().into_iter().flatten() {
             let level = f["level"].as_str().unwrap_or("");
             let degraded = f["degraded_since"].as_str().is_some_and(|s| !s.is_empty());
-            if degraded && !level.is_empty() && level != "FRESH" {
+            if degraded && !level.is_empty() && level != FallbackLevel::Fresh.as_str() {
                 let feature = f["feature"].as_str().unwrap_or("?").to_string();
                 let since = f["degraded_since"].as_str().unwrap_or("").to_string();
                 r.degraded.push((feature.clone(), level.to_string()));
