@@ -31,6 +31,16 @@ fn child(prefix: &str, key: &str) -> String {
     if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }
 }
 
+/// One key or index of both sides: walked into when both have it, else added or removed.
+fn side(path: String, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<DiffEntry>) {
+    match (old, new) {
+        (Some(x), Some(y)) => walk(&path, x, y, out),
+        (Some(x), None) => out.push(DiffEntry { path, op: "removed", before: Some(x.clone()), after: None }),
+        (None, Some(y)) => out.push(DiffEntry { path, op: "added", before: None, after: Some(y.clone()) }),
+        (None, None) => {}
+    }
+}
+
 fn walk(path: &str, old: &Value, new: &Value, out: &mut Vec<DiffEntry>) {
     match (old, new) {
         (Value::Object(a), Value::Object(b)) => {
@@ -38,32 +48,12 @@ fn walk(path: &str, old: &Value, new: &Value, out: &mut Vec<DiffEntry>) {
             keys.sort();
             keys.dedup();
             for k in keys {
-                let p = child(path, k);
-                match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => walk(&p, x, y, out),
-                    (Some(x), None) => {
-                        out.push(DiffEntry { path: p, op: "removed", before: Some(x.clone()), after: None })
-                    }
-                    (None, Some(y)) => {
-                        out.push(DiffEntry { path: p, op: "added", before: None, after: Some(y.clone()) })
-                    }
-                    (None, None) => {}
-                }
+                side(child(path, k), a.get(k), b.get(k), out);
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             for i in 0..a.len().max(b.len()) {
-                let p = format!("{path}[{i}]");
-                match (a.get(i), b.get(i)) {
-                    (Some(x), Some(y)) => walk(&p, x, y, out),
-                    (Some(x), None) => {
-                        out.push(DiffEntry { path: p, op: "removed", before: Some(x.clone()), after: None })
-                    }
-                    (None, Some(y)) => {
-                        out.push(DiffEntry { path: p, op: "added", before: None, after: Some(y.clone()) })
-                    }
-                    (None, None) => {}
-                }
+                side(format!("{path}[{i}]"), a.get(i), b.get(i), out);
             }
         }
         (x, y) if x != y => out.push(DiffEntry {
