@@ -20,11 +20,12 @@ use levee_agent::breaker::State;
 use levee_agent::policy::{BreakerOverrideState, FlagType, Timestamp};
 
 use super::fleet::AgentReport;
-use super::page::{When, seg, service_url, time};
+use super::page::{When, percent, seg, service_url, time};
 use super::service::state_label;
 use super::status::ServiceFacts;
 use crate::actions::ProfileSpec;
 use crate::advice::features_past_alert;
+use crate::health::SubjectKind;
 use crate::web::AppState;
 
 /// How long a breaker forced open from an alarm's lever lasts, as the confirmation page
@@ -73,6 +74,60 @@ impl Alarm {
         match self.severity {
             Severity::Bad => "bad",
             Severity::Warn => "warn",
+        }
+    }
+}
+
+/// Fewest calls of a dependency (or requests of a route) in [`RECENT_HEALTH`](super::status::RECENT_HEALTH) for their
+/// outcomes to raise an alarm: below it, one failure would read as a large share.
+pub const HEALTH_MIN_CALLS: u64 = 20;
+/// Share of the calls that reached a dependency (or requests a route served) that failed
+/// or timed out from which it is an alarm: a warning, and bad from [`HEALTH_BAD_SHARE`].
+pub const HEALTH_WARN_SHARE: f64 = 0.05;
+/// See [`HEALTH_WARN_SHARE`].
+pub const HEALTH_BAD_SHARE: f64 = 0.25;
+
+/// What the agents' health windows say is failing now: a dependency whose calls, or a
+/// route whose requests, failed or timed out in at least [`HEALTH_WARN_SHARE`] of
+/// [`HEALTH_MIN_CALLS`] or more in [`RECENT_HEALTH`](super::status::RECENT_HEALTH); a route whose requests admission
+/// refused as often (load shedding protects the service, but callers see it). Calls
+/// refused on the agents' machines (kill switch, open breaker) are not failures: their
+/// own alarms say why.
+fn health_alarms(f: &ServiceFacts, base: &str, out: &mut Alarms) {
+    let minute = "in the last minute";
+    for ((kind, name), t) in &f.health {
+        let reached = t.successes + t.failures + t.timeouts;
+        let failing = t.error_rate();
+        if reached >= HEALTH_MIN_CALLS && failing >= HEALTH_WARN_SHARE {
+            let severity = if failing >= HEALTH_BAD_SHARE { Severity::Bad } else { Severity::Warn };
+            let (what, unit, levers) = match kind {
+                SubjectKind::Dependency => ("dependency", "calls", dependency_levers(f, name)),
+                SubjectKind::Route => ("route", "requests", Vec::new()),
+            };
+            out.push_with(
+                severity,
+                format!(
+                    "{what} {name}: {} of {reached} {unit} failed or timed out {minute} ({} failed, {} timed out)",
+                    percent(failing),
+                    t.failures,
+                    t.timeouts
+                ),
+                format!("{base}#health"),
+                "see its health",
+                levers,
+            );
+        }
+        if *kind == SubjectKind::Route && t.calls >= HEALTH_MIN_CALLS && t.shed_rate() >= HEALTH_WARN_SHARE {
+            out.push(
+                Severity::Warn,
+                format!(
+                    "route {name}: admission refused {} of {} requests {minute} (load shedding)",
+                    percent(t.shed_rate()),
+                    t.calls
+                ),
+                format!("{base}#health"),
+                "see its health",
+            );
         }
     }
 }
@@ -382,6 +437,7 @@ pub fn for_service(f: &ServiceFacts) -> Alarms {
             dependency_levers(f, &dep),
         );
     }
+    health_alarms(f, &base, &mut out);
     let past: BTreeMap<String, _> = features_past_alert(&cfg.policy, &f.agents, now)
         .into_iter()
         .map(|p| (p.feature.clone(), p))
@@ -572,6 +628,45 @@ mod tests {
 
     fn texts(a: &Alarms) -> Vec<(&'static str, String)> {
         a.list.iter().map(|a| (a.class(), a.text.clone())).collect()
+    }
+
+    fn totals(successes: u64, failures: u64, timeouts: u64, shed: u64) -> crate::health::HealthTotals {
+        crate::health::HealthTotals {
+            calls: successes + failures + timeouts + shed,
+            successes,
+            failures,
+            timeouts,
+            shed,
+            ..Default::default()
+        }
+    }
+
+    /// Failing calls raise an alarm from 5 % of 20 or more (bad from 25 %); refusals on the
+    /// agents' machines do not (their own alarms say why), except a route's admission
+    /// refusals, which callers see.
+    #[test]
+    fn the_agents_health_raises_alarms_past_its_thresholds() {
+        let connected = vec![agent("web-1", true, 3, serde_json::json!({}))];
+        let mut f = facts_for_test(config(serde_json::json!({})), 3, connected, Vec::new());
+        let dep = |n: &str| (SubjectKind::Dependency, n.to_string());
+        let route = |n: &str| (SubjectKind::Route, n.to_string());
+        f.health = BTreeMap::from([
+            (dep("few"), totals(10, 9, 0, 0)),
+            (dep("fine"), totals(96, 4, 0, 0)),
+            (dep("flaky"), totals(95, 3, 2, 0)),
+            (dep("down"), totals(30, 5, 5, 0)),
+            (dep("switched-off"), totals(0, 0, 0, 500)),
+            (route("GET /a"), totals(90, 0, 0, 10)),
+            (route("GET /b"), totals(20, 0, 0, 1)),
+        ]);
+        assert_eq!(
+            texts(&for_service(&f)),
+            vec![
+                ("bad", "dependency down: 25% of 40 calls failed or timed out in the last minute (5 failed, 5 timed out)".into()),
+                ("warn", "dependency flaky: 5% of 100 calls failed or timed out in the last minute (3 failed, 2 timed out)".into()),
+                ("warn", "route GET /a: admission refused 10% of 100 requests in the last minute (load shedding)".into()),
+            ]
+        );
     }
 
     #[test]

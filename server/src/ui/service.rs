@@ -352,6 +352,54 @@ struct ServicePage {
     live_src: String,
     /// Inbound admission: the policy and what the agents report (shadow counts included).
     admission: AdmissionView,
+    /// What each dependency's calls and each route's requests did in the last minute.
+    health: Vec<HealthView>,
+}
+
+/// One dependency or route in the health section, in words.
+struct HealthView {
+    kind: &'static str,
+    name: String,
+    calls: u64,
+    /// Share of the calls that reached it that failed or timed out, and its CSS class.
+    failing: String,
+    failing_class: &'static str,
+    failures: u64,
+    timeouts: u64,
+    /// Share refused on the agents' machines (kill switch, breaker, bulkhead, admission).
+    shed: String,
+    fallbacks: u64,
+    breaker_opens: u64,
+    p50: String,
+    p99: String,
+}
+
+impl HealthView {
+    fn of((kind, name): &(crate::health::SubjectKind, String), t: &crate::health::HealthTotals) -> Self {
+        use super::alarms::{HEALTH_BAD_SHARE, HEALTH_MIN_CALLS, HEALTH_WARN_SHARE};
+        let reached = t.successes + t.failures + t.timeouts;
+        let rate = t.error_rate();
+        let ms = |v: Option<f64>| v.map_or_else(|| "—".to_string(), |ms| format!("≤ {ms} ms"));
+        Self {
+            kind: kind.as_str(),
+            name: name.clone(),
+            calls: t.calls,
+            failing: percent(rate),
+            failing_class: match rate {
+                _ if reached < HEALTH_MIN_CALLS => "",
+                r if r >= HEALTH_BAD_SHARE => "bad",
+                r if r >= HEALTH_WARN_SHARE => "warn",
+                _ => "",
+            },
+            failures: t.failures,
+            timeouts: t.timeouts,
+            shed: percent(t.shed_rate()),
+            fallbacks: t.fallbacks,
+            breaker_opens: t.breaker_opens,
+            p50: ms(t.p50_ms()),
+            p99: ms(t.p99_ms()),
+        }
+    }
 }
 
 struct FaultView {
@@ -394,6 +442,7 @@ pub async fn page(
             stable: r.stable_revision,
         });
     let page = ServicePage {
+        health: f.health.iter().map(|(k, t)| HealthView::of(k, t)).collect(),
         rollout,
         profile: f.active.as_ref().map(super::profiles::ActiveView::of),
         live: super::live::of_service(&f),

@@ -16,6 +16,7 @@ use super::page::{When, duration, percent};
 use super::service::{Loaded, load, state_label};
 use crate::actions::{Profile, ProfileSpec};
 use crate::db::{ActivationRow, AgentRow, NackRow, ServiceRow};
+use crate::health::{HealthTotals, SubjectKind};
 use crate::web::AppState;
 
 /// What is known of one service at one moment.
@@ -37,7 +38,13 @@ pub struct ServiceFacts {
     /// Commit-to-ACK times of the current revision, in words; empty before the first ACK.
     pub latency: String,
     pub now: Timestamp,
+    /// What the agents' calls to each dependency and requests on each route did recently
+    /// (the 10-second slots of the last [`RECENT_HEALTH`], every revision summed).
+    pub health: BTreeMap<(SubjectKind, String), HealthTotals>,
 }
+
+/// How far back the service page and its alarms read the agents' health windows.
+pub const RECENT_HEALTH: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the services of one environment share: its active profile and the profiles
 /// offered as levers (none while one is active: applying another is refused then).
@@ -100,7 +107,16 @@ impl ServiceFacts {
         let Loaded { row, config: cfg } = load(s, env, svc).await?;
         let agents = s.store.agents(env, svc).await?;
         let nacks = s.store.nacks(env, svc).await?;
+        let now = Timestamp::now();
+        let since = now.unix_ms() - RECENT_HEALTH.as_millis() as i64;
+        let mut health: BTreeMap<(SubjectKind, String), HealthTotals> = BTreeMap::new();
+        for r in s.health.by_revision_and_subject(env, svc, since).await?.into_values() {
+            for (k, t) in r.subjects {
+                health.entry(k).or_default().add(&t);
+            }
+        }
         Ok(ServiceFacts {
+            health,
             env: env.to_string(),
             svc: svc.to_string(),
             row,
@@ -110,7 +126,7 @@ impl ServiceFacts {
             profiles: context.profiles.clone(),
             active: context.active.clone(),
             latency: String::new(),
-            now: Timestamp::now(),
+            now,
         })
     }
 
@@ -280,6 +296,7 @@ pub fn facts_for_test(
         active: None,
         latency: String::new(),
         now: Timestamp::from_unix_ms(1_800_000_000_000),
+        health: BTreeMap::new(),
     }
 }
 

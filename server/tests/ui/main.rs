@@ -9,6 +9,7 @@ mod admission;
 mod approval;
 mod browser;
 mod changes;
+mod health;
 mod helpers;
 mod live;
 mod login;
