@@ -7,16 +7,17 @@
 use levee_agent::policy::{FaultRule, FieldError, ValidationErrors};
 use serde_json::json;
 
-use super::{Action, Actions, Actor, ChangeError, Missing, Reason, audit_row};
-use crate::db::{ExperimentRow, Role, now_ms};
+use super::{Action, Actions, Actor, ChangeError, Missing, Proposal, Reason, audit_row};
+use crate::db::{ChangeKind, ExperimentRow, ExperimentState, RequestRow, Role, now_ms};
 
 /// An experiment to start, its spec checked by the caller (`crate::experiments`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NewExperiment {
     pub environment: String,
     pub service: String,
     pub name: String,
-    /// The spec as JSON, stored as submitted.
+    /// The spec as JSON, stored as submitted: what a change request proposing it holds and
+    /// its approval binds to.
     pub spec: String,
     /// The fault rule it will set (on every instance, expiring after its duration): checked
     /// now against the service's configuration as a fault rule write would be, so a fault
@@ -29,12 +30,22 @@ pub fn experiment_fault_id(id: i64) -> String {
     format!("experiment-{id}")
 }
 
+/// What starting an experiment did.
+#[derive(Clone, Debug)]
+pub enum Started {
+    /// Started: the experiment's id (its run measures the baseline first).
+    Running(i64),
+    /// The environment's approval rules cover experiments: nothing started; this change
+    /// request proposes it, for a second person to approve and anyone to apply then.
+    Pending(Box<RequestRow>),
+}
+
 impl Actions {
-    /// Records a new experiment in state `baseline`, run by this replica (audited as
-    /// `experiment.start`). Returns its id.
-    ///
-    /// The environment's approval rules do not gate it yet: no change kind names
-    /// experiments (docs/experiments.md).
+    /// Starts experiment `new` as `by`: records it in state `baseline`, run by this
+    /// replica (audited as `experiment.start`), unless the environment's approval rules
+    /// cover experiments; then proposes it as a change request instead
+    /// ([`Started::Pending`]), which starts it once approved and applied
+    /// ([`Actions::apply_request`]). Break-glass starts it at once, audited as a bypass.
     ///
     /// # Errors
     /// [`ChangeError`]: the actor's role; no such environment or service;
@@ -46,8 +57,28 @@ impl Actions {
         by: &Actor,
         reason: &Reason,
         new: &NewExperiment,
-    ) -> Result<i64, ChangeError> {
+    ) -> Result<Started, ChangeError> {
         by.may(Action::ExperimentStart)?;
+        self.check_experiment(new).await?;
+        let target = format!("experiment {}", new.name);
+        match self.four_eyes(by, &new.environment).await?.admit(&[ChangeKind::Experiment]) {
+            Err(ChangeError::ApprovalRequired { .. }) => {
+                let p = Proposal::Experiment(Box::new(new.clone()));
+                let r = self.propose(by, reason, &new.environment, p).await?;
+                return Ok(Started::Pending(Box::new(r)));
+            }
+            Err(e) => return Err(e),
+            Ok(Some(bypass)) => {
+                self.record_bypass(by, &new.environment, Some(&new.service), &target, &bypass, None).await?
+            }
+            Ok(None) => {}
+        }
+        Ok(Started::Running(self.insert_experiment(by, reason, new).await?))
+    }
+
+    /// Refuses an experiment that could not run: no such environment or service, an
+    /// environment that allows no fault, a fault the service would refuse.
+    pub(super) async fn check_experiment(&self, new: &NewExperiment) -> Result<(), ChangeError> {
         let env =
             self.store.environment(&new.environment).await?.ok_or_else(|| {
                 ChangeError::NotFound(Missing::Environment { env: new.environment.clone() })
@@ -77,13 +108,24 @@ impl Actions {
                 return Err(ChangeError::Invalid(ValidationErrors(mine)));
             }
         }
+        Ok(())
+    }
+
+    /// Records experiment `new` (checked, admitted) in state `baseline`, run by this
+    /// replica, with its `experiment.start` audit row. Returns its id.
+    pub(super) async fn insert_experiment(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        new: &NewExperiment,
+    ) -> Result<i64, ChangeError> {
         let now = now_ms();
         let row = ExperimentRow {
             environment: new.environment.clone(),
             service: new.service.clone(),
             name: new.name.clone(),
             spec: new.spec.clone(),
-            state: "baseline".into(),
+            state: ExperimentState::Baseline,
             created_by: by.name.clone(),
             created_role: by.role.as_str().into(),
             created_at: now,

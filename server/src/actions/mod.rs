@@ -50,7 +50,7 @@ pub use access::{
 pub use actor::{Action, Actor, Forbidden};
 pub use environments::NewEnvironment;
 pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
-pub use experiments::{NewExperiment, experiment_fault_id};
+pub use experiments::{NewExperiment, Started, experiment_fault_id};
 pub use faults::NewFaultRule;
 pub use input::{
     BadInput, Broken, MAX_TEXT_CHARS, NAME_PATTERN, Name, REASON_BLANKS, REASON_PATTERN, Reason, ReasonError,

@@ -1,6 +1,6 @@
 //! Four-eyes: per environment an admin chooses which kinds of change — `policy` (a
-//! service's policy), `flag` (a service's flags), `profile` (applying an emergency profile)
-//! — need an approved change request.
+//! service's policy), `flag` (a service's flags), `profile` (applying an emergency profile),
+//! `experiment` (starting an experiment) — need an approved change request.
 //!
 //! A rule covers what a write *changes*, whatever action or object carries it: every write
 //! of a service's configuration compares its parts before and after ([`kinds_changed`],
@@ -20,6 +20,10 @@
 //! approved version and an unchanged target (a flag, policy or profile edited since voids
 //! the approval: the request ends as `conflict`, [`ChangeError::ApprovalVoid`]), so what is
 //! applied is exactly what was reviewed.
+//!
+//! An experiment where a rule covers them is proposed by starting it
+//! (`Actions::start_experiment`); the request holds its whole definition, and applying the
+//! approved version starts exactly that definition.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,7 +31,7 @@ use std::time::Duration;
 use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
 use serde_json::{Value, json};
 
-use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
+use super::{Action, Actions, Actor, ChangeError, Missing, NewExperiment, Reason, ServiceAt, audit_row};
 use crate::db::{AuditOutcome, AuditRow, ChangeKind, Parts, RequestRow, RequestState, now_ms};
 
 /// How an actor's change relates to four-eyes review.
@@ -120,6 +124,8 @@ pub enum Proposal {
     Policy { service: String, policy: Box<Policy> },
     /// Applying a profile for a duration.
     Profile { name: String, lasts: Duration },
+    /// Starting an experiment, checked by `crate::experiments` (its spec is the payload).
+    Experiment(Box<NewExperiment>),
 }
 
 impl Actions {
@@ -262,6 +268,9 @@ impl Actions {
         let json = match kind {
             ChangeKind::Flag => cfg.flags.get(target).map(|f| json!(f).to_string()),
             ChangeKind::Policy | ChangeKind::Profile => Some(json!(cfg.policy).to_string()),
+            // An experiment changes nothing it could find moved: the approval binds to its
+            // definition (the payload, by version), checked again when it starts.
+            ChangeKind::Experiment => None,
         };
         Ok((json, Some(snap.revision)))
     }
@@ -309,6 +318,17 @@ impl Actions {
                     name.clone(),
                     json!({"expires_in_ms": lasts.as_millis() as u64}).to_string(),
                 ))
+            }
+            Proposal::Experiment(new) => {
+                if new.environment != env {
+                    return Err(ChangeError::InvalidField(FieldError {
+                        path: "environment".into(),
+                        value: format!("{:?}", new.environment),
+                        message: format!("must be the change request's environment ({env})"),
+                    }));
+                }
+                self.check_experiment(new).await?;
+                Ok((ChangeKind::Experiment, Some(new.service.clone()), new.name.clone(), new.spec.clone()))
             }
         }
     }
@@ -499,16 +519,21 @@ impl Actions {
 
     /// Applies approved request `id` exactly as approved (audited as the change itself, and
     /// as `request.apply`). A target changed since the proposal ends the request as
-    /// `conflict`, unapplied.
+    /// `conflict`, unapplied. An `experiment` request is started as `experiment`, the
+    /// experiment its payload defines (read by `crate::experiments`, which runs it; the
+    /// request's `experiment_id` names it).
     ///
     /// # Errors
     /// [`ChangeError`]: [`Missing::ChangeRequest`] unless approved;
-    /// [`ChangeError::Conflict`] when the target moved (the request is then `conflict`).
+    /// [`ChangeError::Conflict`] when the target moved (the request is then `conflict`);
+    /// [`ChangeError::InvalidField`] on an `experiment` request without `experiment`, or
+    /// with one that is not its payload.
     pub async fn apply_request(
         &self,
         by: &Actor,
         reason: &Reason,
         id: i64,
+        experiment: Option<&NewExperiment>,
     ) -> Result<RequestRow, ChangeError> {
         by.may(Action::RequestApply)?;
         let old = self
@@ -546,7 +571,7 @@ impl Actions {
                     "{} was edited since the request was proposed: the approval is void",
                     describe_request(&old)
                 ),
-                ChangeKind::Flag | ChangeKind::Policy => format!(
+                ChangeKind::Flag | ChangeKind::Policy | ChangeKind::Experiment => format!(
                     "{} changed since the request was proposed (at revision {}, now {}): the approval is \
                      void",
                     describe_request(&old),
@@ -564,6 +589,7 @@ impl Actions {
         ));
         let payload: Value =
             serde_json::from_str(&old.payload).map_err(|e| ChangeError::Storage(e.into()))?;
+        let mut experiment_id = None;
         let revision = match old.kind {
             ChangeKind::Flag => {
                 let at = ServiceAt::new(&env, old.service.clone().unwrap_or_default(), rev);
@@ -600,16 +626,33 @@ impl Actions {
                 applied?;
                 None
             }
+            ChangeKind::Experiment => {
+                // Exactly the definition approved: the caller read it from the payload.
+                let new = experiment.filter(|n| n.spec == old.payload && n.environment == env).ok_or_else(
+                    || {
+                        ChangeError::InvalidField(FieldError {
+                            path: "experiment".into(),
+                            value: String::new(),
+                            message: format!("is not the definition change request {id} approved"),
+                        })
+                    },
+                )?;
+                self.check_experiment(new).await?;
+                experiment_id = Some(self.insert_experiment(&applier, &why, new).await?);
+                None
+            }
         };
         let next = RequestRow {
             state: RequestState::Applied,
             applied_by: Some(by.name.clone()),
             applied_at: Some(now_ms()),
             revision,
-            outcome: Some(match revision {
-                Some(r) => format!("applied as revision {r}"),
-                None => "applied".into(),
+            outcome: Some(match (revision, experiment_id) {
+                (Some(r), _) => format!("applied as revision {r}"),
+                (None, Some(e)) => format!("started as experiment {e}"),
+                (None, None) => "applied".into(),
             }),
+            experiment_id,
             ..old.clone()
         };
         let mut audit = audit_row(by, reason, Action::RequestApply, String::new());
@@ -650,6 +693,7 @@ fn underlying(p: &Proposal) -> Action {
         Proposal::Flag { .. } => Action::FlagSet,
         Proposal::Policy { .. } => Action::PolicyUpdate,
         Proposal::Profile { .. } => Action::ProfileApply,
+        Proposal::Experiment(_) => Action::ExperimentStart,
     }
 }
 
@@ -658,6 +702,7 @@ fn underlying_kind(kind: ChangeKind) -> Action {
         ChangeKind::Flag => Action::FlagSet,
         ChangeKind::Profile => Action::ProfileApply,
         ChangeKind::Policy => Action::PolicyUpdate,
+        ChangeKind::Experiment => Action::ExperimentStart,
     }
 }
 
@@ -674,12 +719,14 @@ pub fn describe_request(r: &RequestRow) -> String {
         ChangeKind::Flag => format!("flag {} of {svc}", r.target),
         ChangeKind::Profile => format!("profile {}", r.target),
         ChangeKind::Policy => format!("policy of {svc}"),
+        ChangeKind::Experiment => format!("experiment {} of {svc}", r.target),
     }
 }
 
 /// The target of a request before and after it, as JSON, for the reviewer's diff: the flag
 /// or policy as it was when proposed and as it would be; a profile's application (the
-/// profile, the version of its definition the approval binds to, how long it stays).
+/// profile, the version of its definition the approval binds to, how long it stays); an
+/// experiment's whole definition (nothing before it).
 pub fn request_sides(r: &RequestRow) -> (Value, Value) {
     let before: Value =
         r.expected.as_deref().and_then(|e| serde_json::from_str(e).ok()).unwrap_or(Value::Null);
@@ -697,5 +744,6 @@ pub fn request_sides(r: &RequestRow) -> (Value, Value) {
             json!({"profile": r.target, "version": before["version"], "expires_in_ms": payload["expires_in_ms"]}),
         ),
         ChangeKind::Policy => (before, payload),
+        ChangeKind::Experiment => (json!({}), payload),
     }
 }

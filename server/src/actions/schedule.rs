@@ -466,6 +466,13 @@ impl Actions {
                         revision: None,
                     })
                 }
+                // Not stored: the API refuses to schedule an experiment, and the table's
+                // CHECK has no such kind.
+                ChangeKind::Experiment => Ok(Ran {
+                    state: ScheduledState::Failed,
+                    outcome: "experiments are not scheduled: not applied".into(),
+                    revision: None,
+                }),
             }
         }
         .await;
@@ -564,5 +571,6 @@ pub fn describe(c: &ScheduledRow) -> String {
         ChangeKind::Flag => format!("flag {}", c.target),
         ChangeKind::Profile => format!("profile {}", c.target),
         ChangeKind::Policy => "policy".into(),
+        ChangeKind::Experiment => format!("experiment {}", c.target),
     }
 }

@@ -4,13 +4,16 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::requests::RequestView;
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, Reason};
-use crate::db::ExperimentRow;
-use crate::experiments::{ExperimentSpec, Phase, Reading};
+use crate::actions::{Action, Reason, Started};
+use crate::db::{ExperimentRow, ExperimentState, RequestRow};
+use crate::experiments::report::TimelineEvent;
+use crate::experiments::{ExperimentSpec, Reading};
 use crate::web::{AppState, RequestId};
 
 /// An experiment and where it is.
@@ -23,8 +26,7 @@ pub struct ExperimentView {
     /// The spec as submitted.
     #[schema(value_type = Object)]
     pub spec: Value,
-    /// `baseline`, `injected`, `recovery` or `done`.
-    pub state: String,
+    pub state: ExperimentState,
     /// `passed`, `failed` or `aborted` once done; `null` before.
     pub verdict: Option<String>,
     /// Why, in words.
@@ -88,21 +90,6 @@ impl From<ExperimentRow> for ExperimentView {
     }
 }
 
-/// One moment of an experiment's timeline.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TimelineEvent {
-    #[serde(with = "levee_agent::policy::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub at: i64,
-    /// `started`, `injected`, `violated` (a probe's first violated reading of a phase),
-    /// `stop_requested`, `fault_removed`, `ended`.
-    pub event: String,
-    /// Who, for `started` and `stop_requested`.
-    pub by: Option<String>,
-    /// What, in words.
-    pub detail: String,
-}
-
 /// An experiment with its readings and timeline: its report.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExperimentReport {
@@ -141,10 +128,27 @@ pub struct ListQuery {
     pub service: Option<String>,
 }
 
+/// What `POST /experiments` answers where the environment's approval rules cover
+/// experiments: nothing started; a change request proposes it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ExperimentPending {
+    /// What happens next, in words.
+    pub message: String,
+    /// The request proposing the experiment: a second person approves it, then applying it
+    /// (`POST /environments/{env}/change-requests/{id}/apply`) starts exactly this
+    /// definition (its `experiment_id` names the experiment).
+    pub change_request: RequestView,
+}
+
 /// Starts an experiment (operator): the baseline is measured first, and nothing is
 /// injected unless the hypothesis held. Answers at once; follow it with `GET .../{id}`.
+/// Where the environment's approval rules cover experiments, nothing starts: 202 with the
+/// change request proposing it (break-glass, `X-Levee-Break-Glass: <reason>`, starts it at
+/// once, audited as a bypass).
 #[utoipa::path(post, path = "/api/v1/experiments", tag = "experiments", request_body = StartExperiment,
-    responses((status = 201, body = ExperimentView), (status = 400, body = super::Problem),
+    responses((status = 201, body = ExperimentView),
+              (status = 202, body = ExperimentPending, description = "approval required: proposed as a change request, not started"),
+              (status = 400, body = super::Problem),
               (status = 404, body = super::Problem), (status = 409, body = super::Problem),
               (status = 422, body = super::Problem)))]
 pub async fn start(
@@ -152,12 +156,33 @@ pub async fn start(
     auth: Auth,
     rid: RequestId,
     ApiJson(req): ApiJson<StartExperiment>,
-) -> ApiResult<(StatusCode, Json<ExperimentView>)> {
+) -> ApiResult<Response> {
     let by = auth.actor(Action::ExperimentStart, &rid)?;
     let reason = Reason::parse(&req.reason)?;
-    let id = s.experiments.start(&by, &reason, req.experiment).await?;
-    let e = s.store.experiment(id).await?.ok_or_else(|| ApiError::NotFound(format!("no experiment {id}")))?;
-    Ok((StatusCode::CREATED, Json(e.into())))
+    match s.experiments.start(&by, &reason, req.experiment).await? {
+        Started::Running(id) => {
+            let e = s
+                .store
+                .experiment(id)
+                .await?
+                .ok_or_else(|| ApiError::NotFound(format!("no experiment {id}")))?;
+            Ok((StatusCode::CREATED, Json(ExperimentView::from(e))).into_response())
+        }
+        Started::Pending(r) => {
+            let message = pending_message(&r);
+            Ok((StatusCode::ACCEPTED, Json(ExperimentPending { message, change_request: (*r).into() }))
+                .into_response())
+        }
+    }
+}
+
+/// What happens to an experiment proposed for approval, in words (the API's and the UI's).
+pub fn pending_message(r: &RequestRow) -> String {
+    format!(
+        "approval pending: the approval rules of environment {} cover experiments, so nothing started; \
+         change request {} proposes experiment {}, and starts it once another person approves it and it is applied",
+        r.environment, r.id, r.target
+    )
 }
 
 /// The last 100 experiments, newest first.
@@ -200,72 +225,17 @@ pub async fn stop(
     Ok(Json(s.actions.stop_experiment(&by, &reason, id).await?.into()))
 }
 
-/// The report of experiment `id` (the API's and the UI's).
+/// The report of experiment `id`.
 ///
 /// # Errors
 /// 404 when there is no such experiment.
 pub async fn report(s: &AppState, id: i64) -> ApiResult<ExperimentReport> {
     let e = s.store.experiment(id).await?.ok_or_else(|| ApiError::NotFound(format!("no experiment {id}")))?;
-    let spec: Option<ExperimentSpec> = serde_json::from_str(&e.spec).ok();
-    let probes: Vec<String> = spec.iter().flat_map(|s| s.hypothesis.iter().map(|p| p.describe())).collect();
-    let readings: Vec<Reading> = s
-        .store
-        .experiment_readings(id)
-        .await?
-        .into_iter()
-        .filter_map(|r| {
-            let body: Value = serde_json::from_str(&r.reading).ok()?;
-            let phase = match r.phase.as_str() {
-                "baseline" => Phase::Baseline,
-                "injected" => Phase::Injected,
-                _ => Phase::Recovery,
-            };
-            Some(Reading {
-                at: r.at,
-                phase,
-                values: serde_json::from_value(body.get("values")?.clone()).ok()?,
-                holds: serde_json::from_value(body.get("holds")?.clone()).ok()?,
-            })
-        })
-        .collect();
-    let timeline = timeline(&e, &probes, &readings);
-    Ok(ExperimentReport { experiment: e.into(), probes, readings, timeline })
-}
-
-/// The experiment's moments, in time order: from its row, and the first violated reading
-/// of each probe in each phase.
-fn timeline(e: &ExperimentRow, probes: &[String], readings: &[Reading]) -> Vec<TimelineEvent> {
-    let ev = |at: i64, event: &str, by: Option<&str>, detail: String| TimelineEvent {
-        at,
-        event: event.into(),
-        by: by.map(Into::into),
-        detail,
-    };
-    let mut out = vec![ev(e.created_at, "started", Some(&e.created_by), e.reason.clone())];
-    if let Some(at) = e.injected_at {
-        let on = e.instances.as_deref().unwrap_or("[]");
-        out.push(ev(at, "injected", None, format!("fault set on instances {on}")));
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for r in readings {
-        for i in r.violated() {
-            if seen.insert((i, r.phase)) {
-                let what = probes.get(i).cloned().unwrap_or_default();
-                let value = r.values.get(i).cloned().flatten().map(|v| v.to_string()).unwrap_or_default();
-                out.push(ev(r.at, "violated", None, format!("{what}: {value}")));
-            }
-        }
-    }
-    if let (Some(at), Some(by)) = (e.stop_requested_at, &e.stop_requested_by) {
-        out.push(ev(at, "stop_requested", Some(by), e.stop_reason.clone().unwrap_or_default()));
-    }
-    if let Some(at) = e.fault_removed_at {
-        out.push(ev(at, "fault_removed", None, "fault rule removed".into()));
-    }
-    if let Some(at) = e.ended_at {
-        let verdict = e.verdict.clone().unwrap_or_default();
-        out.push(ev(at, "ended", None, format!("{verdict}: {}", e.why.clone().unwrap_or_default())));
-    }
-    out.sort_by_key(|t| t.at);
-    out
+    let r = crate::experiments::report::report(&e, s.store.experiment_readings(id).await?)?;
+    Ok(ExperimentReport {
+        experiment: e.into(),
+        probes: r.probes,
+        readings: r.readings,
+        timeline: r.timeline,
+    })
 }

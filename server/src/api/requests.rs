@@ -15,6 +15,7 @@ use super::{ApiError, ApiJson, ApiResult, Auth};
 use crate::actions::{Action, BadInput, Proposal, Reason, request_sides};
 use crate::db::{ChangeKind, RequestRow, RequestState};
 use crate::diff::{DiffEntry, json_diff};
+use crate::experiments::{ExperimentSpec, new_experiment};
 use crate::web::{AppState, RequestId};
 
 /// The kinds of change that need an approved change request in an environment.
@@ -22,8 +23,8 @@ use crate::web::{AppState, RequestId};
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRules {
     /// Any of `policy` (a service's policy), `flag` (a service's flags), `profile`
-    /// (applying an emergency profile). A rule covers what a write changes, whatever
-    /// endpoint carries it.
+    /// (applying an emergency profile), `experiment` (starting an experiment). A rule
+    /// covers what a write changes, whatever endpoint carries it.
     pub kinds: Vec<String>,
 }
 
@@ -40,12 +41,13 @@ pub struct PutApprovalRules {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RequestView {
     pub id: i64,
-    /// `flag`, `policy` or `profile`.
+    /// `flag`, `policy`, `profile` or `experiment`.
     pub kind: String,
     pub service: Option<String>,
-    /// The flag key, `policy`, or the profile name.
+    /// The flag key, `policy`, the profile name, or the experiment's name.
     pub target: String,
-    /// What is proposed: the flag value, the policy, or `{"expires_in_ms": …}`.
+    /// What is proposed: the flag value, the policy, `{"expires_in_ms": …}`, or the
+    /// experiment's whole definition.
     #[schema(value_type = Object)]
     pub proposed: Value,
     /// Every difference from the target as it was when proposed to what applying makes.
@@ -75,6 +77,8 @@ pub struct RequestView {
     pub revision: Option<u64>,
     /// What happened when it was applied (or why it conflicted).
     pub outcome: Option<String>,
+    /// The experiment applying it started (`GET /experiments/{id}`).
+    pub experiment_id: Option<i64>,
 }
 
 impl From<RequestRow> for RequestView {
@@ -101,13 +105,15 @@ impl From<RequestRow> for RequestView {
             applied_at: r.applied_at,
             revision: r.revision,
             outcome: r.outcome,
+            experiment_id: r.experiment_id,
         }
     }
 }
 
 /// Body of `POST .../change-requests` and of an edit. `kind` says which fields it needs:
 /// `flag` — `service`, `flag`, `value`; `policy` — `service`, `policy`; `profile` —
-/// `profile`, `expires_in`.
+/// `profile`, `expires_in`; `experiment` — `experiment` (as `POST /experiments` takes it,
+/// which proposes one by itself where a rule covers experiments).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProposeBody {
@@ -127,6 +133,8 @@ pub struct ProposeBody {
     #[serde(default, with = "levee_agent::policy::duration::option")]
     #[schema(value_type = Option<levee_agent::policy::duration::Text>, example = "2h")]
     pub expires_in: Option<Duration>,
+    #[serde(default)]
+    pub experiment: Option<ExperimentSpec>,
     /// Why, recorded in the audit log and shown to the reviewer; required.
     pub reason: String,
 }
@@ -178,6 +186,10 @@ fn proposal(b: ProposeBody) -> ApiResult<Proposal> {
             name: need(b.profile, "profile", kind)?,
             lasts: need(b.expires_in, "expires_in", kind)?,
         },
+        ChangeKind::Experiment => {
+            let spec = need(b.experiment, "experiment", kind)?;
+            Proposal::Experiment(Box::new(new_experiment(&spec)?))
+        }
     })
 }
 
@@ -328,7 +340,7 @@ pub async fn apply(
     let by = auth.actor(Action::RequestApply, &rid)?;
     let reason = Reason::parse(&req.reason)?;
     in_env(&s, &env, id).await?;
-    Ok(Json(s.actions.apply_request(&by, &reason, id).await?.into()))
+    Ok(Json(s.experiments.apply_request(&by, &reason, id).await?.into()))
 }
 
 /// Kinds as the API writes them.

@@ -214,6 +214,13 @@ pub async fn create(
             policy: Box::new(need(req.policy, "policy", kind)?),
         },
         ChangeKind::Profile => Planned::Profile { name: need(req.profile, "profile", kind)? },
+        ChangeKind::Experiment => {
+            return Err(ApiError::bad_field(
+                "kind",
+                format!("{kind:?}"),
+                "must be flag, policy or profile: experiments are not scheduled (start one with POST /experiments)",
+            ));
+        }
     };
     let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };
     let c = s.actions.schedule_change(&by, &reason, new).await?;

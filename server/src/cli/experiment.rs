@@ -3,8 +3,14 @@
 //!
 //! Exit codes of `run --wait` (and `get` of an ended experiment): 0 passed, 3 failed,
 //! 4 aborted (including "nothing was injected": the hypothesis did not hold before),
-//! 1 the experiment could not be started or followed. `run` without `--wait` exits 0 once
-//! the experiment started.
+//! 6 never started (its change request was rejected, or its approval void), 1 the
+//! experiment could not be started or followed. `run` without `--wait` exits 0 once the
+//! experiment started, 5 when approval is pending.
+//!
+//! Where the environment's approval rules cover experiments, `run` proposes the experiment
+//! as a change request and says so; with `--wait` it waits for another person's decision,
+//! applies the request once approved (which starts exactly the definition approved) and
+//! follows the experiment to its verdict.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,13 +26,22 @@ use super::{CliError, Connection};
 pub const EXIT_FAILED: u8 = 3;
 /// Exit code of an experiment whose verdict is `aborted`.
 pub const EXIT_ABORTED: u8 = 4;
+/// Exit code of `run` without `--wait` where approval is pending: nothing started yet.
+pub const EXIT_PENDING: u8 = 5;
+/// Exit code of `run --wait` whose change request was rejected or whose approval was
+/// void: nothing started.
+pub const EXIT_NOT_APPROVED: u8 = 6;
 
 /// `levee experiment …`.
 #[derive(Debug, clap::Subcommand)]
 pub enum ExperimentCommand {
     /// Starts the experiment of FILE (YAML or JSON); with --wait, follows it to its verdict.
     ///
-    /// Exit codes with --wait: 0 passed, 3 failed, 4 aborted, 1 error.
+    /// Where approval rules cover experiments it is proposed as a change request instead;
+    /// --wait then waits for the decision and applies the request once approved.
+    ///
+    /// Exit codes with --wait: 0 passed, 3 failed, 4 aborted, 6 rejected (never started),
+    /// 1 error; without --wait: 0 started, 5 approval pending.
     Run(RunArgs),
     /// Asks a running experiment to stop: it aborts and removes its fault.
     Stop(StopArgs),
@@ -45,9 +60,12 @@ pub struct RunArgs {
     /// Why, recorded in the audit log; required.
     #[arg(long)]
     pub reason: String,
-    /// Follow the experiment until it ends; the exit code is its verdict.
+    /// Follow the experiment until it ends; the exit code is its verdict. Where approval
+    /// is needed, wait for the decision first (bound the wait with your pipeline's timeout).
     #[arg(long)]
     pub wait: bool,
+    #[command(flatten)]
+    pub break_glass: super::BreakGlass,
 }
 
 /// `levee experiment stop`.
@@ -81,6 +99,25 @@ struct View {
     why: Option<String>,
 }
 
+/// What the CLI reads of a change request proposing an experiment.
+#[derive(Debug, Deserialize)]
+struct Request {
+    id: i64,
+    state: String,
+    approved_by: Option<String>,
+    decided_reason: Option<String>,
+    outcome: Option<String>,
+    experiment_id: Option<i64>,
+}
+
+/// What `POST /experiments` answers: started, or proposed for approval.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Start {
+    Pending { message: String, change_request: Request },
+    Started(View),
+}
+
 /// What the CLI reads of a report.
 #[derive(Debug, Deserialize)]
 struct Report {
@@ -108,14 +145,34 @@ pub async fn run(cmd: ExperimentCommand) -> Result<ExitCode, CliError> {
             let spec: Value = serde_saphyr::from_str(&text).map_err(|e| {
                 CliError::Usage(format!("{}: not a YAML or JSON document: {e}", a.file.display()))
             })?;
-            let api = a.connection.api()?;
+            let env = spec.get("environment").and_then(Value::as_str).unwrap_or_default().to_string();
+            let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
             let body = json!({"experiment": spec, "reason": a.reason});
-            let v: View = api.send(Method::POST, "/experiments", Some(&body), None).await?;
-            println!("experiment {} ({}) started: measuring the baseline", v.id, v.name);
+            let id = match api.send(Method::POST, "/experiments", Some(&body), None).await? {
+                Start::Started(v) => {
+                    println!("experiment {} ({}) started: measuring the baseline", v.id, v.name);
+                    v.id
+                }
+                Start::Pending { message, change_request } => {
+                    println!("{message}");
+                    if !a.wait {
+                        println!(
+                            "not started; approve it with the console's change requests page or \
+                             `POST /api/v1/environments/{env}/change-requests/{}/approve`",
+                            change_request.id
+                        );
+                        return Ok(ExitCode::from(EXIT_PENDING));
+                    }
+                    match approved(&api, &env, change_request.id, &a.reason).await? {
+                        Ok(id) => id,
+                        Err(code) => return Ok(code),
+                    }
+                }
+            };
             if !a.wait {
                 return Ok(ExitCode::SUCCESS);
             }
-            follow(&api, v.id).await
+            follow(&api, id).await
         }
         ExperimentCommand::Stop(a) => {
             let api = a.connection.api()?;
@@ -133,6 +190,61 @@ pub async fn run(cmd: ExperimentCommand) -> Result<ExitCode, CliError> {
             println!("state {}", r.experiment.state);
             Ok(ended(&r.experiment).unwrap_or(ExitCode::SUCCESS))
         }
+    }
+}
+
+/// Waits for change request `id` of `env` (proposing an experiment) to be decided; applies
+/// it once approved (unless someone did) and returns the experiment it started, or the exit
+/// code of a request that will never start one.
+async fn approved(
+    api: &super::Api,
+    env: &str,
+    id: i64,
+    reason: &str,
+) -> Result<Result<i64, ExitCode>, CliError> {
+    let path = format!("/environments/{}/change-requests/{id}", super::session::seg(env));
+    println!("waiting for another person to approve change request {id}");
+    loop {
+        let r: Request = api.get(&path).await?;
+        match r.state.as_str() {
+            "open" => {}
+            "approved" => {
+                println!(
+                    "change request {id} approved by {}: applying it",
+                    r.approved_by.as_deref().unwrap_or("someone")
+                );
+                let apply = format!("{path}/apply");
+                let r: Request =
+                    match api.send(Method::POST, &apply, Some(&json!({"reason": reason})), None).await {
+                        Ok(r) => r,
+                        // Applied by someone else in the meantime, or its approval found void
+                        // (it is then `conflict`): read where it is.
+                        Err(CliError::Api { status, .. })
+                            if status == reqwest::StatusCode::NOT_FOUND
+                                || status == reqwest::StatusCode::CONFLICT =>
+                        {
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                if let Some(e) = r.experiment_id {
+                    println!("experiment {e} started: measuring the baseline");
+                    return Ok(Ok(e));
+                }
+            }
+            "applied" => {
+                if let Some(e) = r.experiment_id {
+                    println!("change request {id} was applied: experiment {e} started");
+                    return Ok(Ok(e));
+                }
+            }
+            other => {
+                let why = r.decided_reason.or(r.outcome).unwrap_or_default();
+                println!("change request {id} is {other}: {why}; the experiment never started");
+                return Ok(Err(ExitCode::from(EXIT_NOT_APPROVED)));
+            }
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 

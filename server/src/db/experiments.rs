@@ -6,6 +6,26 @@ use sqlx::any::AnyRow;
 
 use super::{AuditRow, Reader, Store, mutate};
 
+stored_words! {
+    /// Where an experiment is: measuring the `baseline` (nothing injected), its fault
+    /// `injected`, watching the `recovery` once the fault is gone, or `done` (its verdict
+    /// recorded).
+    pub enum ExperimentState in "experiments.state" {
+        #[default]
+        Baseline => "baseline",
+        Injected => "injected",
+        Recovery => "recovery",
+        Done => "done",
+    }
+}
+
+impl ExperimentState {
+    /// Still running (not `done`): what can be stopped, and what the watchdog watches.
+    pub const fn is_running(self) -> bool {
+        !matches!(self, Self::Done)
+    }
+}
+
 /// One experiment run.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ExperimentRow {
@@ -16,8 +36,7 @@ pub struct ExperimentRow {
     pub name: String,
     /// The spec as submitted (JSON).
     pub spec: String,
-    /// `baseline`, `injected`, `recovery` or `done`.
-    pub state: String,
+    pub state: ExperimentState,
     /// `passed`, `failed` or `aborted` once done.
     pub verdict: Option<String>,
     /// Why, in words.
@@ -60,7 +79,7 @@ impl ExperimentRow {
             service: r.try_get("service")?,
             name: r.try_get("name")?,
             spec: r.try_get("spec")?,
-            state: r.try_get("state")?,
+            state: ExperimentState::parse(r.try_get("state")?)?,
             verdict: r.try_get("verdict")?,
             why: r.try_get("why")?,
             instances: r.try_get("instances")?,
@@ -92,8 +111,8 @@ pub struct ExperimentReadingRow {
 
 /// What an experiment's run records when it moves on.
 #[derive(Clone, Debug, Default)]
-pub struct ExperimentUpdate<'a> {
-    pub state: Option<&'a str>,
+pub struct ExperimentUpdate {
+    pub state: Option<ExperimentState>,
     pub instances: Option<String>,
     pub injected_at: Option<i64>,
     pub fault_expires_at: Option<i64>,
@@ -134,9 +153,10 @@ impl Reader {
         let rows = sqlx::query(concat!(
             "SELECT ",
             experiment_columns!(),
-            " FROM experiments WHERE state <> 'done' AND heartbeat_at < $1 ORDER BY id"
+            " FROM experiments WHERE state <> $2 AND heartbeat_at < $1 ORDER BY id"
         ))
         .bind(before)
+        .bind(ExperimentState::Done.as_str())
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(ExperimentRow::from_row).collect()
@@ -177,7 +197,7 @@ impl Store {
         .bind(&e.service)
         .bind(&e.name)
         .bind(&e.spec)
-        .bind(&e.state)
+        .bind(e.state.as_str())
         .bind(&e.created_by)
         .bind(&e.created_role)
         .bind(e.created_at)
@@ -223,7 +243,7 @@ impl Store {
     }
 
     /// Records what the run of experiment `id` did (only the fields given).
-    pub async fn update_experiment(&self, id: i64, u: &ExperimentUpdate<'_>) -> anyhow::Result<()> {
+    pub async fn update_experiment(&self, id: i64, u: &ExperimentUpdate) -> anyhow::Result<()> {
         let _g = self.write_guard().await;
         sqlx::query(
             "UPDATE experiments SET state = COALESCE($2, state), instances = COALESCE($3, instances), \
@@ -231,7 +251,7 @@ impl Store {
              fault_removed_at = COALESCE($6, fault_removed_at) WHERE id = $1",
         )
         .bind(id)
-        .bind(u.state)
+        .bind(u.state.map(ExperimentState::as_str))
         .bind(u.instances.clone())
         .bind(u.injected_at)
         .bind(u.fault_expires_at)
@@ -255,12 +275,13 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let n = sqlx::query(
             "UPDATE experiments SET stop_requested_by = $2, stop_requested_at = $3, stop_reason = $4 \
-             WHERE id = $1 AND state <> 'done' AND stop_requested_at IS NULL",
+             WHERE id = $1 AND state <> $5 AND stop_requested_at IS NULL",
         )
         .bind(id)
         .bind(by)
         .bind(at)
         .bind(reason)
+        .bind(ExperimentState::Done.as_str())
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -284,12 +305,13 @@ impl Store {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let n = sqlx::query(
-            "UPDATE experiments SET state = 'done', verdict = $2, why = $3, ended_at = $4 WHERE id = $1 AND state <> 'done'",
+            "UPDATE experiments SET state = $5, verdict = $2, why = $3, ended_at = $4 WHERE id = $1 AND state <> $5",
         )
         .bind(id)
         .bind(verdict)
         .bind(why)
         .bind(at)
+        .bind(ExperimentState::Done.as_str())
         .execute(&mut *tx)
         .await?
         .rows_affected();

@@ -72,7 +72,7 @@ mod services;
 mod tokens;
 
 pub use backup::{Contents, check_file, restore_file, sqlite_path};
-pub use experiments::{ExperimentReadingRow, ExperimentRow, ExperimentUpdate};
+pub use experiments::{ExperimentReadingRow, ExperimentRow, ExperimentState, ExperimentUpdate};
 pub use fleet::{
     DISCONNECTED_AGENTS_KEPT_FOR, FLEET_ROWS_PER_SQLITE_TURN, FLEET_ROWS_PER_STATEMENT, MAX_ACKS_LISTED,
     MAX_COUNTER_NAME, MAX_STATUS_COUNTERS,
@@ -372,7 +372,7 @@ pub fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{AuditOutcome, ChangeKind, RequestState, RolloutState, ScheduledState, Via};
+    use super::{AuditOutcome, ChangeKind, ExperimentState, RequestState, RolloutState, ScheduledState, Via};
 
     /// The stored word of every state is what serde writes (the API's value) and reads back.
     #[test]
@@ -392,6 +392,7 @@ mod tests {
         check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
         check(ChangeKind::ALL, ChangeKind::as_str, ChangeKind::parse);
         check(RolloutState::ALL, RolloutState::as_str, RolloutState::parse);
+        check(ExperimentState::ALL, ExperimentState::as_str, ExperimentState::parse);
         check(AuditOutcome::ALL, AuditOutcome::as_str, AuditOutcome::parse);
         check(Via::ALL, Via::as_str, Via::parse);
         let e = ScheduledState::parse("paused").unwrap_err().to_string();

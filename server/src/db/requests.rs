@@ -21,13 +21,14 @@ stored_words! {
 
 stored_words! {
     /// A kind of change an approval rule names: what a write changes (`policy`, `flag`) or
-    /// what an action applies (`profile`). Change requests, scheduled changes and an
-    /// environment's approval rules store it.
+    /// what an action applies (`profile`, `experiment`: starting one). Change requests,
+    /// scheduled changes and an environment's approval rules store it.
     pub enum ChangeKind in "change kind" {
         #[default]
         Policy => "policy",
         Flag => "flag",
         Profile => "profile",
+        Experiment => "experiment",
     }
 }
 
@@ -82,13 +83,15 @@ pub struct RequestRow {
     pub applied_at: Option<i64>,
     pub revision: Option<u64>,
     pub outcome: Option<String>,
+    /// The experiment applying an `experiment` request started.
+    pub experiment_id: Option<i64>,
 }
 
 macro_rules! request_columns {
     () => {
         "id, environment, service, kind, target, payload, expected, base_revision, version, state, \
      proposed_by, proposed_at, reason, approved_by, approved_at, approved_version, decided_reason, applied_by, \
-     applied_at, revision, outcome, proposed_person"
+     applied_at, revision, outcome, proposed_person, experiment_id"
     };
 }
 
@@ -118,6 +121,7 @@ impl RequestRow {
             revision: u(r.try_get("revision")?),
             outcome: r.try_get("outcome")?,
             proposed_person: r.try_get("proposed_person")?,
+            experiment_id: r.try_get("experiment_id")?,
         })
     }
 }
@@ -228,7 +232,8 @@ impl Store {
         let res = sqlx::query(
             "UPDATE change_requests SET payload = $1, expected = $2, base_revision = $3, version = $4, state = $5, \
              approved_by = $6, approved_at = $7, approved_version = $8, decided_reason = $9, applied_by = $10, \
-             applied_at = $11, revision = $12, outcome = $13 WHERE id = $14 AND version = $15 AND state = $16",
+             applied_at = $11, revision = $12, outcome = $13, experiment_id = $17 \
+             WHERE id = $14 AND version = $15 AND state = $16",
         )
         .bind(&next.payload)
         .bind(next.expected.clone())
@@ -246,6 +251,7 @@ impl Store {
         .bind(id)
         .bind(version as i64)
         .bind(from.as_str())
+        .bind(next.experiment_id)
         .execute(&mut *tx)
         .await?;
         if res.rows_affected() != 1 {

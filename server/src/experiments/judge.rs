@@ -22,6 +22,17 @@ pub enum Phase {
     Recovery,
 }
 
+impl Phase {
+    /// The word of the phase (as serde writes it, and as readings are stored).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Phase::Baseline => "baseline",
+            Phase::Injected => "injected",
+            Phase::Recovery => "recovery",
+        }
+    }
+}
+
 /// One reading of every probe, in the hypothesis' order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Reading {

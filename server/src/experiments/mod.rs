@@ -10,6 +10,8 @@
 //!   break for `abort_after`) and the verdict with why. Pure;
 //! * `measure.rs`: a reading of each probe from the agents' health reports (`crate::health`,
 //!   the one source of health) and the fleet's status reports;
+//! * `report.rs`: an experiment's report (probes in words, readings, timeline) from what
+//!   is stored, for the API and the console;
 //! * `run.rs`: one experiment's run on the replica that started it, and the watchdog that
 //!   ends the runs of a replica that stopped.
 //!
@@ -21,6 +23,7 @@
 
 pub mod judge;
 pub mod measure;
+pub mod report;
 pub mod run;
 pub mod spec;
 
@@ -32,8 +35,8 @@ use tokio::sync::watch;
 pub use judge::{AbortRule, Observed, Phase, Reading, Verdict};
 pub use spec::{BlastRadius, ExperimentSpec, FaultSpec, Probe};
 
-use crate::actions::{Actions, Actor, ChangeError, NewExperiment, Reason, experiment_fault_id};
-use crate::db::{Store, now_ms};
+use crate::actions::{Actions, Actor, ChangeError, NewExperiment, Reason, Started, experiment_fault_id};
+use crate::db::{ChangeKind, RequestRow, Store, now_ms};
 use crate::health::Health;
 
 /// How often a run reads the hypothesis.
@@ -63,36 +66,54 @@ impl Experiments {
     }
 
     /// Starts experiment `spec` as `by` (an action: role, approval rules, audit) and runs
-    /// it on this replica. Returns its id at once; the run measures the baseline first.
+    /// it on this replica. Returns at once ([`Started::Running`] with its id: the run
+    /// measures the baseline first); where the environment's approval rules cover
+    /// experiments, nothing starts: [`Started::Pending`] with the change request proposing
+    /// it ([`Experiments::apply_request`] starts it once approved).
     ///
     /// # Errors
     /// [`ChangeError::Invalid`] with every bad field of the spec (the fault's as the
     /// service's configuration would take it, under `fault.`); what
     /// [`Actions::start_experiment`] refuses.
-    pub async fn start(&self, by: &Actor, reason: &Reason, spec: ExperimentSpec) -> Result<i64, ChangeError> {
-        let errors = spec.check();
-        if !errors.is_empty() {
-            return Err(ChangeError::Invalid(ValidationErrors(errors)));
+    pub async fn start(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        spec: ExperimentSpec,
+    ) -> Result<Started, ChangeError> {
+        let new = new_experiment(&spec)?;
+        let started = self.actions.start_experiment(by, reason, &new).await?;
+        if let Started::Running(id) = started {
+            tokio::spawn(run::run(self.clone(), id, spec));
         }
-        let fault = FaultRule {
-            id: experiment_fault_id(0),
-            dependency: spec.fault.dependency.clone(),
-            operation: spec.fault.operation.clone(),
-            action: spec.fault.action.clone(),
-            percent: spec.fault.percent,
-            expires_at: Timestamp::from_unix_ms(now_ms() + spec.duration.as_millis() as i64),
-            instances: Vec::new(),
+        Ok(started)
+    }
+
+    /// Applies approved change request `id` ([`Actions::apply_request`]); an experiment's
+    /// is started and run on this replica. Every application of a request goes through
+    /// here, so an experiment approved is never recorded without its run.
+    ///
+    /// # Errors
+    /// What [`Actions::apply_request`] refuses; a stored experiment request whose
+    /// definition this server cannot read.
+    pub async fn apply_request(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        id: i64,
+    ) -> Result<RequestRow, ChangeError> {
+        let proposed = match self.store.request(id).await? {
+            Some(r) if r.kind == ChangeKind::Experiment => {
+                let spec: ExperimentSpec = serde_json::from_str(&r.payload).map_err(anyhow::Error::from)?;
+                Some((new_experiment(&spec)?, spec))
+            }
+            _ => None,
         };
-        let new = NewExperiment {
-            environment: spec.environment.clone(),
-            service: spec.service.clone(),
-            name: spec.name.clone(),
-            spec: serde_json::to_string(&spec).map_err(anyhow::Error::from)?,
-            fault,
-        };
-        let id = self.actions.start_experiment(by, reason, &new).await?;
-        tokio::spawn(run::run(self.clone(), id, spec));
-        Ok(id)
+        let applied = self.actions.apply_request(by, reason, id, proposed.as_ref().map(|(n, _)| n)).await?;
+        if let (Some(eid), Some((_, spec))) = (applied.experiment_id, proposed) {
+            tokio::spawn(run::run(self.clone(), eid, spec));
+        }
+        Ok(applied)
     }
 
     /// Ends, every third of [`run::ORPHAN_AFTER`], the experiments whose replica stopped
@@ -100,4 +121,34 @@ impl Experiments {
     pub async fn watchdog(self) {
         run::watchdog(self).await;
     }
+}
+
+/// The experiment `spec` defines, as an action starts or proposes it: its spec checked
+/// (every bad field, by path), stored as JSON (what an approval binds to), and the fault
+/// rule it will set (on every instance, expiring after its duration) for the service's
+/// checks.
+///
+/// # Errors
+/// [`ChangeError::Invalid`] with every bad field of the spec.
+pub fn new_experiment(spec: &ExperimentSpec) -> Result<NewExperiment, ChangeError> {
+    let errors = spec.check();
+    if !errors.is_empty() {
+        return Err(ChangeError::Invalid(ValidationErrors(errors)));
+    }
+    let fault = FaultRule {
+        id: experiment_fault_id(0),
+        dependency: spec.fault.dependency.clone(),
+        operation: spec.fault.operation.clone(),
+        action: spec.fault.action.clone(),
+        percent: spec.fault.percent,
+        expires_at: Timestamp::from_unix_ms(now_ms() + spec.duration.as_millis() as i64),
+        instances: Vec::new(),
+    };
+    Ok(NewExperiment {
+        environment: spec.environment.clone(),
+        service: spec.service.clone(),
+        name: spec.name.clone(),
+        spec: serde_json::to_string(spec).map_err(anyhow::Error::from)?,
+        fault,
+    })
 }

@@ -12,7 +12,7 @@ use super::judge::{self, AbortRule, Phase, Reading, Verdict};
 use super::measure;
 use super::spec::{BlastRadius, ExperimentSpec};
 use crate::actions::{Actions, ChangeError, Missing, Name, NewFaultRule, ServiceAt, experiment_fault_id};
-use crate::db::{ExperimentRow, ExperimentUpdate, now_ms};
+use crate::db::{ExperimentRow, ExperimentState, ExperimentUpdate, now_ms};
 use crate::shutdown::stopped;
 
 /// A run that recorded no reading for this long is taken to have lost its replica: the
@@ -131,7 +131,7 @@ async fn drive(x: &Experiments, id: i64, spec: &ExperimentSpec) -> Result<(Verdi
         .update_experiment(
             id,
             &ExperimentUpdate {
-                state: Some("injected"),
+                state: Some(ExperimentState::Injected),
                 instances: Some(json!(chosen).to_string()),
                 injected_at: Some(injected_at),
                 fault_expires_at: Some(expires_at),
@@ -165,7 +165,10 @@ async fn drive(x: &Experiments, id: i64, spec: &ExperimentSpec) -> Result<(Verdi
     let what = if aborted.is_some() { "aborted" } else { "duration over" };
     remove_fault(&x.actions, &x.store, &row, what).await;
     x.store
-        .update_experiment(id, &ExperimentUpdate { state: Some("recovery"), ..Default::default() })
+        .update_experiment(
+            id,
+            &ExperimentUpdate { state: Some(ExperimentState::Recovery), ..Default::default() },
+        )
         .await?;
 
     // Recovery: does the hypothesis hold again once the fault is gone?
@@ -197,17 +200,8 @@ async fn read(x: &Experiments, id: i64, spec: &ExperimentSpec, phase: Phase) -> 
     let observed = measure::observe(&x.health, &x.store, spec, at).await?;
     let r = judge::reading(spec, at, phase, &observed);
     let body = json!({"values": r.values, "holds": r.holds}).to_string();
-    x.store.add_experiment_reading(id, at, phase_word(phase), &body).await?;
+    x.store.add_experiment_reading(id, at, phase.as_str(), &body).await?;
     Ok(r)
-}
-
-/// The stored word of a phase.
-pub(super) fn phase_word(p: Phase) -> &'static str {
-    match p {
-        Phase::Baseline => "baseline",
-        Phase::Injected => "injected",
-        Phase::Recovery => "recovery",
-    }
 }
 
 /// Removes experiment `e`'s fault rule (already gone — expired and swept — is fine) and

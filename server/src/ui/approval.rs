@@ -136,6 +136,9 @@ fn covers(kind: ChangeKind) -> &'static str {
             "the policy: edits, whole-service applies, rollbacks, creating or deleting a service"
         }
         ChangeKind::Profile => "applying an emergency profile",
+        ChangeKind::Experiment => {
+            "starting an experiment (its fault injected into some of a service's instances)"
+        }
     }
 }
 
@@ -206,6 +209,8 @@ pub struct RulesForm {
     #[serde(default)]
     profile: Option<String>,
     #[serde(default)]
+    experiment: Option<String>,
+    #[serde(default)]
     reason: String,
 }
 
@@ -215,6 +220,7 @@ impl RulesForm {
             (ChangeKind::Policy, &self.policy),
             (ChangeKind::Flag, &self.flag),
             (ChangeKind::Profile, &self.profile),
+            (ChangeKind::Experiment, &self.experiment),
         ]
         .into_iter()
         .filter(|(_, v)| v.is_some())

@@ -438,7 +438,7 @@ pub async fn decide(
     let res = match action {
         Action::RequestApprove => s.actions.approve_request(&by, &why, id, form.version).await,
         Action::RequestReject => s.actions.reject_request(&by, &why, id).await,
-        _ => s.actions.apply_request(&by, &why, id).await,
+        _ => s.experiments.apply_request(&by, &why, id).await,
     };
     match res {
         Ok(r) => done(&env, format!("Change request {id} is {}", r.state)),

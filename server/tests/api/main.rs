@@ -10,6 +10,7 @@ mod audit_values;
 mod auth;
 mod auth_matrix;
 mod errors;
+mod experiment_approval;
 mod four_eyes;
 mod helpers;
 mod history;

@@ -234,3 +234,26 @@ async fn a_rollback_under_an_approval_rule_is_proposed_or_applied_by_break_glass
     assert_eq!((row["outcome"].as_str(), row["reason"].as_str()), (Some("bypass"), Some("INC-9 back to the start")), "{row}");
 }
 }
+
+on_both_backends! {
+/// The approval-rules page has a checkbox for experiments: it says what it covers, an admin
+/// sets it, and the environment's rules then name `experiment`.
+async fn the_rules_page_sets_a_rule_covering_experiments(app) {
+    app.seed().await;
+    let mut b = app.logged_in("admin").await;
+    let page = b.get("/ui/environments/prod/approval-rules").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("name=\"experiment\""), "{}", page.body);
+    assert!(page.body.contains("starting an experiment"), "{}", page.body);
+    let csrf = page.csrf();
+    let done = b
+        .post(
+            "/ui/environments/prod/approval-rules",
+            &[("csrf", &csrf), ("experiment", "on"), ("reason", "game days are changes")],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    let (s, _, r) = app.api(Method::GET, "/environments/prod/approval-rules", None).await;
+    assert_eq!((s, r["kinds"].clone()), (StatusCode::OK, json!(["experiment"])), "{r}");
+}
+}

@@ -1,0 +1,235 @@
+//! Experiments are changes that approval rules cover (issue 23): where an environment's
+//! rule names `experiment`, starting one proposes it as a change request instead; a second
+//! person approves that exact definition, applying it starts exactly that definition; an
+//! edit voids the approval; break-glass starts at once, audited as a bypass; and
+//! `levee experiment run` says approval is pending (exit 5), or with `--wait` waits for the
+//! decision (rejected: exit 6; approved: applies it and exits with the verdict) — on SQLite
+//! and on PostgreSQL.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, assert_problem};
+
+const REQS: &str = "/api/v1/environments/prod/change-requests";
+const PASSWORD: &str = "a-long-enough-password";
+
+async fn user(app: &TestApp, name: &str, role: &str) -> String {
+    let body = json!({"username": name, "password": PASSWORD, "role": role, "reason": "test"});
+    let (s, _, b) = app.call(Method::POST, "/api/v1/users", Some(body)).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    app.login(name, PASSWORD).await
+}
+
+async fn rules(app: &TestApp, kinds: &[&str]) {
+    let body = json!({"kinds": kinds, "reason": "game days are changes too"});
+    let (s, _, b) = app.call(Method::PUT, "/api/v1/environments/prod/approval-rules", Some(body)).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+}
+
+/// An experiment on checkout: no agent reports here, so once started its baseline has no
+/// data and it ends `aborted` with nothing injected.
+fn spec(name: &str, duration: &str) -> Value {
+    json!({
+        "name": name, "environment": "prod", "service": "checkout",
+        "fault": {"dependency": "recommendations", "action": {"type": "abort", "status": 503}},
+        "blast_radius": {"instances": 1},
+        "duration": duration, "baseline": "0s", "recovery": "0s", "abort_after": "1s",
+        "hypothesis": [{"ready": true}],
+    })
+}
+
+fn start(spec: Value) -> Value {
+    json!({"experiment": spec, "reason": "after the deploy"})
+}
+
+async fn audit_actions(app: &TestApp) -> Vec<Value> {
+    let (_, _, a) = app.call(Method::GET, "/api/v1/audit?environment=prod&limit=50", None).await;
+    a.as_array().unwrap().clone()
+}
+
+on_both_backends! {
+async fn starting_an_experiment_where_a_rule_covers_them_proposes_it_for_a_second_person(app) {
+    app.seed().await;
+    let alice = user(&app, "alice", "operator").await;
+    let bob = user(&app, "bob", "operator").await;
+    let vic = user(&app, "vic", "viewer").await;
+
+    // No rule: an operator starts it at once.
+    let (s, _, e) = app.call_as(&alice, Method::POST, "/api/v1/experiments", Some(start(spec("free", "5s"))), &[]).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+
+    // The rules form takes the new kind; the API lists it.
+    rules(&app, &["experiment"]).await;
+    let (_, _, r) = app.call(Method::GET, "/api/v1/environments/prod/approval-rules", None).await;
+    assert_eq!(r["kinds"], json!(["experiment"]));
+
+    // A viewer may not even propose one.
+    let (s, _, b) = app.call_as(&vic, Method::POST, "/api/v1/experiments", Some(start(spec("v", "5s"))), &[]).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{b}");
+
+    // Starting proposes: 202, nothing started, the request holds the whole definition.
+    let (s, _, p) =
+        app.call_as(&alice, Method::POST, "/api/v1/experiments", Some(start(spec("recs-down", "5s"))), &[]).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{p}");
+    let msg = p["message"].as_str().unwrap();
+    assert!(msg.starts_with("approval pending") && msg.contains("nothing started"), "{msg}");
+    let req = &p["change_request"];
+    assert_eq!((req["kind"].as_str(), req["state"].as_str()), (Some("experiment"), Some("open")), "{p}");
+    assert_eq!((req["service"].as_str(), req["target"].as_str()), (Some("checkout"), Some("recs-down")));
+    assert_eq!(req["proposed"]["duration"], "5s", "{p}");
+    assert!(req["experiment_id"].is_null());
+    let diff = req["diff"].as_array().unwrap();
+    assert!(diff.iter().any(|d| d["path"].as_str().is_some_and(|p| p.contains("fault"))), "{p}");
+    let (_, _, list) = app.call(Method::GET, "/api/v1/experiments?environment=prod", None).await;
+    assert_eq!(list.as_array().unwrap().len(), 1, "only the first one started: {list}");
+    let url = format!("{REQS}/{}", req["id"]);
+
+    // Nobody approves their own; a viewer approves nothing; applying before approval is 404.
+    let ok = json!({"version": 1, "reason": "reviewed the blast radius"});
+    let (s, h, b) = app.call_as(&alice, Method::POST, &format!("{url}/approve"), Some(ok.clone()), &[]).await;
+    assert_problem(s, &h, &b, StatusCode::FORBIDDEN);
+    let (s, _, b) = app.call_as(&vic, Method::POST, &format!("{url}/approve"), Some(ok.clone()), &[]).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{b}");
+    let apply = json!({"reason": "go"});
+    let (s, _, b) = app.call_as(&alice, Method::POST, &format!("{url}/apply"), Some(apply.clone()), &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+
+    // Approved, then edited by its proposer (a longer run): the approval is void, and the
+    // edited definition needs its own.
+    let (s, _, b) = app.call_as(&bob, Method::POST, &format!("{url}/approve"), Some(ok.clone()), &[]).await;
+    assert_eq!((s, b["state"].as_str()), (StatusCode::OK, Some("approved")), "{b}");
+    let edit = json!({"kind": "experiment", "experiment": spec("recs-down", "50s"), "reason": "longer"});
+    let (s, _, b) = app.call_as(&alice, Method::PUT, &url, Some(edit), &[]).await;
+    assert_eq!((s, b["state"].as_str(), b["version"].as_u64()), (StatusCode::OK, Some("open"), Some(2)), "{b}");
+    let (s, _, b) = app.call_as(&alice, Method::POST, &format!("{url}/apply"), Some(apply.clone()), &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the edit voided the approval: {b}");
+    let ok2 = json!({"version": 2, "reason": "50 s is fine"});
+    let (s, _, b) = app.call_as(&bob, Method::POST, &format!("{url}/approve"), Some(ok2), &[]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+
+    // Applying starts exactly the definition approved (version 2).
+    let (s, _, b) = app.call_as(&alice, Method::POST, &format!("{url}/apply"), Some(apply.clone()), &[]).await;
+    assert_eq!((s, b["state"].as_str()), (StatusCode::OK, Some("applied")), "{b}");
+    let id = b["experiment_id"].as_i64().expect("the experiment it started");
+    assert_eq!(b["outcome"], format!("started as experiment {id}"));
+    let (s, _, r) = app.call(Method::GET, &format!("/api/v1/experiments/{id}"), None).await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    assert_eq!(r["experiment"]["spec"]["duration"], "50s", "{r}");
+    assert_eq!(r["experiment"]["spec"], b["proposed"], "{r}");
+    assert_eq!(r["experiment"]["created_by"], "alice");
+    let (s, _, b) = app.call_as(&alice, Method::POST, &format!("{url}/apply"), Some(apply), &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "applied once: {b}");
+
+    // On the record: the proposal, both approvals, the start naming the request and its approver.
+    let rows = audit_actions(&app).await;
+    let started = rows
+        .iter()
+        .find(|a| a["action"] == "experiment.start" && a["target"].as_str().unwrap().contains(&format!("(experiment {id})")))
+        .unwrap_or_else(|| panic!("no experiment.start of {id}: {rows:#?}"));
+    let why = started["reason"].as_str().unwrap();
+    assert!(why.contains("change request") && why.contains("approved by bob"), "{why}");
+    assert!(rows.iter().any(|a| a["action"] == "request.create" && a["target"].as_str().unwrap().contains("experiment recs-down of checkout")), "{rows:#?}");
+
+    // Break-glass starts at once, audited as a bypass naming the experiment.
+    let (s, _, e) = app
+        .call_as(&alice, Method::POST, "/api/v1/experiments", Some(start(spec("urgent", "5s"))),
+            &[("x-levee-break-glass", "incident 42: verify the fallback now")])
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+    let rows = audit_actions(&app).await;
+    let bypass = rows.iter().find(|a| a["action"] == "approval.bypass").expect("a bypass row");
+    assert_eq!(bypass["outcome"], "bypass");
+    assert!(bypass["target"].as_str().unwrap().contains("experiment: experiment urgent"), "{bypass}");
+
+    // Experiments are not scheduled: the scheduler refuses the kind by name.
+    let body = json!({"kind": "experiment", "run_at": "2099-01-01T00:00:00Z", "reason": "later"});
+    let (s, _, b) = app.call(Method::POST, "/api/v1/environments/prod/scheduled-changes", Some(body)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert_eq!(b["errors"][0]["path"], "kind", "{b}");
+    assert!(b["detail"].as_str().unwrap().contains("experiments are not scheduled"), "{b}");
+}
+}
+
+/// Runs `levee experiment run FILE [--wait]` as the holder of `token`; (exit code, stdout).
+async fn run_cli(base: &str, token: &str, spec: &Value, wait: bool) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("experiment.yaml");
+    std::fs::write(&file, serde_json::to_string_pretty(spec).unwrap()).unwrap();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_levee"));
+    cmd.args(["experiment", "run"]).arg(&file).args(["--reason", "pipeline after deploy"]);
+    if wait {
+        cmd.arg("--wait");
+    }
+    let out = cmd
+        .env("LEVEE_SERVER", base)
+        .env("LEVEE_TOKEN", token)
+        .env("LEVEE_CREDENTIALS", dir.path().join("none"))
+        .output()
+        .await
+        .expect("levee runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    (out.status.code().unwrap_or(-1), format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+on_both_backends! {
+async fn levee_experiment_run_says_approval_is_pending_and_wait_follows_the_decision(app) {
+    app.seed().await;
+    let alice = user(&app, "alice", "operator").await;
+    let bob = user(&app, "bob", "operator").await;
+    rules(&app, &["experiment"]).await;
+
+    // Without --wait: exit 5, saying so; nothing started.
+    let (code, out) = run_cli(&app.base, &alice, &spec("pending", "5s"), false).await;
+    assert_eq!(code, 5, "{out}");
+    assert!(out.contains("approval pending") && out.contains("not started"), "{out}");
+    let first = open_request_after(&app, 0).await;
+
+    // --wait, rejected by bob: exit 6.
+    let cli = tokio::spawn({
+        let (base, token) = (app.base.clone(), alice.clone());
+        async move { run_cli(&base, &token, &spec("rejected", "5s"), true).await }
+    });
+    let id = open_request_after(&app, first).await;
+    let no = json!({"reason": "not during the sale"});
+    let (s, _, b) = app.call_as(&bob, Method::POST, &format!("{REQS}/{id}/reject"), Some(no), &[]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (code, out) = cli.await.unwrap();
+    assert_eq!(code, 6, "{out}");
+    assert!(out.contains("rejected: not during the sale") && out.contains("never started"), "{out}");
+
+    // --wait, approved by bob: the CLI applies it and follows the experiment to its verdict
+    // (no agent reports here: aborted on its baseline, exit 4).
+    let cli = tokio::spawn({
+        let (base, token) = (app.base.clone(), alice.clone());
+        async move { run_cli(&base, &token, &spec("approved", "5s"), true).await }
+    });
+    let id = open_request_after(&app, id).await;
+    let ok = json!({"version": 1, "reason": "go ahead"});
+    let (s, _, b) = app.call_as(&bob, Method::POST, &format!("{REQS}/{id}/approve"), Some(ok), &[]).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let (code, out) = cli.await.unwrap();
+    assert!(out.contains(&format!("change request {id} approved by bob: applying it")), "{out}");
+    assert!(out.contains("verdict aborted"), "{out}");
+    assert_eq!(code, 4, "{out}");
+    let (_, _, r) = app.call(Method::GET, &format!("{REQS}/{id}"), None).await;
+    assert_eq!((r["state"].as_str(), r["applied_by"].as_str()), (Some("applied"), Some("alice")), "{r}");
+}
+}
+
+/// The id of the open change request of prod newer than `after`, once there is one.
+async fn open_request_after(app: &TestApp, after: i64) -> i64 {
+    for _ in 0..400 {
+        let (_, _, list) = app.call(Method::GET, REQS, None).await;
+        if let Some(r) = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == "open" && r["id"].as_i64().unwrap() > after)
+        {
+            return r["id"].as_i64().unwrap();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("no open change request after {after} appeared");
+}
