@@ -23,6 +23,7 @@ mod changes;
 mod create;
 mod edit;
 mod error;
+mod experiments;
 mod faults;
 mod fleet;
 mod history;
@@ -94,6 +95,14 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/environments/{env}/profiles/build", post(profiles::build))
         .route("/ui/environments/{env}/faults", get(faults::page).post(faults::create))
         .route("/ui/environments/{env}/faults/{svc}/{id}/end", post(faults::end))
+        .route("/ui/environments/{env}/experiments", get(experiments::list).post(experiments::start))
+        .route("/ui/environments/{env}/experiments/new", get(experiments::new))
+        .route("/ui/environments/{env}/experiments/confirm", post(experiments::confirm))
+        .route("/ui/environments/{env}/experiments/{id}", get(experiments::page))
+        .route(
+            "/ui/environments/{env}/experiments/{id}/stop",
+            get(experiments::confirm_stop).post(experiments::stop),
+        )
         .route("/ui/environments/{env}/scheduled", get(review::scheduled).post(review::schedule))
         .route("/ui/environments/{env}/scheduled/{id}/cancel", post(review::cancel))
         .route("/ui/environments/{env}/requests", get(review::requests).post(review::propose))

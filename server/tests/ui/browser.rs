@@ -1628,3 +1628,104 @@ async fn browser_a_rollout_halted_on_health_shows_the_cohort_beside_the_rest() {
         a.shutdown().await;
     }
 }
+
+/// An experiment from the console, as an operator runs one: from the service page to its
+/// experiments, a form first sent with a bad duration (refused at that field), then the
+/// confirmation with a reason, the experiment's page following it live (its state moving
+/// to injected, a chart per probe), a stop behind its own confirmation, and the report:
+/// aborted, stopped by the operator, the injected window on the chart.
+#[tokio::test]
+async fn browser_an_operator_defines_starts_watches_and_stops_an_experiment() {
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    let caches = tempfile::tempdir().unwrap();
+    let mut agents = Vec::new();
+    for name in ["checkout-web-1", "checkout-web-2"] {
+        let a = checkout_agent_named(&app, &caches.path().join(name), name).await;
+        a.wait_for_initial_sync(WAIT).await.unwrap();
+        agents.push(a);
+    }
+    until("both instances connected", || async {
+        let (_, _, fleet) = app.api(Method::GET, "/environments/prod/services/checkout/agents", None).await;
+        (fleet.as_array()?.iter().filter(|a| a["connected"] == true).count() == 2).then_some(())
+    })
+    .await;
+    let base = app.base.clone();
+    login(&c, &base, "olivia", PASSWORD).await;
+    c.goto(&format!("{base}{SERVICE}")).await.unwrap();
+    click(&c, "#experiments-link").await;
+    click(&c, "#new-experiment").await;
+
+    fill(&c, "input[name=name]", "recs-down").await;
+    fill(&c, "input[name=dependency]", "recommendations").await;
+    fill(&c, "input[name=param]", "503").await;
+    fill(&c, "input[name=duration]", "soon").await;
+    fill(&c, "input[name=baseline]", "1s").await;
+    fill(&c, "input[name=recovery]", "1s").await;
+    fill(&c, "input[name=abort_after]", "60s").await;
+    fill(&c, "textarea[name=hypothesis]", "- ready: true").await;
+    click(&c, "#experiment-form button[type=submit]").await;
+    let refused =
+        wait_find(&c, "input[name=duration] ~ .field-error, label:has(input[name=duration]) + .field-error")
+            .await
+            .text()
+            .await
+            .unwrap();
+    assert!(refused.starts_with("duration"), "{refused}");
+    fill(&c, "input[name=duration]", "60s").await;
+    click(&c, "#experiment-form button[type=submit]").await;
+    let effects = wait_find(&c, "#effects").await.text().await.unwrap();
+    assert!(effects.contains("on 1 instance(s) of checkout"), "{effects}");
+    fill(
+        &c,
+        "#confirm-form textarea[name=reason]",
+        "game day: does checkout absorb recommendations failing?",
+    )
+    .await;
+    click(&c, "#confirm-form button[type=submit]").await;
+
+    // Live: the page follows the run by itself.
+    let state = until("the fault injected", || async {
+        let t = text_of(&c, "#state").await?;
+        t.starts_with("injected").then_some(t)
+    })
+    .await;
+    assert!(state.contains("reloads"), "{state}");
+    until("a chart with a held reading", || async {
+        c.find(Locator::Css("svg.experiment-chart circle.held")).await.ok()
+    })
+    .await;
+    let instances = text_of(&c, "#instances").await.unwrap();
+    assert!(instances.starts_with("checkout-web-"), "{instances}");
+    screenshot(&c, "experiment-running").await;
+
+    click(&c, "#stop-experiment").await;
+    fill(&c, "#confirm-form textarea[name=reason]", "seen enough").await;
+    click(&c, "#confirm-form button[type=submit]").await;
+    let verdict = until("the verdict", || async {
+        let t = text_of(&c, "#verdict").await?;
+        t.starts_with("aborted").then_some(t)
+    })
+    .await;
+    assert!(verdict.contains("stopped by olivia: seen enough"), "{verdict}");
+    let stopped = text_of(&c, "#stopped").await.unwrap();
+    assert!(stopped.starts_with("by olivia"), "{stopped}");
+    let started = text_of(&c, "#started").await.unwrap();
+    assert!(started.starts_with("by olivia") && started.contains("game day"), "{started}");
+    assert!(
+        c.find(Locator::Css("svg.experiment-chart rect.injected")).await.is_ok(),
+        "the injected window is drawn"
+    );
+    assert!(c.find(Locator::Css("#stop-experiment")).await.is_err(), "no stop once it ended");
+    let timeline = text_of(&c, "#timeline").await.unwrap();
+    for event in ["started", "injected", "stop_requested", "fault_removed", "ended"] {
+        assert!(timeline.contains(event), "{event} missing: {timeline}");
+    }
+    screenshot(&c, "experiment-report").await;
+    c.close().await.unwrap();
+    for a in agents {
+        a.shutdown().await;
+    }
+}

@@ -9,6 +9,7 @@ mod admission;
 mod approval;
 mod browser;
 mod changes;
+mod experiments;
 mod health;
 mod helpers;
 mod live;
