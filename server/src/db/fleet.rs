@@ -168,7 +168,7 @@ impl Store {
                 "INSERT INTO agents (environment, service, instance_id, agent_version, connected, connected_at, \
                  last_seen, applied_revision, applied_hash, status, replica, lease_until) VALUES ",
             );
-            push_values(&mut sql, chunk.len(), 12);
+            push_values(&mut sql, self.backend, chunk.len(), 12);
             sql.push_str(
                 " ON CONFLICT (environment, service, instance_id) DO UPDATE SET agent_version = excluded.agent_version, \
                  connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen, \
@@ -217,7 +217,7 @@ impl Store {
             let mut sql = String::from(
                 "INSERT INTO acks (environment, service, revision, instance_id, acked_at) VALUES ",
             );
-            push_values(&mut sql, chunk.len(), 5);
+            push_values(&mut sql, self.backend, chunk.len(), 5);
             sql.push_str(" ON CONFLICT (environment, service, revision, instance_id) DO NOTHING");
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
             for a in chunk {

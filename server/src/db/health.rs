@@ -99,7 +99,7 @@ impl Store {
                 "INSERT INTO health_windows (replica, environment, service, revision, slot_ms, kind, name, calls, \
                  successes, failures, timeouts, fallbacks, shed, breaker_opens, latency, instances, not_ready) VALUES ",
             );
-            push_values(&mut sql, chunk.len(), COLS);
+            push_values(&mut sql, self.backend, chunk.len(), COLS);
             sql.push_str(
                 " ON CONFLICT (replica, environment, service, revision, slot_ms, kind, name) DO UPDATE SET \
                  calls = excluded.calls, successes = excluded.successes, failures = excluded.failures, \
