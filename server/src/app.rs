@@ -1,6 +1,6 @@
 //! The application: [`app`] builds the whole HTTP surface (API, UI, health, metrics) from
-//! an [`AppState`], and [`Server`] starts everything around it (store, gRPC sync, fleet
-//! writer, expiry sweeper, PostgreSQL listener) and stops it gracefully.
+//! an [`AppState`], and [`Server`] starts everything around it (store, gRPC sync on its own
+//! runtime, fleet writer, expiry sweeper, PostgreSQL listener) and stops it gracefully.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -178,6 +178,8 @@ pub struct Server {
     pub health: crate::health::Health,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Where the gRPC streams run (`crate::runtime`); last, so it stops after the rest.
+    sync_runtime: crate::runtime::SyncRuntime,
 }
 
 fn random_secret(len: usize) -> String {
@@ -321,6 +323,10 @@ impl Server {
         let (fleet, fleet_task) = FleetWriter::spawn(store.clone(), replica, settings.agent_lease);
         let mut tasks = vec![fleet_task, health_task];
 
+        // Agent sync runs on threads of its own (`crate::runtime`): the services are built
+        // here, so their database reads come back to this runtime.
+        let sync_runtime = crate::runtime::SyncRuntime::new(settings.sync_threads)
+            .context("starting the agent sync runtime")?;
         let sync = SyncService::new(
             store.clone(),
             keys.clone(),
@@ -347,6 +353,9 @@ impl Server {
             .await
             .with_context(|| format!("binding the gRPC address {}", settings.grpc_addr))?;
         let grpc_addr = grpc_listener.local_addr()?;
+        // Bound here so a taken address fails the start; registered again on the sync
+        // runtime, which accepts the connections and so drives their sockets.
+        let grpc_listener = grpc_listener.into_std()?;
         let tls = match &settings.tls {
             Some(files) => {
                 let cert = crate::tls::ReloadingCert::new(files.clone())?;
@@ -357,7 +366,14 @@ impl Server {
         };
         let mut grpc_shutdown = shutdown_rx.clone();
         let grpc_tls = tls.as_ref().map(|c| c.server_config(&[b"h2"]));
-        tasks.push(tokio::spawn(async move {
+        tasks.push(sync_runtime.handle().spawn(async move {
+            let grpc_listener = match TcpListener::from_std(grpc_listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "gRPC listener");
+                    return;
+                }
+            };
             let server = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
                 .tcp_keepalive(Some(Duration::from_secs(60)))
@@ -487,7 +503,14 @@ impl Server {
             health,
             shutdown,
             tasks,
+            sync_runtime,
         })
+    }
+
+    /// The runtime the agent streams run on (tests block it to show the API does not
+    /// depend on it).
+    pub fn sync_runtime(&self) -> &tokio::runtime::Handle {
+        self.sync_runtime.handle()
     }
 
     /// Stops gracefully: agents are told to reconnect elsewhere, HTTP drains.

@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// New agent streams accepted per second.
     #[arg(long, env = "LEVEE_NEW_STREAMS_PER_SEC")]
     pub new_streams_per_sec: Option<u32>,
+    /// Threads of the agent sync runtime (gRPC streams and their fan-out), apart from the
+    /// API's; default: one per CPU.
+    #[arg(long, env = "LEVEE_SYNC_THREADS")]
+    pub sync_threads: Option<usize>,
     /// Agent liveness lease (e.g. `30s`): an agent whose replica stops renewing it stops
     /// counting as connected after this long.
     #[arg(long, env = "LEVEE_AGENT_LEASE", value_parser = humantime::parse_duration)]
@@ -175,6 +179,7 @@ struct FileLayer {
     #[serde(default, with = "humantime_serde::option")]
     max_stream_age: Option<Duration>,
     new_streams_per_sec: Option<u32>,
+    sync_threads: Option<usize>,
     #[serde(default, with = "humantime_serde::option")]
     agent_lease: Option<Duration>,
     #[serde(default, with = "humantime_serde::option")]
@@ -220,6 +225,9 @@ pub struct Settings {
     pub max_stream_age: Duration,
     /// Most new agent streams accepted per second, so a reconnect storm is spread out.
     pub new_streams_per_sec: u32,
+    /// Worker threads of the runtime agent sync runs on, apart from the API's
+    /// ([`crate::runtime::SyncRuntime`]).
+    pub sync_threads: usize,
     /// Lifetime of an agent's liveness lease, renewed every third of it by the replica
     /// holding the stream.
     pub agent_lease: Duration,
@@ -264,6 +272,7 @@ impl Settings {
             heartbeat_interval: crate::sync::HEARTBEAT_INTERVAL,
             max_stream_age: crate::sync::MAX_STREAM_AGE,
             new_streams_per_sec: crate::sync::NEW_STREAMS_PER_SEC,
+            sync_threads: crate::runtime::default_sync_threads(),
             agent_lease: crate::fleet::LEASE_TTL,
             rollout_interval: crate::sweeper::ROLLOUT_INTERVAL,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
@@ -393,6 +402,13 @@ impl Settings {
             new_streams_per_sec >= 1,
             "new_streams_per_sec (LEVEE_NEW_STREAMS_PER_SEC) must be at least 1"
         );
+        let sync_threads =
+            args.sync_threads.or(file.sync_threads).unwrap_or_else(crate::runtime::default_sync_threads);
+        anyhow::ensure!(
+            (1..=crate::runtime::MAX_SYNC_THREADS).contains(&sync_threads),
+            "sync_threads (LEVEE_SYNC_THREADS) must be between 1 and {}, not {sync_threads}",
+            crate::runtime::MAX_SYNC_THREADS
+        );
         let tls = match (args.tls_cert.or(file.tls_cert), args.tls_key.or(file.tls_key)) {
             (Some(cert), Some(key)) => Some(crate::tls::TlsFiles { cert, key }),
             (None, None) => None,
@@ -440,6 +456,7 @@ impl Settings {
             heartbeat_interval,
             max_stream_age,
             new_streams_per_sec,
+            sync_threads,
             agent_lease,
             rollout_interval,
             max_body_bytes,
@@ -566,6 +583,20 @@ mod tests {
         let err =
             Settings::load(ServeArgs { jwt_secret: Some("short".into()), ..Default::default() }).unwrap_err();
         assert!(err.to_string().contains("32 bytes"));
+    }
+
+    #[test]
+    fn sync_threads_default_to_the_cpus_and_refuse_zero() {
+        let s = Settings::load(ServeArgs::default()).unwrap();
+        assert_eq!(s.sync_threads, crate::runtime::default_sync_threads());
+        assert!(s.sync_threads >= 1);
+        let s = Settings::load(ServeArgs { sync_threads: Some(3), ..Default::default() }).unwrap();
+        assert_eq!(s.sync_threads, 3);
+        for bad in [0, crate::runtime::MAX_SYNC_THREADS + 1] {
+            let err =
+                Settings::load(ServeArgs { sync_threads: Some(bad), ..Default::default() }).unwrap_err();
+            assert!(err.to_string().contains("sync_threads (LEVEE_SYNC_THREADS)"), "{err}");
+        }
     }
 
     /// docs/operations.md's settings table states each numeric default as the server

@@ -23,6 +23,7 @@ pub mod listener;
 pub mod login_limit;
 pub mod manifest;
 pub mod rollout;
+pub mod runtime;
 pub mod shutdown;
 pub mod sidecar;
 pub mod sweeper;

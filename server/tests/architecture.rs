@@ -21,6 +21,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("fuzz", &["import", "manifest"]),
     ("cli", &["manifest"]),
     ("shutdown", &[]),
+    // runtime: the sync runtime and where the sync side's database reads run; knows no
+    // other module.
+    ("runtime", &[]),
     ("hub", &["db"]),
     // rollout: the rules of staged rollouts (cohort, what an instance is served, halting).
     ("rollout", &["db", "health"]),
@@ -42,13 +45,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // (every change an action) and the watchdog, a task stopped like the others.
     ("experiments", &["actions", "db", "health", "shutdown"]),
     ("tls", &["shutdown"]),
-    ("sync", &["agent_text", "auth", "db", "fleet", "health", "hub", "rollout", "shutdown"]),
+    ("sync", &["agent_text", "auth", "db", "fleet", "health", "hub", "rollout", "runtime", "shutdown"]),
     // xds: the outbound policy over Envoy's ADS, pushed as the hub publishes, to the
     // instance's revision during a rollout.
-    ("xds", &["agent_text", "auth", "db", "hub", "rollout", "shutdown"]),
+    ("xds", &["agent_text", "auth", "db", "hub", "rollout", "runtime", "shutdown"]),
     // config: the defaults of the settings it loads (stream limits, the agent lease, TLS
     // files, the endpoints xDS serves, how often the sweeper drives rollouts).
-    ("config", &["fleet", "sweeper", "sync", "tls", "xds"]),
+    ("config", &["fleet", "runtime", "sweeper", "sync", "tls", "xds"]),
     // web, api, ui: the stop flag ends long-lived responses (live events, long polls).
     ("web", &["actions", "auth", "db", "experiments", "health", "hub", "shutdown"]),
     (
@@ -87,6 +90,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "health",
             "hub",
             "listener",
+            "runtime",
             "shutdown",
             "sweeper",
             "sync",
@@ -114,6 +118,7 @@ const HTTP_FREE: &[&str] = &[
     "login_limit",
     "manifest",
     "rollout",
+    "runtime",
     "shutdown",
     "sweeper",
 ];

@@ -34,6 +34,7 @@ use crate::db::Store;
 use crate::fleet::FleetWriter;
 use crate::health::Health;
 use crate::hub::Hub;
+use crate::runtime::DbRuntime;
 
 mod limits;
 mod refusals;
@@ -98,12 +99,15 @@ struct Inner {
     streams: AtomicU64,
     verified: VerifiedTokens,
     refusals: RefusalLog,
+    /// Where the database reads of a new stream run (`crate::runtime::DbRuntime`).
+    db: DbRuntime,
 }
 
 impl SyncService {
     /// The service over `store`, authenticating agents with `keys`, pushing what `hub`
     /// publishes, recording agent state through `fleet` and the health of their reports
-    /// through `health`; its streams end (with `GoAway`) once `shutdown` is set.
+    /// through `health`; its streams end (with `GoAway`) once `shutdown` is set. Its
+    /// database reads run on the runtime this is called on, wherever its streams run.
     pub fn new(
         store: Store,
         keys: Keys,
@@ -127,6 +131,7 @@ impl SyncService {
                 streams: AtomicU64::new(0),
                 verified: VerifiedTokens::default(),
                 refusals: RefusalLog::default(),
+                db: DbRuntime::current(),
             }),
         }
     }
@@ -189,7 +194,12 @@ impl SyncService {
         let token = bearer(&req).ok_or_else(|| unauthenticated("missing bearer token".into()))?;
         // The database answered for this stream's token: read it for the rest of the setup.
         let mut db_ok = true;
-        let principal = match authenticate_agent(&inner.keys, &inner.store, &token).await {
+        let checked = {
+            let (i, token) = (inner.clone(), token.clone());
+            inner.db.run(async move { authenticate_agent(&i.keys, &i.store, &token).await }).await
+        };
+        let checked = checked.unwrap_or_else(|| Err(AuthError::Unavailable("the server is stopping".into())));
+        let principal = match checked {
             Ok(p) => {
                 inner.verified.remember(&p).await;
                 p

@@ -266,11 +266,13 @@ pub(super) async fn run_session(
         let nacked = if !db_ok {
             HashSet::new()
         } else {
-            match inner
-                .store
-                .nacked_revisions(&hello.environment, &s.name, &hello.instance_id, s.applied_revision)
-                .await
-            {
+            let read = {
+                let (i, env, name, instance) =
+                    (inner.clone(), hello.environment.clone(), s.name.clone(), hello.instance_id.clone());
+                let applied = s.applied_revision;
+                inner.db.run(async move { i.store.nacked_revisions(&env, &name, &instance, applied).await })
+            };
+            match read.await.unwrap_or_else(|| Err(anyhow::anyhow!("the server is stopping"))) {
                 Ok(revs) => revs.into_iter().collect(),
                 Err(e) => {
                     db_ok = false;
@@ -303,7 +305,13 @@ pub(super) async fn run_session(
     let names: Vec<String> = session.services.keys().cloned().collect();
     for name in &names {
         // The newest snapshot with the rollout that says who gets it, read together.
-        let stored = if db_ok { inner.store.delivery(&session.env, name).await.map(Some) } else { Ok(None) };
+        let stored = if db_ok {
+            let (i, env, name) = (inner.clone(), session.env.clone(), name.clone());
+            let read = inner.db.run(async move { i.store.delivery(&env, &name).await });
+            read.await.unwrap_or_else(|| Err(anyhow::anyhow!("the server is stopping"))).map(Some)
+        } else {
+            Ok(None)
+        };
         match stored {
             Ok(Some(delivery)) => inner.hub.publish_delivery(delivery),
             Ok(None) => {}

@@ -64,11 +64,14 @@ struct Inner {
     endpoints: Endpoints,
     shutdown: watch::Receiver<bool>,
     streams: AtomicU64,
+    /// Where the token check runs (`crate::runtime::DbRuntime`).
+    db: crate::runtime::DbRuntime,
 }
 
 impl XdsService {
     /// The service over `store` (tokens), serving what `hub` holds, with dependency
-    /// endpoints from the settings; its streams end once `shutdown` is set.
+    /// endpoints from the settings; its streams end once `shutdown` is set. Its database
+    /// reads run on the runtime this is called on.
     pub fn new(
         store: Store,
         keys: Keys,
@@ -77,7 +80,15 @@ impl XdsService {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         XdsService {
-            inner: Arc::new(Inner { store, keys, hub, endpoints, shutdown, streams: AtomicU64::new(0) }),
+            inner: Arc::new(Inner {
+                store,
+                keys,
+                hub,
+                endpoints,
+                shutdown,
+                streams: AtomicU64::new(0),
+                db: crate::runtime::DbRuntime::current(),
+            }),
         }
     }
 
@@ -176,7 +187,12 @@ impl XdsService {
         let token = bearer(&req).ok_or_else(|| {
             Status::unauthenticated("missing bearer token: xDS streams carry the service's agent token")
         })?;
-        let principal = match authenticate_agent(&inner.keys, &inner.store, &token).await {
+        let checked = {
+            let (i, token) = (inner.clone(), token.clone());
+            inner.db.run(async move { authenticate_agent(&i.keys, &i.store, &token).await }).await
+        };
+        let checked = checked.unwrap_or_else(|| Err(AuthError::Unavailable("the server is stopping".into())));
+        let principal = match checked {
             Ok(p) => p,
             Err(AuthError::Unavailable(_)) => {
                 return Err(Status::unavailable(

@@ -37,6 +37,7 @@ mod resilience;
 mod rollout;
 mod security;
 mod shutdown;
+mod sync_runtime;
 mod tls;
 mod token_rotation;
 mod xds;
