@@ -71,8 +71,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // ui reads `diff` for the policy editor's preview, the revision history and the diff a
-    // change request's reviewer approves; `experiments` for an experiment's spec and report.
-    ("ui", &["actions", "advice", "auth", "db", "diff", "experiments", "rollout", "shutdown", "web"]),
+    // change request's reviewer approves; `experiments` for an experiment's spec and report;
+    // `health` for the agents' recent health on the service page and in its alarms.
+    (
+        "ui",
+        &["actions", "advice", "auth", "db", "diff", "experiments", "health", "rollout", "shutdown", "web"],
+    ),
     // The sidecar: an agent of the agent crate, the OFREP router the API serves too, and
     // its defaults read from a manifest.
     ("sidecar", &["api", "manifest"]),
