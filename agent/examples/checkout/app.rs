@@ -104,6 +104,7 @@ pub fn safe_defaults() -> ServiceConfig {
         on_failure: FallbackLevel::Generic,
         owner: "growth team".into(),
         decision: "top sellers are good enough while personal picks are down".into(),
+        runbook: "https://runbooks.example.com/growth/recommendations".into(),
         alert_after: Duration::from_secs(30 * 60),
         enabled_flag: None,
     });

@@ -755,6 +755,11 @@ pub struct MatrixRow {
     /// Where the decision is recorded (ADR, ticket).
     #[serde(default)]
     pub decision: String,
+    /// Where the owner's runbook for this feature is (a URL or a page name): what the
+    /// people on call read when it degrades, shown next to a game day's report. Left out
+    /// of the snapshot when empty, so a snapshot without one is what it was before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub runbook: String,
     /// Alert when the feature has lived on a fallback longer than this.
     #[serde(with = "super::duration", default = "alert_after")]
     #[cfg_attr(feature = "openapi", schema(value_type = crate::policy::duration::Text, example = "30m"))]

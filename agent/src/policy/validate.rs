@@ -278,6 +278,7 @@ fn validate_policy(c: &mut Check, p: &str, policy: &Policy) {
         }
         c.text(&join(&rp, "owner"), &row.owner, 200);
         c.text(&join(&rp, "decision"), &row.decision, 500);
+        c.text(&join(&rp, "runbook"), &row.runbook, 500);
         c.duration(
             &join(&rp, "alert_after"),
             row.alert_after,

@@ -32,6 +32,7 @@ mod experiments;
 mod expiry;
 mod faults;
 pub(crate) mod flags;
+mod game_day;
 mod input;
 mod overrides;
 mod profiles;
@@ -52,6 +53,7 @@ pub use environments::NewEnvironment;
 pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use experiments::{NewExperiment, Started, experiment_fault_id};
 pub use faults::NewFaultRule;
+pub use game_day::{LEVER_ACTIONS, is_game_day, running_game_days, sees_injected};
 pub use input::{
     BadInput, Broken, MAX_TEXT_CHARS, NAME_PATTERN, Name, REASON_BLANKS, REASON_PATTERN, Reason, ReasonError,
     check_text,
@@ -90,6 +92,8 @@ pub struct Actions {
     /// This run of the server, as it claims scheduled changes: the host name (when the
     /// environment gives one), the process id and a random suffix, unique per `Actions`.
     replica: std::sync::Arc<str>,
+    /// The (game day, person) pairs whose first view this replica recorded already.
+    game_day_seen: game_day::Seen,
 }
 
 /// The service a change is for, and the revision the change was based on.
@@ -143,7 +147,7 @@ impl Actions {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "levee".into());
         let run = uuid::Uuid::new_v4().simple().to_string();
         let replica = format!("{host}:{}:{}", std::process::id(), &run[..8]).into();
-        Actions { store, hub, keys, replica }
+        Actions { store, hub, keys, replica, game_day_seen: game_day::Seen::default() }
     }
 
     /// This run of the server as it claims scheduled changes (see [`Actions::new`]).

@@ -11,7 +11,9 @@ use serde_json::Value;
 use super::requests::RequestView;
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, Reason, Started};
+use crate::auth::Principal;
 use crate::db::{ExperimentRow, ExperimentState, RequestRow};
+use crate::experiments::game_day::{self, GameDayReport};
 use crate::experiments::report::TimelineEvent;
 use crate::experiments::{ExperimentSpec, Reading};
 use crate::web::{AppState, RequestId};
@@ -61,11 +63,20 @@ pub struct ExperimentView {
     #[schema(value_type = Option<String>, format = DateTime)]
     pub stop_requested_at: Option<i64>,
     pub stop_reason: Option<String>,
+    /// A game day: people in the loop, what it injected hidden from them until it ends.
+    pub game_day: bool,
+    /// `true` when what it injected is hidden from the caller (a game day still running,
+    /// seen by someone other than its starter or an admin): `name`, `spec`, `reason`,
+    /// `instances` and the fault's times are left out, and the report has no probes,
+    /// readings or game-day measures yet.
+    pub hidden: bool,
 }
 
 impl From<ExperimentRow> for ExperimentView {
     fn from(e: ExperimentRow) -> Self {
         ExperimentView {
+            game_day: crate::actions::is_game_day(&e),
+            hidden: false,
             fault_id: crate::actions::experiment_fault_id(e.id),
             id: e.id,
             name: e.name,
@@ -99,6 +110,9 @@ pub struct ExperimentReport {
     /// Every reading, oldest first.
     pub readings: Vec<Reading>,
     pub timeline: Vec<TimelineEvent>,
+    /// A game day's measures of the team (`null` for other experiments, and while hidden
+    /// from the caller).
+    pub game_day: Option<GameDayReport>,
 }
 
 /// Body of `POST /api/v1/experiments`.
@@ -190,11 +204,11 @@ pub fn pending_message(r: &RequestRow) -> String {
     responses((status = 200, body = [ExperimentView])))]
 pub async fn list(
     State(s): State<AppState>,
-    _a: Auth,
+    a: Auth,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Vec<ExperimentView>>> {
     let rows = s.store.experiments(q.environment.as_deref(), q.service.as_deref()).await?;
-    Ok(Json(rows.into_iter().map(Into::into).collect()))
+    Ok(Json(rows.into_iter().map(|e| view_for(e, &a.principal)).collect()))
 }
 
 /// One experiment with its readings and timeline.
@@ -202,10 +216,10 @@ pub async fn list(
     responses((status = 200, body = ExperimentReport), (status = 404, body = super::Problem)))]
 pub async fn get_one(
     State(s): State<AppState>,
-    _a: Auth,
+    a: Auth,
     Path(id): Path<i64>,
 ) -> ApiResult<Json<ExperimentReport>> {
-    Ok(Json(report(&s, id).await?))
+    Ok(Json(report(&s, id, &a.principal).await?))
 }
 
 /// Asks a running experiment to stop (operator): it aborts at its next reading and
@@ -222,20 +236,63 @@ pub async fn stop(
 ) -> ApiResult<Json<ExperimentView>> {
     let by = auth.actor(Action::ExperimentStop, &rid)?;
     let reason = Reason::parse(&req.reason)?;
-    Ok(Json(s.actions.stop_experiment(&by, &reason, id).await?.into()))
+    Ok(Json(view_for(s.actions.stop_experiment(&by, &reason, id).await?, &auth.principal)))
 }
 
-/// The report of experiment `id`.
+/// Experiment `e` as `who` may see it: a game day still running shows players only that
+/// it runs, where, by whom and since when (see [`ExperimentView::hidden`]).
+pub fn view_for(e: ExperimentRow, who: &Principal) -> ExperimentView {
+    let shown = crate::actions::sees_injected(&e, who);
+    let mut v = ExperimentView::from(e);
+    if !shown {
+        v.hidden = true;
+        v.name = "game day".into();
+        v.spec = Value::Null;
+        v.reason = String::new();
+        v.fault_id = String::new();
+        v.instances = None;
+        v.injected_at = None;
+        v.fault_expires_at = None;
+        v.fault_removed_at = None;
+    }
+    v
+}
+
+/// The report of experiment `id` as `who` may see it.
 ///
 /// # Errors
 /// 404 when there is no such experiment.
-pub async fn report(s: &AppState, id: i64) -> ApiResult<ExperimentReport> {
+pub async fn report(s: &AppState, id: i64, who: &Principal) -> ApiResult<ExperimentReport> {
     let e = s.store.experiment(id).await?.ok_or_else(|| ApiError::NotFound(format!("no experiment {id}")))?;
-    let r = crate::experiments::report::report(&e, s.store.experiment_readings(id).await?)?;
+    if !crate::actions::sees_injected(&e, who) {
+        let started = TimelineEvent {
+            at: e.created_at,
+            event: "started".into(),
+            by: Some(e.created_by.clone()),
+            detail: "game day: what it injected is shown when it ends".into(),
+        };
+        let experiment = view_for(e, who);
+        return Ok(ExperimentReport {
+            experiment,
+            probes: Vec::new(),
+            readings: Vec::new(),
+            timeline: vec![started],
+            game_day: None,
+        });
+    }
+    let mut r = crate::experiments::report::report(&e, s.store.experiment_readings(id).await?)?;
+    let game_day = if crate::actions::is_game_day(&e) {
+        let g = game_day::report(&s.store, &e, r.spec.as_ref(), &r.readings).await?;
+        game_day::moments(&g, &mut r.timeline);
+        Some(g)
+    } else {
+        None
+    };
     Ok(ExperimentReport {
         experiment: e.into(),
         probes: r.probes,
         readings: r.readings,
         timeline: r.timeline,
+        game_day,
     })
 }

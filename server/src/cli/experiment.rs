@@ -123,6 +123,15 @@ enum Start {
 struct Report {
     experiment: View,
     timeline: Vec<Event>,
+    /// A game day's measures (absent from older servers, `null` for other experiments).
+    #[serde(default)]
+    game_day: Option<GameDay>,
+}
+
+/// What the CLI reads of a game day's measures: the server says them in words.
+#[derive(Debug, Deserialize)]
+struct GameDay {
+    summary: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,6 +197,7 @@ pub async fn run(cmd: ExperimentCommand) -> Result<ExitCode, CliError> {
                 print_event(e);
             }
             println!("state {}", r.experiment.state);
+            print_game_day(r.game_day.as_ref());
             Ok(ended(&r.experiment).unwrap_or(ExitCode::SUCCESS))
         }
     }
@@ -257,10 +267,20 @@ async fn follow(api: &super::Api, id: i64) -> Result<ExitCode, CliError> {
             print_event(e);
         }
         shown = r.timeline.len();
+        if r.experiment.state == "done" {
+            print_game_day(r.game_day.as_ref());
+        }
         if let Some(code) = ended(&r.experiment) {
             return Ok(code);
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A game day's three times, who did what, and the runbooks of the features it hit.
+fn print_game_day(g: Option<&GameDay>) {
+    for line in g.iter().flat_map(|g| &g.summary) {
+        println!("{line}");
     }
 }
 

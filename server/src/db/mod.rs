@@ -61,6 +61,7 @@ mod audit;
 mod backup;
 mod experiments;
 mod fleet;
+mod game_day;
 mod health;
 mod mutate;
 mod profiles;
@@ -77,6 +78,7 @@ pub use fleet::{
     DISCONNECTED_AGENTS_KEPT_FOR, FLEET_ROWS_PER_SQLITE_TURN, FLEET_ROWS_PER_STATEMENT, MAX_ACKS_LISTED,
     MAX_COUNTER_NAME, MAX_STATUS_COUNTERS,
 };
+pub use game_day::GameDayView;
 pub use health::HealthRow;
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};

@@ -21,6 +21,7 @@
 //! agents as the fault rule's `instances` (`levee_agent::policy::FaultRule::applies_to`),
 //! and the rule's `expires_at` ends it on every agent by itself, server or not.
 
+pub mod game_day;
 pub mod judge;
 pub mod measure;
 pub mod report;

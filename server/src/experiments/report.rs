@@ -17,7 +17,8 @@ pub struct TimelineEvent {
     #[schema(value_type = String, format = DateTime)]
     pub at: i64,
     /// `started`, `injected`, `violated` (a probe's first violated reading of a phase),
-    /// `stop_requested`, `fault_removed`, `ended`.
+    /// `stop_requested`, `fault_removed`, `ended`; a game day's `looked` (a person's first
+    /// view of the service's page), `lever` (a lever pulled) and `recovered`.
     pub event: String,
     /// Who, for `started` and `stop_requested`.
     pub by: Option<String>,

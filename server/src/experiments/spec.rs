@@ -54,6 +54,11 @@ pub struct ExperimentSpec {
     pub abort_after: Duration,
     /// The steady-state hypothesis: every probe must hold (1..=16 probes).
     pub hypothesis: Vec<Probe>,
+    /// A game day: people are in the loop. What is injected is hidden from everyone but
+    /// its starter and admins until it ends, and the report says how fast the team
+    /// looked, pulled a lever and recovered (docs/experiments.md, "Game days").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub game_day: bool,
 }
 
 fn default_phase() -> Duration {

@@ -395,7 +395,21 @@ pub fn for_service(f: &ServiceFacts) -> Alarms {
         );
     }
 
-    // Fault rules (game days).
+    // Game days: that one runs, never what it injected (its fault rule is not in `cfg`).
+    for g in &f.game_days {
+        out.push(
+            Severity::Warn,
+            format!(
+                "a game day is running, started by {} {}: what it injected is hidden until it ends",
+                g.created_by,
+                When::at(g.created_at, now.unix_ms())
+            ),
+            base.clone(),
+            "see the service",
+        );
+    }
+
+    // Fault rules.
     for fr in cfg.faults.iter().filter(|fr| fr.expires_at > now) {
         let what = match &fr.operation {
             Some(op) => format!("{} {op}", fr.dependency),

@@ -74,7 +74,14 @@ async fn render(
         // A service whose current revision cannot be read has no rule to list here; its
         // own page says why.
         let Ok(cfg) = snap.config() else { continue };
-        for f in cfg.faults {
+        // A running game day's fault rule is listed to its starter and admins only.
+        let hidden: Vec<String> = crate::actions::running_game_days(&s.store, env, &svc.name)
+            .await?
+            .iter()
+            .filter(|g| !crate::actions::sees_injected(g, &user.principal))
+            .map(|g| crate::actions::experiment_fault_id(g.id))
+            .collect();
+        for f in cfg.faults.into_iter().filter(|f| !hidden.contains(&f.id)) {
             rules.push(RuleView {
                 service: svc.name.clone(),
                 id: f.id,

@@ -4,6 +4,7 @@
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use levee_agent::policy::{
     BreakerOverrideState, DependencyCriticality, DependencyPolicy, Flag, FlagType, ServiceConfig, Window,
 };
@@ -347,6 +348,8 @@ struct ServicePage {
     alarms: Alarms,
     alarms_scope: &'static str,
     faults: Vec<FaultView>,
+    /// The game days running on the service.
+    game_days: Vec<GameDayLine>,
     /// The live stream's state (its fingerprint tells `live.js` when to fetch the page).
     live: LiveState,
     live_src: String,
@@ -402,6 +405,15 @@ impl HealthView {
     }
 }
 
+/// A game day running on the service, as the viewer may see it.
+struct GameDayLine {
+    id: i64,
+    by: String,
+    since: When,
+    /// Whether the viewer may see what it injected (its starter, an admin).
+    shown: bool,
+}
+
 struct FaultView {
     id: String,
     target: String,
@@ -410,14 +422,25 @@ struct FaultView {
     expires: When,
 }
 
+/// Whether the request is a person opening the page (a navigation, or a client that does
+/// not say), not the live script fetching it again to swap its sections: only the former
+/// is a game day's look at the service.
+fn opened_by_a_person(headers: &HeaderMap) -> bool {
+    headers.get("sec-fetch-dest").is_none_or(|d| d.as_bytes() == b"document")
+}
+
 /// `GET /ui/environments/{env}/services/{svc}`.
 pub async fn page(
     State(s): State<AppState>,
     user: UiUser,
     Path((env, svc)): Path<(String, String)>,
     Query(q): Query<ServiceQuery>,
+    headers: HeaderMap,
 ) -> Result<Page<impl Template>, UiError> {
     let f = ServiceFacts::load(&s, &env, &svc).await?;
+    if opened_by_a_person(&headers) {
+        s.actions.record_game_day_look(&f.game_days, &user.principal).await?;
+    }
     let snap_hash = s.store.latest_snapshot(&env, &svc).await?.map(|r| r.hash).unwrap_or_default();
     let (row, cfg, now) = (&f.row, &f.cfg, f.now);
     let change = q.changed.as_deref().and_then(|c| c.parse::<u64>().ok()).map(|r| Propagation::of(r, &f));
@@ -449,9 +472,25 @@ pub async fn page(
         live_src: format!("{}/live", service_url(&env, &svc)),
         alarms: alarms::for_service(&f),
         alarms_scope: "in this service",
+        game_days: f
+            .game_days
+            .iter()
+            .map(|e| GameDayLine {
+                id: e.id,
+                by: e.created_by.clone(),
+                since: time(e.created_at),
+                shown: crate::actions::sees_injected(e, &user.principal),
+            })
+            .collect(),
         faults: cfg
             .faults
             .iter()
+            .chain(f.game_day_faults.iter().filter(|fr| {
+                f.game_days.iter().any(|e| {
+                    crate::actions::experiment_fault_id(e.id) == fr.id
+                        && crate::actions::sees_injected(e, &user.principal)
+                })
+            }))
             .filter(|fr| fr.expires_at > now)
             .map(|fr| FaultView {
                 id: fr.id.clone(),

@@ -8,14 +8,14 @@
 use std::collections::BTreeMap;
 
 use levee_agent::breaker::State;
-use levee_agent::policy::{FlagType, ServiceConfig, Timestamp};
+use levee_agent::policy::{FaultRule, FlagType, ServiceConfig, Timestamp};
 
 use super::error::UiError;
 use super::fleet::{AgentReport, BreakerReport, replacements};
 use super::page::{When, duration, percent};
 use super::service::{Loaded, load, state_label};
 use crate::actions::{Profile, ProfileSpec};
-use crate::db::{ActivationRow, AgentRow, NackRow, ServiceRow};
+use crate::db::{ActivationRow, AgentRow, ExperimentRow, NackRow, ServiceRow};
 use crate::health::{HealthTotals, SubjectKind};
 use crate::web::AppState;
 
@@ -41,6 +41,11 @@ pub struct ServiceFacts {
     /// What the agents' calls to each dependency and requests on each route did recently
     /// (the 10-second slots of the last [`RECENT_HEALTH`], every revision summed).
     pub health: BTreeMap<(SubjectKind, String), HealthTotals>,
+    /// The game days running on the service, oldest first.
+    pub game_days: Vec<ExperimentRow>,
+    /// Their fault rules, taken out of `cfg.faults`: no alarm or list names them; the
+    /// service page shows them to whom may see what a game day injected.
+    pub game_day_faults: Vec<FaultRule>,
 }
 
 /// How far back the service page and its alarms read the agents' health windows.
@@ -104,7 +109,11 @@ impl ServiceFacts {
         env: &str,
         svc: &str,
     ) -> Result<ServiceFacts, UiError> {
-        let Loaded { row, config: cfg } = load(s, env, svc).await?;
+        let Loaded { row, config: mut cfg } = load(s, env, svc).await?;
+        let game_days = crate::actions::running_game_days(&s.store, env, svc).await?;
+        let ids: Vec<String> = game_days.iter().map(|e| crate::actions::experiment_fault_id(e.id)).collect();
+        let (game_day_faults, faults) = cfg.faults.into_iter().partition(|f| ids.contains(&f.id));
+        cfg.faults = faults;
         let agents = s.store.agents(env, svc).await?;
         let nacks = s.store.nacks(env, svc).await?;
         let now = Timestamp::now();
@@ -127,6 +136,8 @@ impl ServiceFacts {
             active: context.active.clone(),
             latency: String::new(),
             now,
+            game_days,
+            game_day_faults,
         })
     }
 
@@ -297,6 +308,8 @@ pub fn facts_for_test(
         latency: String::new(),
         now: Timestamp::from_unix_ms(1_800_000_000_000),
         health: BTreeMap::new(),
+        game_days: Vec::new(),
+        game_day_faults: Vec::new(),
     }
 }
 

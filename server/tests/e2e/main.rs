@@ -23,6 +23,7 @@ mod crash;
 mod db_outage;
 mod delivery;
 mod experiments;
+mod game_day;
 mod haproxy;
 mod health;
 mod http_fallback;
