@@ -7,7 +7,9 @@
 //! it is shown to everyone. docs/experiments.md, "Game days", lists every place.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
 
 use super::Actions;
 use crate::auth::Principal;
@@ -73,12 +75,12 @@ impl Actions {
                 continue;
             }
             let key = (e.id, who.actor.clone());
-            let known = self.game_day_seen.0.lock().unwrap_or_else(|p| p.into_inner()).contains(&key);
+            let known = self.game_day_seen.0.lock().await.contains(&key);
             if known {
                 continue;
             }
             self.store.record_game_day_view(e.id, &who.actor, now_ms()).await?;
-            let mut seen = self.game_day_seen.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut seen = self.game_day_seen.0.lock().await;
             if seen.len() >= SEEN_MAX {
                 seen.clear();
             }

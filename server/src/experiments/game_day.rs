@@ -5,14 +5,16 @@
 //! hypothesis held again (time to recover), every one from the moment the fault was
 //! injected, next to the runbooks of the features the fault hits.
 
-use levee_agent::policy::{ServiceConfig, Timestamp};
+use std::time::Duration;
+
+use levee_agent::policy::{ServiceConfig, Timestamp, duration};
 use serde::Serialize;
 
 use super::judge::Reading;
 use super::report::TimelineEvent;
 use super::spec::ExperimentSpec;
 use crate::actions::LEVER_ACTIONS;
-use crate::db::{AuditFilter, AuditRow, ExperimentRow, GameDayView, Reader};
+use crate::db::{AuditFilter, AuditOutcome, AuditRow, ExperimentRow, GameDayView, Reader};
 
 /// Most audit rows of one lever action read for a game day (its first is what counts).
 const LEVER_ROWS: i64 = 1000;
@@ -79,12 +81,18 @@ pub struct GameDayReport {
     #[serde(with = "levee_agent::policy::rfc3339::option")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub recovered_at: Option<i64>,
-    /// `first_look` − `injected_at`, ms.
-    pub time_to_detect_ms: Option<i64>,
-    /// `first_lever` − `injected_at`, ms.
-    pub time_to_mitigate_ms: Option<i64>,
-    /// `recovered_at` − `injected_at`, ms.
-    pub time_to_recover_ms: Option<i64>,
+    /// `first_look` − `injected_at` (a duration, `"12s 345ms"`).
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "12s 345ms")]
+    pub time_to_detect: Option<Duration>,
+    /// `first_lever` − `injected_at` (a duration, `"12s 345ms"`).
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "12s 345ms")]
+    pub time_to_mitigate: Option<Duration>,
+    /// `recovered_at` − `injected_at` (a duration, `"12s 345ms"`).
+    #[serde(with = "levee_agent::policy::duration::option")]
+    #[schema(value_type = Option<String>, example = "12s 345ms")]
+    pub time_to_recover: Option<Duration>,
     /// The runbooks of the features whose dependency the fault hit.
     pub runbooks: Vec<Runbook>,
     /// The above in words, a line each (what `levee experiment get` prints).
@@ -112,7 +120,9 @@ pub fn compute(
         .collect();
     let mut levers: Vec<Lever> = audit
         .iter()
-        .filter(|a| during(a.at) && a.outcome == "ok" && LEVER_ACTIONS.contains(&a.action.as_str()))
+        .filter(|a| {
+            during(a.at) && a.outcome == AuditOutcome::Ok && LEVER_ACTIONS.contains(&a.action.as_str())
+        })
         .filter(|a| a.environment.as_deref() == Some(e.environment.as_str()))
         .filter(|a| match a.service.as_deref() {
             Some(s) => s == e.service,
@@ -141,7 +151,7 @@ pub fn compute(
             _ => {}
         }
     }
-    let since = |at: Option<i64>| at.zip(injected).map(|(a, i)| a - i);
+    let since = |at: Option<i64>| at.zip(injected).map(|(a, i)| Duration::from_millis((a - i).max(0) as u64));
     let runbooks = match (spec, cfg) {
         (Some(spec), Some(cfg)) => cfg
             .policy
@@ -159,9 +169,9 @@ pub fn compute(
     };
     let mut r = GameDayReport {
         injected_at: injected,
-        time_to_detect_ms: since(looks.first().map(|l| l.at)),
-        time_to_mitigate_ms: since(levers.first().map(|l| l.at)),
-        time_to_recover_ms: since(recovered_at),
+        time_to_detect: since(looks.first().map(|l| l.at)),
+        time_to_mitigate: since(levers.first().map(|l| l.at)),
+        time_to_recover: since(recovered_at),
         first_look: looks.first().cloned(),
         first_lever: levers.first().cloned(),
         looks,
@@ -177,7 +187,7 @@ pub fn compute(
 
 /// The report in words: the three times with who did what, then the runbooks.
 fn summary(r: &GameDayReport) -> Vec<String> {
-    let time = |ms: Option<i64>| ms.map_or_else(|| "not yet".to_string(), in_words);
+    let time = |d: Option<Duration>| d.map_or_else(|| "not yet".to_string(), duration::format);
     let at = |ms: i64| Timestamp::from_unix_ms(ms).to_string();
     let mut out = Vec::new();
     if r.injected_at.is_none() {
@@ -185,16 +195,16 @@ fn summary(r: &GameDayReport) -> Vec<String> {
     }
     let look =
         r.first_look.as_ref().map(|l| format!(" ({} opened the service's page at {})", l.by, at(l.at)));
-    out.push(format!("time to detect   {}{}", time(r.time_to_detect_ms), look.unwrap_or_default()));
+    out.push(format!("time to detect   {}{}", time(r.time_to_detect), look.unwrap_or_default()));
     let lever =
         r.first_lever.as_ref().map(|l| format!(" ({}: {} of {} at {})", l.by, l.action, l.target, at(l.at)));
-    out.push(format!("time to mitigate {}{}", time(r.time_to_mitigate_ms), lever.unwrap_or_default()));
+    out.push(format!("time to mitigate {}{}", time(r.time_to_mitigate), lever.unwrap_or_default()));
     let held = match (r.recovered_at, r.first_violation_at) {
         (Some(t), _) => format!(" (the hypothesis held again at {})", at(t)),
         (None, None) if r.injected_at.is_some() => " (the hypothesis has not been violated)".to_string(),
         _ => String::new(),
     };
-    out.push(format!("time to recover  {}{held}", time(r.time_to_recover_ms)));
+    out.push(format!("time to recover  {}{held}", time(r.time_to_recover)));
     for b in &r.runbooks {
         let owner = if b.owner.is_empty() { "no owner recorded" } else { &b.owner };
         let book = if b.runbook.is_empty() { "no runbook recorded" } else { &b.runbook };
@@ -230,15 +240,6 @@ pub async fn report(
     }
     let cfg = store.latest_snapshot(&e.environment, &e.service).await?.and_then(|s| s.config().ok());
     Ok(compute(e, spec, &looks, &audit, readings, cfg.as_ref()))
-}
-
-/// A duration in ms as people read it: `42.3 s`, `3 min 5 s`.
-pub fn in_words(ms: i64) -> String {
-    if ms < 60_000 {
-        format!("{:.1} s", ms as f64 / 1000.0)
-    } else {
-        format!("{} min {} s", ms / 60_000, (ms % 60_000) / 1000)
-    }
 }
 
 /// A game day's moments in its timeline (`report.timeline`): each person's first look
@@ -284,7 +285,7 @@ mod tests {
         }
     }
 
-    fn audit(id: i64, at: i64, action: &str, service: Option<&str>, outcome: &str) -> AuditRow {
+    fn audit(id: i64, at: i64, action: &str, service: Option<&str>, outcome: AuditOutcome) -> AuditRow {
         AuditRow {
             id,
             at,
@@ -293,7 +294,7 @@ mod tests {
             environment: Some("prod".into()),
             service: service.map(Into::into),
             target: "recommendations.enabled".into(),
-            outcome: outcome.into(),
+            outcome,
             ..Default::default()
         }
     }
@@ -315,12 +316,12 @@ mod tests {
             GameDayView { viewer: "carol".into(), at: 15_000 },
         ];
         let rows = [
-            audit(1, 9_500, "flag.set", Some("checkout"), "ok"),
-            audit(2, 16_000, "flag.set", Some("other"), "ok"),
-            audit(3, 17_000, "flag.set", Some("checkout"), "rejected"),
-            audit(5, 21_000, "flag.set", Some("checkout"), "ok"),
-            audit(4, 19_000, "profile.apply", None, "ok"),
-            audit(6, 20_000, "fault.set", Some("checkout"), "ok"),
+            audit(1, 9_500, "flag.set", Some("checkout"), AuditOutcome::Ok),
+            audit(2, 16_000, "flag.set", Some("other"), AuditOutcome::Ok),
+            audit(3, 17_000, "flag.set", Some("checkout"), AuditOutcome::Rejected),
+            audit(5, 21_000, "flag.set", Some("checkout"), AuditOutcome::Ok),
+            audit(4, 19_000, "profile.apply", None, AuditOutcome::Ok),
+            audit(6, 20_000, "fault.set", Some("checkout"), AuditOutcome::Ok),
         ];
         let readings = [
             reading(10_500, vec![Some(true), None]),
@@ -336,9 +337,18 @@ mod tests {
         assert_eq!((first.at, first.action.as_str(), first.by.as_str()), (19_000, "profile.apply", "user4"));
         assert_eq!(r.levers.iter().map(|l| l.audit_id).collect::<Vec<_>>(), [4, 5]);
         assert_eq!((r.first_violation_at, r.recovered_at), (Some(12_000), Some(22_000)));
+        let s = Duration::from_secs;
         assert_eq!(
-            (r.time_to_detect_ms, r.time_to_mitigate_ms, r.time_to_recover_ms),
-            (Some(4_000), Some(9_000), Some(12_000))
+            (r.time_to_detect, r.time_to_mitigate, r.time_to_recover),
+            (Some(s(4)), Some(s(9)), Some(s(12)))
+        );
+        assert_eq!(
+            r.summary[0],
+            "time to detect   4s (bob opened the service's page at 1970-01-01T00:00:14.000Z)"
+        );
+        assert_eq!(
+            r.summary[1],
+            "time to mitigate 9s (user4: profile.apply of recommendations.enabled at 1970-01-01T00:00:19.000Z)"
         );
     }
 
@@ -349,11 +359,11 @@ mod tests {
         let mut e = row();
         e.injected_at = None;
         let looks = [GameDayView { viewer: "bob".into(), at: 14_000 }];
-        let rows = [audit(1, 15_000, "flag.set", Some("checkout"), "ok")];
+        let rows = [audit(1, 15_000, "flag.set", Some("checkout"), AuditOutcome::Ok)];
         let r = compute(&e, None, &looks, &rows, &[reading(12_000, vec![Some(false)])], None);
         assert_eq!((r.first_look, r.first_lever, r.first_violation_at), (None, None, None));
         let r = compute(&row(), None, &[], &[], &[reading(12_000, vec![Some(true)])], None);
-        assert_eq!((r.first_violation_at, r.recovered_at, r.time_to_recover_ms), (None, None, None));
-        assert_eq!((in_words(42_345), in_words(185_000)), ("42.3 s".to_string(), "3 min 5 s".to_string()));
+        assert_eq!((r.first_violation_at, r.recovered_at, r.time_to_recover), (None, None, None));
+        assert_eq!(r.summary[2], "time to recover  not yet (the hypothesis has not been violated)");
     }
 }

@@ -21,10 +21,17 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::TestApp;
-use crate::support::{Api, shop};
+use crate::support::{Api, shop_reporting_every};
 
 const PASSWORD: &str = "game-day-password-1234";
 const SERVICE_PAGE: &str = "/ui/environments/prod/services/checkout";
+
+/// A duration of the report (`"12s 345ms"`), in ms.
+fn dur_ms(v: &Value) -> i64 {
+    levee_agent::policy::duration::parse(v.as_str().unwrap_or_else(|| panic!("a duration: {v}")))
+        .unwrap()
+        .as_millis() as i64
+}
 
 fn ms(v: &Value) -> i64 {
     Timestamp::parse(v.as_str().unwrap_or_else(|| panic!("a time: {v}"))).unwrap().unix_ms()
@@ -144,7 +151,7 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
         .send_with(
             Method::PUT,
             "/environments/prod/services/checkout/policy",
-            Some(json!({"reason": "e2e game day", "policy": {"dependencies": {
+            Some(json!({"reason": "e2e game day", "staged": false, "policy": {"dependencies": {
                 "pricing": {"criticality": "critical", "attempt_timeout": "300ms"},
                 "recommendations": {"criticality": "non_critical", "attempt_timeout": "1s", "fallback": "generic",
                                     "enabled_flag": "recommendations.enabled"}},
@@ -164,8 +171,11 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
     let caches = tempfile::tempdir().unwrap();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut shops = Vec::new();
+    // A reading sums each instance's last report: a report every second holds a few of
+    // the slowed instance's calls (each takes 400 ms more), not one in four.
     for name in ["shop-a", "shop-b"] {
-        shops.push(shop(&app.grpc, &token, caches.path(), name, &stop).await);
+        let every = Duration::from_secs(1);
+        shops.push(shop_reporting_every(&app.grpc, &token, caches.path(), name, &stop, every).await);
     }
 
     // Recommendations 400 ms slower on one instance: the p99 of checkout's calls to it
@@ -261,13 +271,13 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
         audit.as_array().unwrap().iter().find(|a| a["actor"] == "bob").expect("bob's flip in the audit");
     assert_eq!(g["first_look"]["by"], "carol", "{g:#}");
     assert_eq!(ms(&g["first_look"]["at"]), look);
-    assert_eq!(g["time_to_detect_ms"].as_i64(), Some(look - injected), "{g:#}");
+    assert_eq!(dur_ms(&g["time_to_detect"]), look - injected, "{g:#}");
     assert_eq!(
         (g["first_lever"]["by"].as_str(), g["first_lever"]["action"].as_str()),
         (Some("bob"), Some("flag.set"))
     );
     assert_eq!(g["first_lever"]["audit_id"], flip["id"], "{g:#}");
-    assert_eq!(g["time_to_mitigate_ms"].as_i64(), Some(ms(&flip["at"]) - injected), "{g:#}");
+    assert_eq!(dur_ms(&g["time_to_mitigate"]), ms(&flip["at"]) - injected, "{g:#}");
     // The recovery is the first reading after the flip's effect with nothing violated.
     let recovered = ms(&g["recovered_at"]);
     assert!(recovered > ms(&flip["at"]), "recovered before the flip: {g:#}");
@@ -278,7 +288,7 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
         readings.iter().any(|x| ms(&x["at"]) < recovered && x["holds"][0] == false),
         "violated before: {r:#}"
     );
-    assert_eq!(g["time_to_recover_ms"].as_i64(), Some(recovered - injected));
+    assert_eq!(dur_ms(&g["time_to_recover"]), recovered - injected);
     assert_eq!(
         g["runbooks"],
         json!([{"feature": "Personal recommendations", "owner": "growth team",
@@ -293,7 +303,7 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
     // Ended: everyone sees all of it; the CLI prints the three times and the runbook.
     let r = report(&carol.api, id).await;
     assert_eq!(r["experiment"]["hidden"], false, "{r:#}");
-    assert_eq!(r["game_day"]["time_to_mitigate_ms"], r_end["game_day"]["time_to_mitigate_ms"]);
+    assert_eq!(r["game_day"]["time_to_mitigate"], r_end["game_day"]["time_to_mitigate"]);
     assert_eq!(r["experiment"]["spec"]["fault"]["dependency"], "recommendations");
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_levee"))
         .args(["experiment", "get", &id.to_string()])

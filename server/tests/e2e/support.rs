@@ -257,12 +257,25 @@ pub async fn shop(
     name: &str,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Shop {
+    shop_reporting_every(grpc, token, cache, name, stop, Duration::from_millis(100)).await
+}
+
+/// [`shop`] with its agent reporting its health every `status_interval`: a window long
+/// enough to hold several of its slowest calls.
+pub async fn shop_reporting_every(
+    grpc: &str,
+    token: &str,
+    cache: &Path,
+    name: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    status_interval: Duration,
+) -> Shop {
     let agent = Agent::builder(grpc, token, "prod", "checkout")
         .instance_name(name)
         .cache_dir(cache.join(name))
         .defaults(crate::checkout_app::safe_defaults())
         .sync_settings(levee_agent::SyncClientSettings {
-            status_interval: Duration::from_millis(100),
+            status_interval,
             min_report_gap: Duration::from_millis(50),
             ..fast_sync()
         })
