@@ -47,6 +47,18 @@ pub fn sees_injected(e: &ExperimentRow, who: &Principal) -> bool {
     !is_game_day(e) || e.ended_at.is_some() || who.role == Role::Admin || started(e, who)
 }
 
+/// Experiment `e` as shown to someone who may not see what it injected (see
+/// [`sees_injected`]): its name, spec, reason, instances and the fault's times left out.
+pub fn hide_injected(e: &mut ExperimentRow) {
+    e.name = "game day".into();
+    e.spec = String::new();
+    e.reason = String::new();
+    e.instances = None;
+    e.injected_at = None;
+    e.fault_expires_at = None;
+    e.fault_removed_at = None;
+}
+
 /// The game days running on `env`/`svc` (not ended), oldest first.
 ///
 /// # Errors

@@ -241,19 +241,17 @@ pub async fn stop(
 
 /// Experiment `e` as `who` may see it: a game day still running shows players only that
 /// it runs, where, by whom and since when (see [`ExperimentView::hidden`]).
-pub fn view_for(e: ExperimentRow, who: &Principal) -> ExperimentView {
+pub fn view_for(mut e: ExperimentRow, who: &Principal) -> ExperimentView {
     let shown = crate::actions::sees_injected(&e, who);
+    if !shown {
+        crate::actions::hide_injected(&mut e);
+    }
     let mut v = ExperimentView::from(e);
     if !shown {
+        // Only a running game day is hidden (its spec, which says so, is left out).
+        v.game_day = true;
         v.hidden = true;
-        v.name = "game day".into();
-        v.spec = Value::Null;
-        v.reason = String::new();
         v.fault_id = String::new();
-        v.instances = None;
-        v.injected_at = None;
-        v.fault_expires_at = None;
-        v.fault_removed_at = None;
     }
     v
 }

@@ -82,6 +82,12 @@ pub async fn list(
         .experiments(Some(&env), service.as_deref())
         .await?
         .into_iter()
+        .map(|mut x| {
+            if !crate::actions::sees_injected(&x, &user.principal) {
+                crate::actions::hide_injected(&mut x);
+            }
+            x
+        })
         .map(|x| Line {
             url: page_url(&env, x.id),
             id: x.id,
@@ -267,6 +273,8 @@ impl DefineForm {
             recovery,
             abort_after,
             hypothesis,
+            // Game days are started from the API or the CLI (docs/experiments.md).
+            game_day: false,
         };
         if !errors.is_empty() {
             // What could be read is checked too, so every bad field shows at once.
@@ -718,6 +726,10 @@ struct ExperimentPage {
     timeline: Vec<(When, String, String, String)>,
     stop_url: String,
     notice: Option<String>,
+    /// A game day: whether what it injected is hidden from the viewer.
+    game_day_hidden: bool,
+    /// A game day's measures in words (time to detect, mitigate, recover; runbooks).
+    game_day: Vec<String>,
 }
 
 /// Query of the experiment page.
@@ -741,8 +753,21 @@ pub async fn page(
     Path((env, id)): Path<(String, i64)>,
     Query(q): Query<DoneQuery>,
 ) -> Result<Response, UiError> {
-    let e = experiment(&s, &env, id).await?;
-    let r = report::report(&e, s.store.experiment_readings(id).await?)?;
+    let mut e = experiment(&s, &env, id).await?;
+    // A game day still running shows its players only that it runs, by whom and since when.
+    let shown = crate::actions::sees_injected(&e, &user.principal);
+    if !shown {
+        crate::actions::hide_injected(&mut e);
+    }
+    let stored = if shown { s.store.experiment_readings(id).await? } else { Vec::new() };
+    let mut r = report::report(&e, stored)?;
+    let game_day = if shown && crate::actions::is_game_day(&e) {
+        let g = crate::experiments::game_day::report(&s.store, &e, r.spec.as_ref(), &r.readings).await?;
+        crate::experiments::game_day::moments(&g, &mut r.timeline);
+        g.summary
+    } else {
+        Vec::new()
+    };
     let fault = r
         .spec
         .as_ref()
@@ -811,6 +836,8 @@ pub async fn page(
         timeline,
         stop_url: format!("{}/stop", page_url(&env, id)),
         notice: q.done,
+        game_day_hidden: !shown,
+        game_day,
         env,
         e,
     };

@@ -111,16 +111,21 @@ async fn player(admin: &Api, name: &str, role: &str) -> Person {
 /// Opens the service's page in the console as `who` (their session cookie), as a browser
 /// navigating to it (`document`) or as the live script refetching it (`empty`).
 async fn open_page(who: &Person, dest: &str) -> String {
+    open(who, SERVICE_PAGE, dest).await
+}
+
+/// Opens `path` in the console as `who`.
+async fn open(who: &Person, path: &str, dest: &str) -> String {
     let res = who
         .api
         .client
-        .get(format!("{}{SERVICE_PAGE}", who.api.base))
+        .get(format!("{}{path}", who.api.base))
         .header("cookie", &who.cookies)
         .header("sec-fetch-dest", dest)
         .send()
         .await
         .unwrap();
-    assert!(res.status().is_success(), "the service page answered {}", res.status());
+    assert!(res.status().is_success(), "{path} answered {}", res.status());
     res.text().await.unwrap()
 }
 
@@ -219,6 +224,12 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
         assert_eq!(list[0]["hidden"], true, "{list:#}");
         assert!(list[0]["spec"].is_null(), "{list:#}");
     }
+    // The console's experiment page and list say the same.
+    let experiment_page = format!("/ui/environments/prod/experiments/{id}");
+    let page = open(&carol, &experiment_page, "document").await;
+    assert!(page.contains("id=\"game-day-hidden\"") && !page.contains("400ms"), "{page}");
+    let list = open(&carol, "/ui/environments/prod/experiments", "document").await;
+    assert!(list.contains("game day") && !list.contains("recs-slow"), "{list}");
     // The admin who started it sees everything, its looks included (none yet: their own
     // page views are not looks).
     let page = open_page(&starter, "document").await;
@@ -300,6 +311,11 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
         assert!(events.contains(&e), "no {e} in {events:?}");
     }
 
+    let page = open(&carol, &experiment_page, "document").await;
+    assert!(
+        page.contains("Game day: how fast the team reacted") && page.contains("time to mitigate"),
+        "{page}"
+    );
     // Ended: everyone sees all of it; the CLI prints the three times and the runbook.
     let r = report(&carol.api, id).await;
     assert_eq!(r["experiment"]["hidden"], false, "{r:#}");
