@@ -512,6 +512,10 @@ const PAGES: &[(&str, &str)] = &[
     ),
     ("/ui/environments/{env}/rollouts/{id}", "/ui/environments/prod/rollouts/1"),
     ("/ui/environments/{env}/rollouts/{id}/confirm", "/ui/environments/prod/rollouts/1/confirm?step=abort"),
+    ("/ui/environments/{env}/experiments", "/ui/environments/prod/experiments"),
+    ("/ui/environments/{env}/experiments/new", "/ui/environments/prod/experiments/new?service=checkout"),
+    ("/ui/environments/{env}/experiments/{id}", "/ui/environments/prod/experiments/1"),
+    ("/ui/environments/{env}/experiments/{id}/stop", "/ui/environments/prod/experiments/1/stop"),
 ];
 
 /// `GET` routes of the UI router that are not pages, and where a browser test uses them.
@@ -604,6 +608,20 @@ async fn browser_an_admin_opens_every_page_and_disables_a_user() {
     assert!(s.is_success(), "{b}");
     // What the rollout pages show: rollout 1, of another service (checkout stays at 2).
     start_rollout(&app, "cart").await;
+    // What the experiment pages show: experiment 1 (no agent: it ends without injecting).
+    let (s, _, b) = app
+        .api(
+            Method::POST,
+            "/experiments",
+            Some(json!({"reason": "test", "experiment": {
+                "name": "recs-down", "environment": "prod", "service": "checkout",
+                "fault": {"dependency": "recommendations", "action": {"type": "abort", "status": 503}},
+                "blast_radius": {"instances": 1},
+                "duration": "5s", "baseline": "0s", "recovery": "0s", "abort_after": "1s",
+                "hypothesis": [{"ready": true}]}})),
+        )
+        .await;
+    assert_eq!(b["id"], 1, "{s} {b}");
     let base = app.base.clone();
     login(&c, &base, "admin", crate::helpers::ADMIN_PASSWORD).await;
     for (route, path) in PAGES {
