@@ -161,7 +161,7 @@ impl ApiError {
     }
 
     /// 422 naming the one value refused.
-    fn invalid_field(e: FieldError) -> Self {
+    pub(super) fn invalid_field(e: FieldError) -> Self {
         ApiError::Invalid { detail: format!("invalid value: {e}"), errors: vec![e] }
     }
 

@@ -214,12 +214,15 @@ pub async fn create(
             policy: Box::new(need(req.policy, "policy", kind)?),
         },
         ChangeKind::Profile => Planned::Profile { name: need(req.profile, "profile", kind)? },
+        // A kind the document allows (approval rules name it) that the scheduler does not
+        // take: a valid request refused for what it asks, so 422, not 400.
         ChangeKind::Experiment => {
-            return Err(ApiError::bad_field(
-                "kind",
-                format!("{kind:?}"),
-                "must be flag, policy or profile: experiments are not scheduled (start one with POST /experiments)",
-            ));
+            return Err(ApiError::invalid_field(levee_agent::policy::FieldError {
+                path: "kind".into(),
+                value: format!("{kind:?}"),
+                message: "must be flag, policy or profile: experiments are not scheduled (start one with POST /experiments)"
+                    .into(),
+            }));
         }
     };
     let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };

@@ -142,10 +142,11 @@ async fn starting_an_experiment_where_a_rule_covers_them_proposes_it_for_a_secon
     assert_eq!(bypass["outcome"], "bypass");
     assert!(bypass["target"].as_str().unwrap().contains("experiment: experiment urgent"), "{bypass}");
 
-    // Experiments are not scheduled: the scheduler refuses the kind by name.
+    // Experiments are not scheduled: the scheduler refuses the kind by name (422: the
+    // document allows the word, approval rules name it).
     let body = json!({"kind": "experiment", "run_at": "2099-01-01T00:00:00Z", "reason": "later"});
     let (s, _, b) = app.call(Method::POST, "/api/v1/environments/prod/scheduled-changes", Some(body)).await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
     assert_eq!(b["errors"][0]["path"], "kind", "{b}");
     assert!(b["detail"].as_str().unwrap().contains("experiments are not scheduled"), "{b}");
 }
