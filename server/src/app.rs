@@ -176,6 +176,8 @@ pub struct Server {
     pub actions: crate::actions::Actions,
     /// Agents' health as this replica aggregates it, and the queries over it.
     pub health: crate::health::Health,
+    /// This replica's experiments (tests start scheduled ones with them explicitly).
+    pub experiments: crate::experiments::Experiments,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     /// Where the gRPC streams run (`crate::runtime`); last, so it stops after the rest.
@@ -413,7 +415,8 @@ impl Server {
             health.clone(),
             shutdown_rx.clone(),
         );
-        tasks.push(tokio::spawn(state.experiments.clone().watchdog()));
+        let experiments = state.experiments.clone();
+        tasks.push(tokio::spawn(experiments.clone().watchdog()));
         state.metrics_token =
             settings.metrics_token.as_ref().map(|t| crate::web::MetricsToken::new(t.expose()));
         let actions = state.actions.clone();
@@ -501,6 +504,7 @@ impl Server {
             hub,
             actions,
             health,
+            experiments,
             shutdown,
             tasks,
             sync_runtime,

@@ -8,7 +8,7 @@ use levee_agent::policy::{FaultRule, FieldError, ValidationErrors};
 use serde_json::json;
 
 use super::{Action, Actions, Actor, ChangeError, Missing, Proposal, Reason, audit_row};
-use crate::db::{ChangeKind, ExperimentRow, ExperimentState, RequestRow, Role, now_ms};
+use crate::db::{AuditRow, ChangeKind, ExperimentRow, ExperimentState, RequestRow, Role, now_ms};
 
 /// An experiment to start, its spec checked by the caller (`crate::experiments`).
 #[derive(Clone, Debug, PartialEq)]
@@ -119,6 +119,18 @@ impl Actions {
         reason: &Reason,
         new: &NewExperiment,
     ) -> Result<i64, ChangeError> {
+        let (row, audit) = self.experiment_row(by, reason, new);
+        Ok(self.store.insert_experiment(&row, &audit).await?)
+    }
+
+    /// Experiment `new` started by `by` as this replica records it (state `baseline`, run
+    /// here), and its `experiment.start` audit row.
+    pub(super) fn experiment_row(
+        &self,
+        by: &Actor,
+        reason: &Reason,
+        new: &NewExperiment,
+    ) -> (ExperimentRow, AuditRow) {
         let now = now_ms();
         let row = ExperimentRow {
             environment: new.environment.clone(),
@@ -138,7 +150,7 @@ impl Actions {
         audit.environment = Some(new.environment.clone());
         audit.service = Some(new.service.clone());
         audit.after = Some(new.spec.clone());
-        Ok(self.store.insert_experiment(&row, &audit).await?)
+        (row, audit)
     }
 
     /// Asks experiment `id` to stop (audited as `experiment.stop`): its run aborts at its

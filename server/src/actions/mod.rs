@@ -53,7 +53,9 @@ pub use environments::NewEnvironment;
 pub use error::{ChangeError, CreateError, Existing, Missing, TokenError};
 pub use experiments::{NewExperiment, Started, experiment_fault_id};
 pub use faults::NewFaultRule;
-pub use game_day::{LEVER_ACTIONS, hide_injected, is_game_day, running_game_days, sees_injected};
+pub use game_day::{
+    LEVER_ACTIONS, hide_injected, is_game_day, running_game_days, scheduled_as_seen, sees_injected,
+};
 pub use input::{
     BadInput, Broken, MAX_TEXT_CHARS, NAME_PATTERN, Name, REASON_BLANKS, REASON_PATTERN, Reason, ReasonError,
     check_text,

@@ -1,5 +1,5 @@
 //! Scheduled changes: a flag value, a policy or a profile application, due at a time, with
-//! an optional automatic revert.
+//! an optional automatic revert; or an experiment, started when due.
 //!
 //! A change is stored (it survives a restart) with what its target looked like when it was
 //! scheduled. When it is due, one replica claims it ([`Store::claim_change`], a conditional
@@ -22,13 +22,19 @@
 //! `schedule.run` naming the replica whose lease expired, and logged. A run records its
 //! end only while it still holds the claim.
 //!
+//! An experiment is claimed, checked and started the same way, by
+//! [`Actions::start_due_experiment`], which `crate::experiments` calls since it runs what
+//! starts; [`Actions::run_due_changes`] leaves experiments to it. The change's end and the
+//! experiment are recorded in one transaction, conditionally on the claim, so a change
+//! taken over never starts a second experiment.
+//!
 //! [`Store::claim_change`]: crate::db::Store::claim_change
 
 use levee_agent::policy::{FieldError, Policy, ServiceConfig, Timestamp};
 use serde_json::{Value, json};
 
 use super::overrides::in_future;
-use super::{Action, Actions, Actor, ChangeError, Missing, Reason, ServiceAt, audit_row};
+use super::{Action, Actions, Actor, ChangeError, Missing, NewExperiment, Reason, ServiceAt, audit_row};
 use crate::db::{AuditOutcome, AuditRow, ChangeKind, Claimed, Role, ScheduledRow, ScheduledState, now_ms};
 
 /// How long a claim on a scheduled change holds. Far longer than a run takes (a few
@@ -44,6 +50,9 @@ pub enum Planned {
     Policy { service: String, policy: Box<Policy> },
     /// Applies a profile of the environment until the change's `revert_at` (required).
     Profile { name: String },
+    /// Starts an experiment (its spec checked by `crate::experiments`); it ends by itself
+    /// after its duration, so it has no `revert_at`.
+    Experiment(Box<NewExperiment>),
 }
 
 /// A change to schedule.
@@ -169,6 +178,29 @@ impl Actions {
                 row.payload = json!({"expires_at": until}).to_string();
                 row.revert_at = None; // the profile's expiry is its revert, in the agents too
             }
+            Planned::Experiment(exp) => {
+                by.may(Action::ExperimentStart)?;
+                if exp.environment != env {
+                    return Err(bad(
+                        "environment",
+                        format!("{:?}", exp.environment),
+                        format!("must be the scheduled change's environment ({env})"),
+                    ));
+                }
+                if let Some(r) = new.revert_at {
+                    return Err(bad(
+                        "revert_at",
+                        r.to_string(),
+                        "an experiment ends by itself after its duration: leave revert_at out",
+                    ));
+                }
+                self.gate(by, &env, ChangeKind::Experiment, &format!("experiment {}", exp.name)).await?;
+                self.check_experiment(exp).await?;
+                row.service = Some(exp.service.clone());
+                row.kind = ChangeKind::Experiment;
+                row.target = exp.name.clone();
+                row.payload = exp.spec.clone();
+            }
         }
         let mut audit = audit_row(by, reason, Action::ScheduleCreate, describe(&row));
         audit.environment = Some(env.clone());
@@ -280,7 +312,12 @@ impl Actions {
     pub async fn run_due_changes(&self, now: Timestamp) -> Result<usize, ChangeError> {
         let mut n = 0;
         let until = now.unix_ms() + SCHEDULE_LEASE.as_millis() as i64;
-        for id in self.store.due_changes(now.unix_ms()).await? {
+        for (id, kind) in self.store.due_changes(now.unix_ms()).await? {
+            // An experiment starts a run, which `crate::experiments` owns: it claims and
+            // starts due experiments itself (`start_due_experiment`).
+            if kind == ChangeKind::Experiment {
+                continue;
+            }
             let Some(claimed) = self.store.claim_change(id, &self.replica, now.unix_ms(), until).await?
             else {
                 continue;
@@ -299,6 +336,83 @@ impl Actions {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Claims scheduled experiment `id` when it is due at `now` (or its claim expired) and
+    /// starts it as its author is now, under the approval rules in force now (see the
+    /// module documentation): recorded in state `baseline`, run by this replica, in the
+    /// transaction that records the change as applied. `new` reads the experiment from the
+    /// change's payload (its spec, checked as `crate::experiments` checks one). Returns the
+    /// experiment's id, for the caller to run it; `None` when another
+    /// replica holds the change, or when it did not start: its end (`failed`, with why)
+    /// is then recorded and audited as `schedule.run`.
+    ///
+    /// # Errors
+    /// [`ChangeError::Storage`] when the change cannot be claimed.
+    pub async fn start_due_experiment(
+        &self,
+        id: i64,
+        now: Timestamp,
+        new: impl FnOnce(&str) -> Result<NewExperiment, ChangeError>,
+    ) -> Result<Option<i64>, ChangeError> {
+        let until = now.unix_ms() + SCHEDULE_LEASE.as_millis() as i64;
+        let Some(claimed) = self.store.claim_change(id, &self.replica, now.unix_ms(), until).await? else {
+            return Ok(None);
+        };
+        let c = &claimed.change;
+        if let Some(dead) = &claimed.reclaimed_from {
+            tracing::warn!(id, previous = %dead, "scheduled experiment left running by an expired claim: taking it over");
+        }
+        let reason = Reason::by_server(format!("{} (scheduled change {})", c.reason, c.id));
+        let by = match self.author_now(c).await {
+            Ok(by) => by,
+            Err(e) => {
+                self.not_started(&self.author(c, Role::Viewer), &reason, &claimed, &e).await;
+                return Ok(None);
+            }
+        };
+        let started: Result<Option<i64>, ChangeError> = async {
+            by.may(Action::ExperimentStart)?;
+            let exp = new(&c.payload)?;
+            self.gate(&by, &c.environment, ChangeKind::Experiment, &format!("experiment {}", exp.name))
+                .await?;
+            self.check_experiment(&exp).await?;
+            let (row, audit) = self.experiment_row(&by, &reason, &exp);
+            Ok(self.store.insert_scheduled_experiment(&row, &audit, c.id, &self.replica).await?)
+        }
+        .await;
+        match started {
+            Ok(Some(eid)) => Ok(Some(eid)),
+            Ok(None) => {
+                tracing::error!(
+                    id,
+                    "scheduled experiment taken over by another run before this one started it"
+                );
+                Ok(None)
+            }
+            Err(e) => {
+                self.not_started(&by, &reason, &claimed, &e).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Records and audits that scheduled experiment `claimed` did not start, for `e`.
+    async fn not_started(&self, by: &Actor, reason: &Reason, claimed: &Claimed, e: &ChangeError) {
+        let c = &claimed.change;
+        let mut ran = Ran::failed(e);
+        ran.outcome = format!("not started: {}", ran.outcome);
+        if let Some(dead) = &claimed.reclaimed_from {
+            ran.outcome = format!("taken over after the claim of {dead} expired: {}", ran.outcome);
+        }
+        self.audit_run(by, reason, c, &ran).await;
+        match self.store.finish_change(c.id, &self.replica, ran.state, &ran.outcome, None).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::error!(id = c.id, outcome = %ran.outcome, "scheduled experiment taken over by another run before this one recorded its end")
+            }
+            Err(e) => tracing::error!(error = ?e, id = c.id, "recording how a scheduled experiment ended"),
+        }
     }
 
     /// Schedules the revert of applied change `c`, due at its `revert_at`: it puts `before`
@@ -466,11 +580,11 @@ impl Actions {
                         revision: None,
                     })
                 }
-                // Not stored: the API refuses to schedule an experiment, and the table's
-                // CHECK has no such kind.
+                // Never claimed here (`run_due_changes` leaves them to
+                // `start_due_experiment`, whose run needs `crate::experiments`).
                 ChangeKind::Experiment => Ok(Ran {
                     state: ScheduledState::Failed,
-                    outcome: "experiments are not scheduled: not applied".into(),
+                    outcome: "an experiment is started by start_due_experiment: not applied".into(),
                     revision: None,
                 }),
             }
@@ -565,7 +679,8 @@ impl Actions {
     }
 }
 
-/// What a scheduled change targets, in words: `flag KEY`, `policy`, `profile NAME`.
+/// What a scheduled change targets, in words: `flag KEY`, `policy`, `profile NAME`,
+/// `experiment NAME`.
 pub fn describe(c: &ScheduledRow) -> String {
     match c.kind {
         ChangeKind::Flag => format!("flag {}", c.target),

@@ -161,7 +161,7 @@ impl ApiError {
     }
 
     /// 422 naming the one value refused.
-    pub(super) fn invalid_field(e: FieldError) -> Self {
+    fn invalid_field(e: FieldError) -> Self {
         ApiError::Invalid { detail: format!("invalid value: {e}"), errors: vec![e] }
     }
 

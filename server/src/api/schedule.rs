@@ -1,5 +1,6 @@
 //! Scheduled changes of an environment: a flag value, a policy or a profile application at
-//! a time, with an optional automatic revert; rescheduled or cancelled while pending.
+//! a time, with an optional automatic revert, or an experiment started at a time;
+//! rescheduled or cancelled while pending.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -13,19 +14,21 @@ use super::requests::{change_kind, need};
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewSchedule, Planned, Reason};
 use crate::db::{ChangeKind, ScheduledRow, ScheduledState};
+use crate::experiments::{ExperimentSpec, new_experiment};
 use crate::web::{AppState, RequestId};
 
 /// A scheduled change and how it ended.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ScheduledView {
     pub id: i64,
-    /// The service of a flag or policy change; `null` for a profile.
+    /// The service of a flag, policy or experiment change; `null` for a profile.
     pub service: Option<String>,
-    /// `flag`, `policy` or `profile`.
+    /// `flag`, `policy`, `profile` or `experiment`.
     pub kind: String,
-    /// The flag key, `policy`, or the profile name.
+    /// The flag key, `policy`, the profile name, or the experiment's name.
     pub target: String,
-    /// What is set: the flag value, the policy, or `{"expires_at": …}` of a profile.
+    /// What is set: the flag value, the policy, `{"expires_at": …}` of a profile, or the
+    /// experiment's spec.
     #[schema(value_type = Object)]
     pub value: Value,
     /// When it is applied.
@@ -54,6 +57,8 @@ pub struct ScheduledView {
     pub outcome: Option<String>,
     /// The revision it made.
     pub revision: Option<u64>,
+    /// The experiment a scheduled experiment started (`GET /experiments/{id}`).
+    pub experiment_id: Option<i64>,
     /// When it ended (applied, conflict, failed, cancelled).
     #[serde(with = "levee_agent::policy::rfc3339::option")]
     #[schema(value_type = Option<String>, format = DateTime)]
@@ -87,6 +92,7 @@ impl From<ScheduledRow> for ScheduledView {
             reason: c.reason,
             outcome: c.outcome,
             revision: c.revision,
+            experiment_id: c.experiment_id,
             finished_at: c.finished_at,
             claimed_by: c.claimed_by,
             claim_expires_at: c.claim_expires_at,
@@ -96,11 +102,12 @@ impl From<ScheduledRow> for ScheduledView {
 
 /// Body of `POST .../scheduled-changes`. `kind` says which fields it needs: `flag` —
 /// `service`, `flag`, `value`; `policy` — `service`, `policy`; `profile` — `profile` and
-/// `revert_at` (its expiry).
+/// `revert_at` (its expiry); `experiment` — `experiment` (as `POST /experiments` takes it;
+/// no `revert_at`: it ends by itself).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewScheduled {
-    /// `flag`, `policy` or `profile`.
+    /// `flag`, `policy`, `profile` or `experiment`.
     pub kind: String,
     #[serde(default)]
     pub service: Option<String>,
@@ -117,6 +124,9 @@ pub struct NewScheduled {
     /// The profile to apply.
     #[serde(default)]
     pub profile: Option<String>,
+    /// The experiment to start, in the environment of the path.
+    #[serde(default)]
+    pub experiment: Option<ExperimentSpec>,
     /// When to apply it (in the future).
     pub run_at: Timestamp,
     /// When to put back what it replaced (after `run_at`); for a profile, its expiry.
@@ -162,12 +172,12 @@ fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     params(("env" = String, Path), ListQuery), responses((status = 200, body = [ScheduledView])))]
 pub async fn list(
     State(s): State<AppState>,
-    _a: Auth,
+    a: Auth,
     Path(env): Path<String>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Vec<ScheduledView>>> {
     let rows = s.store.scheduled_changes(&env, q.service.as_deref()).await?;
-    Ok(Json(rows.into_iter().map(Into::into).collect()))
+    seen(&s, rows, &a).await
 }
 
 /// One scheduled change.
@@ -176,7 +186,7 @@ pub async fn list(
     responses((status = 200, body = ScheduledView), (status = 404, body = super::Problem)))]
 pub async fn get_one(
     State(s): State<AppState>,
-    _a: Auth,
+    a: Auth,
     Path((env, id)): Path<(String, i64)>,
 ) -> ApiResult<Json<ScheduledView>> {
     let c = s
@@ -185,7 +195,7 @@ pub async fn get_one(
         .await?
         .filter(|c| c.environment == env)
         .ok_or_else(|| ApiError::NotFound(format!("no scheduled change {id} in environment {env:?}")))?;
-    Ok(Json(c.into()))
+    one_seen(&s, c, &a).await
 }
 
 /// Schedules a change (operator, and the role of the change itself).
@@ -214,15 +224,8 @@ pub async fn create(
             policy: Box::new(need(req.policy, "policy", kind)?),
         },
         ChangeKind::Profile => Planned::Profile { name: need(req.profile, "profile", kind)? },
-        // A kind the document allows (approval rules name it) that the scheduler does not
-        // take: a valid request refused for what it asks, so 422, not 400.
         ChangeKind::Experiment => {
-            return Err(ApiError::invalid_field(levee_agent::policy::FieldError {
-                path: "kind".into(),
-                value: format!("{kind:?}"),
-                message: "must be flag, policy or profile: experiments are not scheduled (start one with POST /experiments)"
-                    .into(),
-            }));
+            Planned::Experiment(Box::new(new_experiment(&need(req.experiment, "experiment", kind)?)?))
         }
     };
     let new = NewSchedule { env, change, run_at: req.run_at, revert_at: req.revert_at };
@@ -248,7 +251,7 @@ pub async fn reschedule(
     let reason = Reason::parse(&req.reason)?;
     same_env(&s, &env, id).await?;
     let c = s.actions.reschedule_change(&by, &reason, id, Some(req.run_at), req.revert_at).await?;
-    Ok(Json(c.into()))
+    one_seen(&s, c, &auth).await
 }
 
 /// Cancels a pending change (operator).
@@ -266,7 +269,19 @@ pub async fn cancel(
     let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
     same_env(&s, &env, id).await?;
     let c = s.actions.reschedule_change(&by, &reason, id, None, None).await?;
-    Ok(Json(c.into()))
+    one_seen(&s, c, &auth).await
+}
+
+/// Scheduled changes as the caller may see them: a scheduled game day hides what it would
+/// inject from its players (`actions::scheduled_as_seen`).
+async fn seen(s: &AppState, rows: Vec<ScheduledRow>, a: &Auth) -> ApiResult<Json<Vec<ScheduledView>>> {
+    let rows = crate::actions::scheduled_as_seen(&s.store, rows, &a.principal).await?;
+    Ok(Json(rows.into_iter().map(Into::into).collect()))
+}
+
+async fn one_seen(s: &AppState, c: ScheduledRow, a: &Auth) -> ApiResult<Json<ScheduledView>> {
+    let Json(mut v) = seen(s, vec![c], a).await?;
+    Ok(Json(v.pop().expect("one row in, one out")))
 }
 
 async fn same_env(s: &AppState, env: &str, id: i64) -> ApiResult<()> {

@@ -3,9 +3,14 @@
 //!
 //! Exit codes of `run --wait` (and `get` of an ended experiment): 0 passed, 3 failed,
 //! 4 aborted (including "nothing was injected": the hypothesis did not hold before),
-//! 6 never started (its change request was rejected, or its approval void), 1 the
-//! experiment could not be started or followed. `run` without `--wait` exits 0 once the
-//! experiment started, 5 when approval is pending.
+//! 6 never started (its change request was rejected, or its approval void; scheduled with
+//! `--at`, it could not start when due), 1 the experiment could not be started or
+//! followed. `run` without `--wait` exits 0 once the experiment started (or was scheduled),
+//! 5 when approval is pending.
+//!
+//! `run --at TIME` schedules the experiment instead (a scheduled change of kind
+//! `experiment`, started by the server when due, as its author is then); with `--wait` it
+//! waits for the start and follows the experiment to its verdict.
 //!
 //! Where the environment's approval rules cover experiments, `run` proposes the experiment
 //! as a change request and says so; with `--wait` it waits for another person's decision,
@@ -16,6 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use levee_agent::policy::Timestamp;
 use reqwest::Method;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,8 +35,8 @@ pub const EXIT_ABORTED: u8 = 4;
 /// Exit code of `run` without `--wait` where approval is pending: nothing started yet.
 pub const EXIT_PENDING: u8 = 5;
 /// Exit code of `run --wait` whose change request was rejected or whose approval was
-/// void: nothing started.
-pub const EXIT_NOT_APPROVED: u8 = 6;
+/// void, or whose scheduled start failed when due: nothing started.
+pub const EXIT_NOT_STARTED: u8 = 6;
 
 /// `levee experiment …`.
 #[derive(Debug, clap::Subcommand)]
@@ -40,8 +46,12 @@ pub enum ExperimentCommand {
     /// Where approval rules cover experiments it is proposed as a change request instead;
     /// --wait then waits for the decision and applies the request once approved.
     ///
-    /// Exit codes with --wait: 0 passed, 3 failed, 4 aborted, 6 rejected (never started),
-    /// 1 error; without --wait: 0 started, 5 approval pending.
+    /// With --at TIME it is scheduled instead: the server starts it then, as its author is
+    /// then; --wait waits for the start and follows it.
+    ///
+    /// Exit codes with --wait: 0 passed, 3 failed, 4 aborted, 6 never started (rejected, or
+    /// its scheduled start failed), 1 error; without --wait: 0 started or scheduled, 5
+    /// approval pending.
     Run(RunArgs),
     /// Asks a running experiment to stop: it aborts and removes its fault.
     Stop(StopArgs),
@@ -64,6 +74,10 @@ pub struct RunArgs {
     /// is needed, wait for the decision first (bound the wait with your pipeline's timeout).
     #[arg(long)]
     pub wait: bool,
+    /// Schedule it instead: the server starts it at this time (RFC 3339, in the future),
+    /// as its author is then and under the approval rules in force then.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub at: Option<Timestamp>,
     #[command(flatten)]
     pub break_glass: super::BreakGlass,
 }
@@ -156,6 +170,13 @@ pub async fn run(cmd: ExperimentCommand) -> Result<ExitCode, CliError> {
             })?;
             let env = spec.get("environment").and_then(Value::as_str).unwrap_or_default().to_string();
             let api = a.connection.api()?.break_glass(a.break_glass.break_glass.as_deref())?;
+            if let Some(at) = a.at {
+                let id = match scheduled(&api, &env, spec, at, &a.reason, a.wait).await? {
+                    Ok(id) => id,
+                    Err(code) => return Ok(code),
+                };
+                return follow(&api, id).await;
+            }
             let body = json!({"experiment": spec, "reason": a.reason});
             let id = match api.send(Method::POST, "/experiments", Some(&body), None).await? {
                 Start::Started(v) => {
@@ -251,7 +272,57 @@ async fn approved(
             other => {
                 let why = r.decided_reason.or(r.outcome).unwrap_or_default();
                 println!("change request {id} is {other}: {why}; the experiment never started");
-                return Ok(Err(ExitCode::from(EXIT_NOT_APPROVED)));
+                return Ok(Err(ExitCode::from(EXIT_NOT_STARTED)));
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What the CLI reads of a scheduled change.
+#[derive(Debug, Deserialize)]
+struct Scheduled {
+    id: i64,
+    state: String,
+    outcome: Option<String>,
+    experiment_id: Option<i64>,
+}
+
+fn parse_time(text: &str) -> Result<Timestamp, String> {
+    Timestamp::parse(text).ok_or_else(|| format!("{text:?} is not an RFC 3339 time (2026-12-07T02:00:00Z)"))
+}
+
+/// Schedules experiment `spec` of `env` at `at`; with `wait`, waits for the server to
+/// start it and returns the experiment started, or the exit code of one that did not
+/// start; without, the exit code 0.
+async fn scheduled(
+    api: &super::Api,
+    env: &str,
+    spec: Value,
+    at: Timestamp,
+    reason: &str,
+    wait: bool,
+) -> Result<Result<i64, ExitCode>, CliError> {
+    let path = format!("/environments/{}/scheduled-changes", super::session::seg(env));
+    let body = json!({"kind": "experiment", "experiment": spec, "run_at": at, "reason": reason});
+    let c: Scheduled = api.send(Method::POST, &path, Some(&body), None).await?;
+    println!("scheduled change {}: the experiment starts at {at}", c.id);
+    if !wait {
+        return Ok(Err(ExitCode::SUCCESS));
+    }
+    let path = format!("{path}/{}", c.id);
+    loop {
+        let c: Scheduled = api.get(&path).await?;
+        match (c.state.as_str(), c.experiment_id) {
+            ("pending" | "running", _) => {}
+            (_, Some(e)) => {
+                println!("scheduled change {} ran: experiment {e} started", c.id);
+                return Ok(Ok(e));
+            }
+            (state, None) => {
+                let why = c.outcome.unwrap_or_default();
+                println!("scheduled change {} is {state}: {why}; the experiment never started", c.id);
+                return Ok(Err(ExitCode::from(EXIT_NOT_STARTED)));
             }
         }
         tokio::time::sleep(POLL).await;

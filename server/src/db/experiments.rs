@@ -186,6 +186,31 @@ impl Store {
     /// Stores a new experiment (its `id` is ignored) with its audit row, in one
     /// transaction. Returns its id.
     pub async fn insert_experiment(&self, e: &ExperimentRow, audit: &AuditRow) -> anyhow::Result<i64> {
+        let id = self.insert_experiment_of(e, audit, None).await?;
+        Ok(id.expect("an experiment of no scheduled change is always stored"))
+    }
+
+    /// Stores experiment `e` started by scheduled change `change`, which `claimer` holds,
+    /// with its audit row, and records the change's end (`applied`, "started as experiment
+    /// N"), in one transaction: a change is never recorded without its experiment,
+    /// nor an experiment started twice by a change. Returns its id; `None`, nothing
+    /// written, when `claimer` no longer holds the claim (another run took it over).
+    pub async fn insert_scheduled_experiment(
+        &self,
+        e: &ExperimentRow,
+        audit: &AuditRow,
+        change: i64,
+        claimer: &str,
+    ) -> anyhow::Result<Option<i64>> {
+        self.insert_experiment_of(e, audit, Some((change, claimer))).await
+    }
+
+    async fn insert_experiment_of(
+        &self,
+        e: &ExperimentRow,
+        audit: &AuditRow,
+        change: Option<(i64, &str)>,
+    ) -> anyhow::Result<Option<i64>> {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query(
@@ -207,11 +232,28 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?
         .try_get("id")?;
+        if let Some((change, claimer)) = change {
+            let res = sqlx::query(
+                "UPDATE scheduled_changes SET state = 'applied', outcome = $1, experiment_id = $2, \
+                 finished_at = $3 WHERE id = $4 AND state = 'running' AND claimed_by = $5",
+            )
+            .bind(format!("started as experiment {id}"))
+            .bind(id)
+            .bind(e.created_at)
+            .bind(change)
+            .bind(claimer)
+            .execute(&mut *tx)
+            .await?;
+            if res.rows_affected() != 1 {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+        }
         let mut a = audit.clone();
         a.target = format!("{} (experiment {id})", a.target);
         mutate::insert_audit(&mut tx, &a).await?;
         tx.commit().await?;
-        Ok(id)
+        Ok(Some(id))
     }
 
     /// Records a reading of experiment `id` and its replica's sign of life (`at`).

@@ -68,13 +68,15 @@ pub struct ScheduledRow {
     pub outcome: Option<String>,
     /// The revision the change made.
     pub revision: Option<u64>,
+    /// The experiment a scheduled experiment started.
+    pub experiment_id: Option<i64>,
 }
 
 macro_rules! scheduled_columns {
     () => {
         "id, environment, service, kind, target, payload, expected, base_revision, run_at, revert_at, \
      reverts, state, created_by, created_role, created_at, reason, claimed_by, claim_expires_at, finished_at, \
-     outcome, revision, created_user, created_token, break_glass"
+     outcome, revision, created_user, created_token, break_glass, experiment_id"
     };
 }
 
@@ -114,6 +116,7 @@ impl ScheduledRow {
             created_user: r.try_get("created_user")?,
             created_token: r.try_get("created_token")?,
             break_glass: r.try_get("break_glass")?,
+            experiment_id: r.try_get("experiment_id")?,
         })
     }
 }
@@ -159,17 +162,18 @@ impl Reader {
         pending.iter().chain(done.iter()).map(ScheduledRow::from_row).collect()
     }
 
-    /// Ids of changes to run at `now`, oldest first: pending ones that are due, and running
-    /// ones whose claim expired (or has no expiry: claimed before leases existed).
-    pub async fn due_changes(&self, now: i64) -> anyhow::Result<Vec<i64>> {
+    /// Ids and kinds of changes to run at `now`, oldest first: pending ones that are due,
+    /// and running ones whose claim expired (or has no expiry: claimed before leases
+    /// existed).
+    pub async fn due_changes(&self, now: i64) -> anyhow::Result<Vec<(i64, ChangeKind)>> {
         let rows = sqlx::query(
-            "SELECT id FROM scheduled_changes WHERE (state = 'pending' AND run_at <= $1) \
+            "SELECT id, kind FROM scheduled_changes WHERE (state = 'pending' AND run_at <= $1) \
              OR (state = 'running' AND (claim_expires_at IS NULL OR claim_expires_at <= $1)) ORDER BY run_at, id",
         )
         .bind(now)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(|r| Ok(r.try_get("id")?)).collect()
+        rows.iter().map(|r| Ok((r.try_get("id")?, ChangeKind::parse(r.try_get("kind")?)?))).collect()
     }
 
     /// The pending or finished change that reverts change `id`, if one was scheduled.

@@ -13,7 +13,7 @@
 //! * `report.rs`: an experiment's report (probes in words, readings, timeline) from what
 //!   is stored, for the API and the console;
 //! * `run.rs`: one experiment's run on the replica that started it, and the watchdog that
-//!   ends the runs of a replica that stopped.
+//!   ends the runs of a replica that stopped and starts the scheduled experiments due.
 //!
 //! Every change an experiment makes is an action (`crate::actions`): its start (roles,
 //! approval rules and audit as any change), its fault set and removed as a fault rule of the
@@ -118,11 +118,45 @@ impl Experiments {
     }
 
     /// Ends, every third of [`run::ORPHAN_AFTER`], the experiments whose replica stopped
-    /// recording readings, until `shutdown` is set.
+    /// recording readings, and starts, every [`SCHEDULE_INTERVAL`], the scheduled
+    /// experiments due ([`Experiments::start_due`]), until `shutdown` is set.
     pub async fn watchdog(self) {
         run::watchdog(self).await;
     }
+
+    /// Starts the scheduled experiments due at `now` that this replica claims, each as
+    /// its author is now and under the approval rules in force now
+    /// ([`Actions::start_due_experiment`]), and runs them here. Returns the experiments
+    /// started.
+    ///
+    /// # Errors
+    /// [`ChangeError::Storage`] when the due changes cannot be listed.
+    pub async fn start_due(&self, now: Timestamp) -> Result<Vec<i64>, ChangeError> {
+        let mut started = Vec::new();
+        for (id, kind) in self.store.due_changes(now.unix_ms()).await? {
+            if kind != ChangeKind::Experiment {
+                continue;
+            }
+            let mut spec = None;
+            let read = |payload: &str| {
+                let s: ExperimentSpec = serde_json::from_str(payload).map_err(anyhow::Error::from)?;
+                let new = new_experiment(&s)?;
+                spec = Some(s);
+                Ok(new)
+            };
+            let eid = self.actions.start_due_experiment(id, now, read).await?;
+            if let (Some(eid), Some(spec)) = (eid, spec) {
+                tokio::spawn(run::run(self.clone(), eid, spec));
+                started.push(eid);
+            }
+        }
+        Ok(started)
+    }
 }
+
+/// How often the scheduled experiments due are looked for, as the sweeper looks for the
+/// other scheduled changes (`crate::sweeper::EXPIRY_SWEEP_INTERVAL`).
+pub const SCHEDULE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The experiment `spec` defines, as an action starts or proposes it: its spec checked
 /// (every bad field, by path), stored as JSON (what an approval binds to), and the fault

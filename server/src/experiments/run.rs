@@ -1,5 +1,6 @@
 //! One experiment's run on the replica that started it: baseline, injection, watching,
-//! removal, recovery, verdict; and the watchdog that ends the runs of a replica that died.
+//! removal, recovery, verdict; and the watchdog that ends the runs of a replica that died
+//! and starts the scheduled experiments due.
 
 use std::time::Duration;
 
@@ -243,13 +244,22 @@ pub fn pick_instances(id: i64, mut connected: Vec<String>, n: usize) -> Vec<Stri
 
 /// Ends the experiments whose replica stopped recording readings ([`ORPHAN_AFTER`]):
 /// their fault removed (it also ends at its expiry on every agent), verdict `aborted`.
+/// Starts the scheduled experiments due every [`super::SCHEDULE_INTERVAL`].
 pub(super) async fn watchdog(x: Experiments) {
     let mut shutdown = x.shutdown.clone();
     let mut tick = tokio::time::interval(ORPHAN_AFTER / 3);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut scheduled = tokio::time::interval(super::SCHEDULE_INTERVAL);
+    scheduled.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = scheduled.tick() => {
+                if let Err(e) = x.start_due(Timestamp::now()).await {
+                    tracing::warn!(error = %levee_agent::report::ErrorChain(&e), "scheduled experiments query failed");
+                }
+                continue;
+            }
             _ = stopped(&mut shutdown) => return,
         }
         let before = now_ms() - ORPHAN_AFTER.as_millis() as i64;

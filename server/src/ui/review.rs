@@ -155,7 +155,10 @@ async fn scheduled_page(
     form: ScheduleForm,
 ) -> Result<Response, UiError> {
     s.store.environment(env).await?.ok_or_else(|| UiError::NotFound(format!("no environment {env:?}")))?;
-    let changes = s.store.scheduled_changes(env, None).await?.iter().map(ScheduledView::of).collect();
+    let changes = s.store.scheduled_changes(env, None).await?;
+    // A scheduled game day hides what it would inject from its players.
+    let changes = crate::actions::scheduled_as_seen(&s.store, changes, &user.principal).await?;
+    let changes = changes.iter().map(ScheduledView::of).collect();
     let flags = flag_choices(s, env, &form.target).await?;
     let status = if error.is_some() { StatusCode::BAD_REQUEST } else { StatusCode::OK };
     let page = ScheduledPage {

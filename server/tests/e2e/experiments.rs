@@ -12,7 +12,9 @@
 //!   exit code 4, and the fault gone from every agent within a second of its removal;
 //! * throughout, an agent outside the blast radius never has a call failed by the fault
 //!   (checked on the agents themselves), and the one inside does;
-//! * the server killed mid-experiment → the agents end the fault at its expiry.
+//! * the server killed mid-experiment → the agents end the fault at its expiry;
+//! * a scheduled experiment starts at its time, by the server's own clock, and reaches
+//!   its verdict.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -161,18 +163,43 @@ fn only_the_blast_radius_saw_it(seen: &BTreeMap<String, i64>, shops: &[Shop], r:
     }
 }
 
+/// Checkout in an environment allowing faults, pricing's breaker disabled, and a shop (an
+/// instance of the example under real traffic) per name.
+struct Fleet {
+    api: Api,
+    shops: Vec<Shop>,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    _caches: tempfile::TempDir,
+}
+
+impl Fleet {
+    async fn start(app: &TestApp, names: &[&str]) -> Fleet {
+        let api = Api::login(&app.base).await;
+        api.seed_allowing_faults().await;
+        without_pricing_breaker(&api).await;
+        let token = api.agent_token("prod", &["checkout"]).await;
+        let caches = tempfile::tempdir().unwrap();
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let mut shops = Vec::new();
+        for name in names {
+            shops.push(shop(&app.grpc, &token, caches.path(), name, &stop).await);
+        }
+        Fleet { api, shops, stop_tx, _caches: caches }
+    }
+
+    /// Stops the traffic and the agents.
+    async fn end(self) {
+        let _ = self.stop_tx.send(true);
+        for s in self.shops {
+            s.agent.shutdown().await;
+        }
+    }
+}
+
 async fn verdicts_on_real_agents(db: crate::backends::Db) {
     let Some(app) = TestApp::spawn_on(db).await else { return };
-    let api = Api::login(&app.base).await;
-    api.seed_allowing_faults().await;
-    without_pricing_breaker(&api).await;
-    let token = api.agent_token("prod", &["checkout"]).await;
-    let caches = tempfile::tempdir().unwrap();
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let mut shops = Vec::new();
-    for name in ["shop-a", "shop-b", "shop-c"] {
-        shops.push(shop(&app.grpc, &token, caches.path(), name, &stop).await);
-    }
+    let fleet = Fleet::start(&app, &["shop-a", "shop-b", "shop-c"]).await;
+    let (api, shops) = (&fleet.api, &fleet.shops);
     let agents = || shops.iter().map(|s| s.agent.clone()).collect::<Vec<_>>();
 
     // 1. A hypothesis that fails before anything is injected: recommendations answer in
@@ -181,7 +208,7 @@ async fn verdicts_on_real_agents(db: crate::backends::Db) {
     let spec = experiment("impossible", answers_503("pricing"), impossible, "10s");
     let v = api.send(Method::POST, "/experiments", Some(json!({"experiment": spec, "reason": "e2e"}))).await;
     let watch = Watch::start(agents(), "pricing");
-    let r = finished(&api, v["id"].as_i64().unwrap(), Duration::from_secs(30)).await;
+    let r = finished(api, v["id"].as_i64().unwrap(), Duration::from_secs(30)).await;
     let e = &r["experiment"];
     assert_eq!(e["verdict"], "aborted", "{r:#}");
     let why = e["why"].as_str().unwrap();
@@ -198,7 +225,7 @@ async fn verdicts_on_real_agents(db: crate::backends::Db) {
     // pricing calls go on. Passed; `run --wait` exits 0.
     let watch = Watch::start(agents(), "recommendations");
     let spec = experiment("recs-down", answers_503("recommendations"), pricing_holds(), "3s");
-    let (code, id, out) = run_cli(&api, &spec).await;
+    let (code, id, out) = run_cli(api, &spec).await;
     let seen = watch.stop().await;
     let r = api.send(Method::GET, &format!("/experiments/{id}"), None).await;
     assert_eq!((code, r["experiment"]["verdict"].as_str()), (0, Some("passed")), "{out}\n{r:#}");
@@ -210,14 +237,14 @@ async fn verdicts_on_real_agents(db: crate::backends::Db) {
     for phase in ["baseline", "injected", "recovery"] {
         assert!(phases.contains(&phase), "no {phase} reading: {r:#}");
     }
-    only_the_blast_radius_saw_it(&seen, &shops, &r);
+    only_the_blast_radius_saw_it(&seen, shops, &r);
 
     // 3. Pricing answering 503 on one instance: a third of its calls fail. Aborted within
     // abort_after (1 s) of the first violated reading, plus one reading interval and the
     // write; `run --wait` exits 4; the fault left every agent within a second.
     let watch = Watch::start(agents(), "pricing");
     let spec = experiment("pricing-down", answers_503("pricing"), pricing_holds(), "60s");
-    let (code, id, out) = run_cli(&api, &spec).await;
+    let (code, id, out) = run_cli(api, &spec).await;
     let seen = watch.stop().await;
     let r = api.send(Method::GET, &format!("/experiments/{id}"), None).await;
     let e = &r["experiment"];
@@ -234,7 +261,7 @@ async fn verdicts_on_real_agents(db: crate::backends::Db) {
     let after = removed - first_violation;
     assert!((1_000..=3_000).contains(&after), "fault removed {after} ms after the first violation: {r:#}");
     assert!(removed < ms(&e["fault_expires_at"]) - 50_000, "removed by the abort, not by its expiry");
-    only_the_blast_radius_saw_it(&seen, &shops, &r);
+    only_the_blast_radius_saw_it(&seen, shops, &r);
     for (instance, last) in &seen {
         assert!(
             *last <= removed + 1_000,
@@ -248,10 +275,7 @@ async fn verdicts_on_real_agents(db: crate::backends::Db) {
     assert_eq!(actions.iter().filter(|a| **a == "experiment.start").count(), 3, "{audit:#}");
     assert_eq!(actions.iter().filter(|a| **a == "experiment.end").count(), 3, "{audit:#}");
 
-    let _ = stop_tx.send(true);
-    for s in shops {
-        s.agent.shutdown().await;
-    }
+    fleet.end().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,6 +286,50 @@ async fn ex_1_verdicts_on_real_agents_and_only_the_blast_radius_sees_the_fault_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ex_1_verdicts_on_real_agents_and_only_the_blast_radius_sees_the_fault_postgres() {
     verdicts_on_real_agents(crate::backends::Db::Postgres).await;
+}
+
+/// A scheduled experiment is started by the server itself at its time (no test hook: the
+/// experiments' task, by the clock) and runs to its verdict on the agents.
+async fn scheduled_on_real_agents(db: crate::backends::Db) {
+    let Some(app) = TestApp::spawn_on(db).await else { return };
+    let fleet = Fleet::start(&app, &["shop-a", "shop-b"]).await;
+    let api = &fleet.api;
+
+    let run_at = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + 3_000);
+    let spec = experiment("recs-down-nightly", answers_503("recommendations"), pricing_holds(), "2s");
+    let body = json!({"kind": "experiment", "experiment": spec, "run_at": run_at, "reason": "nightly"});
+    let c = api.send(Method::POST, "/environments/prod/scheduled-changes", Some(body)).await;
+    let url = format!("/environments/prod/scheduled-changes/{}", c["id"]);
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let c = loop {
+        let c = api.send(Method::GET, &url, None).await;
+        if c["state"] != "pending" && c["state"] != "running" {
+            break c;
+        }
+        assert!(tokio::time::Instant::now() < until, "not started within 30 s: {c}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(c["state"], "applied", "{c}");
+    let id = c["experiment_id"].as_i64().unwrap_or_else(|| panic!("no experiment: {c}"));
+    let r = finished(api, id, Duration::from_secs(30)).await;
+    assert_eq!(r["experiment"]["verdict"], "passed", "{r:#}");
+    // Started at its time: not before, and within the task's interval (1 s) and a write.
+    let late = ms(&r["experiment"]["created_at"]) - run_at.unix_ms();
+    assert!((0..=2_000).contains(&late), "started {late} ms after its time: {r:#}");
+    assert_eq!(r["experiment"]["created_by"], "admin", "{r:#}");
+    assert_eq!(r["experiment"]["instances"].as_array().map(Vec::len), Some(1), "{r:#}");
+
+    fleet.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ex_3_a_scheduled_experiment_starts_at_its_time_and_reaches_its_verdict_sqlite() {
+    scheduled_on_real_agents(crate::backends::Db::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ex_3_a_scheduled_experiment_starts_at_its_time_and_reaches_its_verdict_postgres() {
+    scheduled_on_real_agents(crate::backends::Db::Postgres).await;
 }
 
 /// The server killed mid-experiment (SIGKILL: nothing removes the fault): the agent ends
