@@ -155,6 +155,9 @@ pub struct DefineForm {
     abort_after: String,
     #[serde(default)]
     hypothesis: String,
+    /// `on` for a game day (the checkbox's value); left out (empty) for an experiment.
+    #[serde(default)]
+    game_day: String,
 }
 
 fn abort() -> String {
@@ -255,6 +258,14 @@ impl DefineForm {
                 Vec::new()
             })
         };
+        let game_day = match self.game_day.as_str() {
+            "" => false,
+            "on" => true,
+            other => {
+                errors.push(field("game_day", other, "must be on (a game day) or left out"));
+                false
+            }
+        };
         let op = self.operation.trim();
         let spec = ExperimentSpec {
             name: self.name.trim().to_string(),
@@ -273,8 +284,7 @@ impl DefineForm {
             recovery,
             abort_after,
             hypothesis,
-            // Game days are started from the API or the CLI (docs/experiments.md).
-            game_day: false,
+            game_day,
         };
         if !errors.is_empty() {
             // What could be read is checked too, so every bad field shows at once.
@@ -316,6 +326,7 @@ impl DefineForm {
             recovery: duration(spec.recovery),
             abort_after: duration(spec.abort_after),
             hypothesis: serde_json::to_string_pretty(&spec.hypothesis).unwrap_or_default(),
+            game_day: if spec.game_day { "on".into() } else { String::new() },
         }
     }
 }
@@ -338,6 +349,7 @@ fn form_field(path: &str) -> &'static str {
         _ if head("recovery") => "recovery",
         _ if head("abort_after") => "abort_after",
         _ if head("hypothesis") => "hypothesis",
+        _ if head("game_day") => "game_day",
         _ => "",
     }
 }
@@ -437,6 +449,15 @@ fn start_effects(spec: &ExperimentSpec, gated: bool) -> Vec<String> {
         BlastRadius::All(_) => "every instance".into(),
     };
     let mut out = Vec::new();
+    if spec.game_day {
+        out.push(
+            "A game day: people in the loop. While it runs, what it injects, where and what it measures are \
+             hidden from everyone but you and admins; they see that a game day runs, by whom. It measures when \
+             someone first opened the service's page, when the first lever was pulled and by whom, and when \
+             the hypothesis held again."
+                .to_string(),
+        );
+    }
     if gated {
         out.push(
             "The approval rules of this environment cover experiments: nothing starts now. This proposes the \
@@ -745,6 +766,22 @@ async fn experiment(s: &AppState, env: &str, id: i64) -> Result<ExperimentRow, U
     }
 }
 
+/// Experiment `id` as `user` may see it, and whether they see what it injected: a game day
+/// still running shows its players only that it runs, by whom and since when.
+async fn experiment_as_seen(
+    s: &AppState,
+    env: &str,
+    id: i64,
+    user: &UiUser,
+) -> Result<(ExperimentRow, bool), UiError> {
+    let mut e = experiment(s, env, id).await?;
+    let shown = crate::actions::sees_injected(&e, &user.principal);
+    if !shown {
+        crate::actions::hide_injected(&mut e);
+    }
+    Ok((e, shown))
+}
+
 /// `GET /ui/environments/{env}/experiments/{id}`: where it is, its readings and its report;
 /// it reloads itself every two seconds while it runs.
 pub async fn page(
@@ -753,12 +790,7 @@ pub async fn page(
     Path((env, id)): Path<(String, i64)>,
     Query(q): Query<DoneQuery>,
 ) -> Result<Response, UiError> {
-    let mut e = experiment(&s, &env, id).await?;
-    // A game day still running shows its players only that it runs, by whom and since when.
-    let shown = crate::actions::sees_injected(&e, &user.principal);
-    if !shown {
-        crate::actions::hide_injected(&mut e);
-    }
+    let (e, shown) = experiment_as_seen(&s, &env, id, &user).await?;
     let stored = if shown { s.store.experiment_readings(id).await? } else { Vec::new() };
     let mut r = report::report(&e, stored)?;
     let game_day = if shown && crate::actions::is_game_day(&e) {
@@ -884,7 +916,7 @@ pub async fn confirm_stop(
     Path((env, id)): Path<(String, i64)>,
 ) -> Result<Response, UiError> {
     user.require(Action::ExperimentStop)?;
-    let e = experiment(&s, &env, id).await?;
+    let (e, _) = experiment_as_seen(&s, &env, id, &user).await?;
     Ok(Page::ok(stop_page(&user, &env, &e, String::new(), None)).into_response())
 }
 
@@ -896,7 +928,7 @@ pub async fn stop(
     Posted { user, form }: Posted<StopForm>,
 ) -> Result<Response, UiError> {
     let by = user.actor(Action::ExperimentStop, &rid)?;
-    let e = experiment(&s, &env, id).await?;
+    let (e, _) = experiment_as_seen(&s, &env, id, &user).await?;
     let why = match reason(&form.reason) {
         Ok(r) => r,
         Err(m) => {
@@ -925,6 +957,7 @@ mod tests {
         assert_eq!(form_field("hypothesis[2].p99.at_most"), "hypothesis");
         assert_eq!(form_field("abort_after"), "abort_after");
         assert_eq!(form_field("name"), "name");
+        assert_eq!(form_field("game_day"), "game_day");
         assert_eq!(form_field(""), "");
     }
 

@@ -152,3 +152,56 @@ async fn experiments_pages_roles_field_errors_confirmation_and_escaping(app) {
     assert_eq!(list.as_array().unwrap().len(), 1, "nothing more started: {list}");
 }
 }
+
+on_both_backends! {
+/// A game day from the define form: its checkbox (a value that is not the checkbox's is
+/// refused at its field), a confirmation that says what a game day is, a start that needs
+/// the session's CSRF token like any; once it runs, a player's stop confirmation (and its
+/// refusal) shows neither its name nor its fault, its starter's does.
+async fn a_game_day_from_the_form_hides_what_it_injects_on_the_stop_confirmation(app) {
+    app.seed().await;
+    app.user("olivia", "operator").await;
+    app.user("bob", "operator").await;
+    let mut b = app.logged_in("olivia").await;
+    let form = b.get(&format!("{LIST}/new?service=checkout")).await;
+    assert!(form.body.contains("name=\"game_day\""), "{}", form.body);
+    let csrf = form.csrf();
+    let fields = good(&csrf);
+    // No agent reports: a long baseline keeps it running (nothing is injected) while
+    // the players look.
+    let mut typed = with(&fields, &[("name", "recs-secret"), ("baseline", "5m")]);
+    typed.push(("game_day", "yes"));
+    let bad = b.post(&format!("{LIST}/confirm"), &typed).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    let at = bad.body.find("name=\"game_day\"").unwrap();
+    let after = &bad.body[at..];
+    let next = after.find("<div class=\"row\">").unwrap();
+    assert!(after[..next].contains("field-error") && after[..next].contains("game_day"), "{}", &after[..next]);
+    *typed.last_mut().unwrap() = ("game_day", "on");
+    let confirm = b.post(&format!("{LIST}/confirm"), &typed).await;
+    assert_eq!(confirm.status, StatusCode::OK, "{}", confirm.body);
+    assert!(confirm.body.contains("A game day: people in the loop"), "{}", confirm.body);
+    let spec = unescape(&confirm.field("spec").expect("the spec confirmed"));
+    assert!(spec.contains("\"game_day\":true"), "{spec}");
+    let forged = b.post(LIST, &[("csrf", "forged"), ("spec", &spec), ("reason", "practise")]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN, "{}", forged.body);
+    let started = b.post(LIST, &[("csrf", &csrf), ("spec", &spec), ("reason", "practise")]).await;
+    assert_eq!(started.status, StatusCode::SEE_OTHER, "{}", started.body);
+    let (_, _, list) = app.api(Method::GET, "/experiments", None).await;
+    assert_eq!((list[0]["game_day"].as_bool(), list[0]["state"].as_str()), (Some(true), Some("baseline")), "{list}");
+
+    let stop_url = format!("{}/stop", started.location());
+    let mut player = app.logged_in("bob").await;
+    let stop = player.get(&stop_url).await;
+    assert_eq!(stop.status, StatusCode::OK, "{}", stop.body);
+    assert!(stop.body.contains("(game day)"), "{}", stop.body);
+    assert!(!stop.body.contains("recs-secret") && !stop.body.contains("practise"), "{}", stop.body);
+    let refused = player.post(&stop_url, &[("csrf", &stop.csrf()), ("reason", "")]).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(!refused.body.contains("recs-secret"), "{}", refused.body);
+    let own = b.get(&stop_url).await;
+    assert!(own.body.contains("recs-secret"), "the starter sees it: {}", own.body);
+    let stopped = b.post(&stop_url, &[("csrf", &csrf), ("reason", "done")]).await;
+    assert_eq!(stopped.status, StatusCode::SEE_OTHER, "{}", stopped.body);
+}
+}
