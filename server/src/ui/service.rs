@@ -244,6 +244,11 @@ struct MatrixView {
     on_failure: &'static str,
     owner: String,
     decision: String,
+    /// Where the owner's runbook is, as written (shown escaped).
+    runbook: String,
+    /// Whether `runbook` is a web address, shown as a link; anything else (a page name,
+    /// another scheme) is shown as text only.
+    runbook_link: bool,
     alert_after: String,
     switch: Option<SwitchView>,
     /// On its fallback on a connected agent longer than `alert_after`: since when.
@@ -548,6 +553,8 @@ pub async fn page(
                 on_failure: r.on_failure.as_str(),
                 owner: r.owner.clone(),
                 decision: r.decision.clone(),
+                runbook: r.runbook.clone(),
+                runbook_link: is_web_address(&r.runbook),
                 alert_after: duration(r.alert_after),
                 switch: r.enabled_flag.as_deref().map(|k| switch_view(cfg, k)),
             })
@@ -593,4 +600,37 @@ pub async fn page(
         svc,
     };
     Ok(Page::ok(page))
+}
+
+/// Whether `text` is an http(s) address, the only runbooks shown as links: a link of any
+/// other scheme (`javascript:`, `data:`) would run or show something other than a page.
+fn is_web_address(text: &str) -> bool {
+    let rest = ["https://", "http://"].iter().find_map(|p| {
+        text.get(..p.len()).filter(|head| head.eq_ignore_ascii_case(p)).map(|_| &text[p.len()..])
+    });
+    rest.is_some_and(|r| !r.is_empty() && !text.chars().any(|c| c.is_whitespace() || c.is_control()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_web_address;
+
+    #[test]
+    fn only_http_and_https_addresses_are_runbook_links() {
+        for link in ["https://runbooks.example.com/recs", "HTTP://wiki/On-call?a=1&b=2"] {
+            assert!(is_web_address(link), "{link}");
+        }
+        for text in [
+            "",
+            "https://",
+            "javascript:alert(1)",
+            "data:text/html,x",
+            "wiki: Growth/On call",
+            "https://a b",
+            "ftp://files/runbook",
+            "//runbooks.example.com",
+        ] {
+            assert!(!is_web_address(text), "{text}");
+        }
+    }
 }

@@ -255,3 +255,51 @@ async fn auth_xss_payloads_in_every_user_entered_field_are_escaped_in_ui_and_aud
     let rows = app.audit().await;
     assert!(rows.iter().any(|r| r["reason"] == RAW_SCRIPT));
 }
+
+/// The degradation matrix's runbooks on the service page: an http(s) address is a link,
+/// escaped in its `href` and its text; a page name and an address of another scheme are
+/// text only, escaped.
+#[tokio::test]
+async fn a_runbook_is_a_link_only_when_it_is_a_web_address() {
+    let app = TestApp::spawn().await;
+    app.seed().await;
+    let (_, h, doc) = app.api(Method::GET, "/environments/prod/services/checkout/policy", None).await;
+    let mut policy = doc["policy"].clone();
+    policy["degradation_matrix"][0]["runbook"] =
+        json!("https://runbooks.example.com/recs?team=growth&x=\"><script>");
+    policy["degradation_matrix"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"feature": "payment", "dependencies": ["payments"], "on_failure": "feature_error",
+                     "runbook": "javascript:alert(1)"}));
+    policy["degradation_matrix"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"feature": "receipts", "dependencies": ["payments"], "on_failure": "feature_error",
+                     "runbook": RAW_SCRIPT}));
+    let etag = h["etag"].to_str().unwrap().to_string();
+    let (s, _, b) = app
+        .api_with(
+            Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(json!({"policy": policy, "reason": "runbooks"})),
+            &[("if-match", &etag)],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let mut b = app.logged_in("admin").await;
+    let page = b.get(SERVICE).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let start = page.body.find("<section id=\"matrix\">").expect("the matrix");
+    let matrix = &page.body[start..start + page.body[start..].find("</section>").unwrap()];
+    let href = "<a href=\"https://runbooks.example.com/recs?team=growth&#38;x=&#34;&#62;&#60;script&#62;\" rel=\"noreferrer\">";
+    assert_eq!(matrix.matches(href).count(), 1, "{matrix}");
+    assert_eq!(
+        matrix.matches("<a href").count(),
+        1 + matrix.matches("class=\"edit\"").count(),
+        "one runbook link: {matrix}"
+    );
+    assert!(matrix.contains("<td class=\"runbook\">javascript:alert(1)</td>"), "{matrix}");
+    assert!(matrix.contains(&format!("<td class=\"runbook\">{ESCAPED_SCRIPT}</td>")), "{matrix}");
+    assert!(!matrix.contains("<script"), "{matrix}");
+}
