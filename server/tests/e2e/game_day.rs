@@ -21,7 +21,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::TestApp;
-use crate::support::{Api, shop_reporting_every};
+use crate::support::{Api, recs_slow_game_day, shop_reporting_every};
 
 const PASSWORD: &str = "game-day-password-1234";
 const SERVICE_PAGE: &str = "/ui/environments/prod/services/checkout";
@@ -150,22 +150,7 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
     let Some(app) = TestApp::spawn_on(db).await else { return };
     let admin = Api::login(&app.base).await;
     admin.seed_allowing_faults().await;
-    // Recommendations may take a second per attempt, so the fault's latency shows in the
-    // calls' p99; the degradation matrix names the feature's owner and runbook.
-    admin
-        .send_with(
-            Method::PUT,
-            "/environments/prod/services/checkout/policy",
-            Some(json!({"reason": "e2e game day", "staged": false, "policy": {"dependencies": {
-                "pricing": {"criticality": "critical", "attempt_timeout": "300ms"},
-                "recommendations": {"criticality": "non_critical", "attempt_timeout": "1s", "fallback": "generic",
-                                    "enabled_flag": "recommendations.enabled"}},
-                "degradation_matrix": [{"feature": "Personal recommendations", "dependencies": ["recommendations"],
-                    "on_failure": "generic", "owner": "growth team",
-                    "runbook": "https://runbooks.example.com/growth/recommendations"}]}})),
-            &[("if-match", "*")],
-        )
-        .await;
+    admin.game_day_policy().await;
     let starter = Person {
         cookies: console_session(&admin.base, "admin", crate::helpers::ADMIN_PASSWORD).await,
         api: Api::login(&app.base).await,
@@ -183,15 +168,7 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
         shops.push(shop_reporting_every(&app.grpc, &token, caches.path(), name, &stop, every).await);
     }
 
-    // Recommendations 400 ms slower on one instance: the p99 of checkout's calls to it
-    // leaves 200 ms. The game day does not abort by itself before the players act.
-    let spec = json!({
-        "name": "recs-slow", "environment": "prod", "service": "checkout", "game_day": true,
-        "fault": {"dependency": "recommendations", "action": {"type": "delay", "delay": "400ms"}},
-        "blast_radius": {"instances": 1},
-        "duration": "2m", "baseline": "1s", "recovery": "1s", "abort_after": "2m",
-        "hypothesis": [{"p99": {"dependency": "recommendations", "at_most": "200ms"}}, {"ready": true}],
-    });
+    let spec = recs_slow_game_day();
     let v = admin
         .send(
             Method::POST,

@@ -208,6 +208,38 @@ impl Api {
             .await;
         v["revision"].as_u64().unwrap()
     }
+
+    /// Checkout's policy for a game day on recommendations: a call to it may take a second
+    /// per attempt, so a fault's latency shows in the calls' p99; the degradation matrix
+    /// names the feature's owner and runbook.
+    pub async fn game_day_policy(&self) {
+        self.send_with(
+            reqwest::Method::PUT,
+            "/environments/prod/services/checkout/policy",
+            Some(serde_json::json!({"reason": "e2e game day", "staged": false, "policy": {"dependencies": {
+                "pricing": {"criticality": "critical", "attempt_timeout": "300ms"},
+                "recommendations": {"criticality": "non_critical", "attempt_timeout": "1s", "fallback": "generic",
+                                    "enabled_flag": "recommendations.enabled"}},
+                "degradation_matrix": [{"feature": "Personal recommendations", "dependencies": ["recommendations"],
+                    "on_failure": "generic", "owner": "growth team",
+                    "runbook": "https://runbooks.example.com/growth/recommendations"}]}})),
+            &[("if-match", "*")],
+        )
+        .await;
+    }
+}
+
+/// A game day on checkout under [`Api::game_day_policy`]: recommendations 400 ms slower on
+/// one instance, so the p99 of checkout's calls to it leaves 200 ms; it does not abort by
+/// itself before the players act.
+pub fn recs_slow_game_day() -> serde_json::Value {
+    serde_json::json!({
+        "name": "recs-slow", "environment": "prod", "service": "checkout", "game_day": true,
+        "fault": {"dependency": "recommendations", "action": {"type": "delay", "delay": "400ms"}},
+        "blast_radius": {"instances": 1},
+        "duration": "2m", "baseline": "1s", "recovery": "1s", "abort_after": "2m",
+        "hypothesis": [{"p99": {"dependency": "recommendations", "at_most": "200ms"}}, {"ready": true}],
+    })
 }
 
 /// The process-wide Prometheus recorder of this test binary, built as `levee serve` builds

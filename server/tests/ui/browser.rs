@@ -1747,3 +1747,148 @@ async fn browser_an_operator_defines_starts_watches_and_stops_an_experiment() {
         a.shutdown().await;
     }
 }
+
+/// A game day played in the browser, with real agents under real traffic (the e2e tests'
+/// example service, its calls going through each agent's dependency layer): an admin
+/// starts it (recommendations slowed); bob, an operator, sees only that a game day runs,
+/// opens the service page and flips the kill switch there; once the team recovered and it
+/// ended, the experiment page's report gives time to detect, mitigate and recover matching
+/// bob's look, the kill switch's audit row and the first reading that held again, with the
+/// feature's runbook.
+///
+/// The fault slows every instance and each reports every 2 s: a reading sums each
+/// instance's last report, and every report then holds slowed calls (each takes 400 ms
+/// more) until the kill switch stops them, so the hypothesis cannot hold again before the
+/// flip, as it can when one instance of several is slowed and its report happens to hold
+/// none of its calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browser_a_game_day_is_played_and_its_report_matches_the_audit() {
+    use levee_agent::policy::{Timestamp, duration};
+
+    let Some((_driver, c)) = browser().await else { return };
+    let app = TestApp::spawn().await;
+    let admin = crate::support::Api::login(&app.base).await;
+    admin.seed_allowing_faults().await;
+    admin.game_day_policy().await;
+    app.user("bob", "operator").await;
+    let token = admin.agent_token("prod", &["checkout"]).await;
+    let caches = tempfile::tempdir().unwrap();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut shops = Vec::new();
+    for name in ["shop-a", "shop-b"] {
+        let every = Duration::from_secs(2);
+        shops.push(
+            crate::support::shop_reporting_every(&app.grpc, &token, caches.path(), name, &stop, every).await,
+        );
+    }
+    let ms = |v: &serde_json::Value| Timestamp::parse(v.as_str().expect("a time")).expect("a time").unix_ms();
+    let report = |id: i64| {
+        let admin = &admin;
+        async move { admin.send(Method::GET, &format!("/experiments/{id}"), None).await }
+    };
+
+    let v = admin
+        .send(
+            Method::POST,
+            "/experiments",
+            Some(
+                json!({"experiment": {
+                    "name": "recs-slow", "environment": "prod", "service": "checkout", "game_day": true,
+                    "fault": {"dependency": "recommendations", "action": {"type": "delay", "delay": "400ms"}},
+                    "blast_radius": {"all": true},
+                    "duration": "2m", "baseline": "3s", "recovery": "1s", "abort_after": "2m",
+                    "hypothesis": [{"p99": {"dependency": "recommendations", "at_most": "200ms"}}, {"ready": true}],
+                }, "reason": "practise the runbook"}),
+            ),
+        )
+        .await;
+    let id = v["id"].as_i64().unwrap();
+    let injected = until("the injection", || async {
+        let r = report(id).await;
+        (!r["experiment"]["injected_at"].is_null()).then(|| ms(&r["experiment"]["injected_at"]))
+    })
+    .await;
+    until("the violation", || async {
+        (!report(id).await["game_day"]["first_violation_at"].is_null()).then_some(())
+    })
+    .await;
+
+    // Bob opens the service page: a game day runs, by whom; not what it injected.
+    login(&c, &app.base, "bob", PASSWORD).await;
+    let before_look = Timestamp::now().unix_ms();
+    c.goto(&format!("{}{SERVICE}", app.base)).await.unwrap();
+    let page = body(&c).await;
+    let after_look = Timestamp::now().unix_ms();
+    assert!(page.contains("A game day is running on this service"), "{page}");
+    assert!(!page.contains(&format!("experiment-{id}")), "the game day's fault rule is not listed: {page}");
+    // He flips the kill switch there, with a reason.
+    click(&c, "tr[id='flag-recommendations.enabled'] button.switch").await;
+    fill(&c, "textarea[name=reason]", "recommendations are slow: switched off per runbook").await;
+    click(&c, "button.danger").await;
+    changed_revision(&c).await;
+
+    // Checkout makes no call to recommendations any more: the hypothesis holds again.
+    until("the recovery", || async {
+        (!report(id).await["game_day"]["recovered_at"].is_null()).then_some(())
+    })
+    .await;
+    admin
+        .send(Method::POST, &format!("/experiments/{id}/stop"), Some(json!({"reason": "the team recovered"})))
+        .await;
+    let r = until("the end", || async {
+        let r = report(id).await;
+        (r["experiment"]["state"] == "done").then_some(r)
+    })
+    .await;
+
+    // The report in the browser, against the audit and the readings.
+    c.goto(&format!("{}/ui/environments/prod/experiments/{id}", app.base)).await.unwrap();
+    let words = wait_find(&c, "#game-day").await.text().await.unwrap();
+    let words = words.split_whitespace().collect::<Vec<_>>().join(" ");
+    let since = |at: i64| duration::format(Duration::from_millis((at - injected) as u64));
+    let g = &r["game_day"];
+    let look = ms(&g["first_look"]["at"]);
+    assert_eq!(g["first_look"]["by"], "bob", "{g:#}");
+    assert!((before_look..=after_look).contains(&look), "{look} not in {before_look}..={after_look}");
+    let (_, _, audit) = app.api(Method::GET, "/audit?service=checkout&action=flag.set", None).await;
+    let flip =
+        audit.as_array().unwrap().iter().find(|a| a["actor"] == "bob").expect("bob's flip in the audit");
+    let flipped = ms(&flip["at"]);
+    let recovered = ms(&g["recovered_at"]);
+    let first_violation = ms(&g["first_violation_at"]);
+    assert!(first_violation < flipped && flipped < recovered, "{g:#}");
+    let readings = r["readings"].as_array().unwrap();
+    let first_held_again = readings
+        .iter()
+        .map(|x| (ms(&x["at"]), &x["holds"]))
+        .find(|(at, holds)| {
+            let holds = holds.as_array().unwrap();
+            *at > first_violation && holds.contains(&json!(true)) && !holds.contains(&json!(false))
+        })
+        .map(|(at, _)| at);
+    assert_eq!(first_held_again, Some(recovered), "{r:#}");
+    for line in [
+        format!("time to detect {} (bob opened the service's page at {})", since(look), Timestamp::from_unix_ms(look)),
+        format!(
+            "time to mitigate {} (bob: flag.set of flag recommendations.enabled at {})",
+            since(flipped),
+            Timestamp::from_unix_ms(flipped)
+        ),
+        format!(
+            "time to recover {} (the hypothesis held again at {})",
+            since(recovered),
+            Timestamp::from_unix_ms(recovered)
+        ),
+        "runbook of Personal recommendations (growth team): https://runbooks.example.com/growth/recommendations"
+            .to_string(),
+    ] {
+        assert!(words.contains(&line), "{line:?} not in: {words}");
+    }
+    screenshot(&c, "game-day-report").await;
+
+    let _ = stop_tx.send(true);
+    c.close().await.unwrap();
+    for s in shops {
+        s.agent.shutdown().await;
+    }
+}

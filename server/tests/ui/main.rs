@@ -9,6 +9,8 @@ mod admission;
 mod approval;
 mod browser;
 mod changes;
+#[path = "../../../agent/examples/checkout/app.rs"]
+mod checkout_app;
 mod experiments;
 mod health;
 mod helpers;
@@ -18,4 +20,8 @@ mod pages;
 mod profiles;
 mod review;
 mod security;
+// The e2e tests' real agents, example service and traffic, for the browser's game day.
+#[path = "../e2e/support.rs"]
+#[allow(dead_code)]
+mod support;
 mod unreadable;
