@@ -320,3 +320,56 @@ mod tests {
         assert_eq!(Https::of(false, Some(proxy), &plain, &trusted), Https(false));
     }
 }
+
+/// A row an environment's path names by its id (`/environments/{env}/change-requests/{id}`).
+pub trait OfEnvironment {
+    /// What it is, in words (`change request`).
+    const WHAT: &'static str;
+    /// The environment it belongs to.
+    fn environment(&self) -> &str;
+}
+
+impl OfEnvironment for crate::db::RequestRow {
+    const WHAT: &'static str = "change request";
+    fn environment(&self) -> &str {
+        &self.environment
+    }
+}
+
+impl OfEnvironment for crate::db::ScheduledRow {
+    const WHAT: &'static str = "scheduled change";
+    fn environment(&self) -> &str {
+        &self.environment
+    }
+}
+
+impl OfEnvironment for crate::db::ExperimentRow {
+    const WHAT: &'static str = "experiment";
+    fn environment(&self) -> &str {
+        &self.environment
+    }
+}
+
+/// An id asked under the path of an environment it does not belong to (or of none): the
+/// API and the UI answer it as not found.
+#[derive(Debug, thiserror::Error)]
+#[error("no {what} {id} in environment {env:?}")]
+pub struct NotInEnvironment {
+    what: &'static str,
+    id: i64,
+    env: String,
+}
+
+/// `row` (read by `id`) when it belongs to environment `env`. Under another environment's
+/// path an id is answered as one that does not exist, so a path never reads or changes
+/// another environment's rows, nor says that they exist.
+///
+/// # Errors
+/// [`NotInEnvironment`] when there is no row, or it belongs to another environment.
+pub fn of_environment<T: OfEnvironment>(row: Option<T>, env: &str, id: i64) -> Result<T, NotInEnvironment> {
+    row.filter(|r| r.environment() == env).ok_or_else(|| NotInEnvironment {
+        what: T::WHAT,
+        id,
+        env: env.to_string(),
+    })
+}

@@ -11,7 +11,7 @@ use levee_agent::policy::{FieldError, PolicyError, ValidationErrors};
 use serde::Serialize;
 
 use crate::actions::{
-    BadInput, Broken, ChangeError, CreateError, Forbidden, ProfileUndo, ReasonError, TokenError,
+    BadInput, Broken, ChangeError, CreateError, Forbidden, Missing, ProfileUndo, ReasonError, TokenError,
 };
 use crate::auth::LoginError;
 use crate::db::Unreadable;
@@ -272,11 +272,23 @@ impl From<Forbidden> for ApiError {
     }
 }
 
+impl From<Missing> for ApiError {
+    fn from(m: Missing) -> Self {
+        ApiError::NotFound(m.to_string())
+    }
+}
+
+impl From<crate::web::NotInEnvironment> for ApiError {
+    fn from(e: crate::web::NotInEnvironment) -> Self {
+        ApiError::NotFound(e.to_string())
+    }
+}
+
 impl From<ChangeError> for ApiError {
     fn from(e: ChangeError) -> Self {
         match e {
             ChangeError::Forbidden(f) => f.into(),
-            ChangeError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            ChangeError::NotFound(m) => m.into(),
             ChangeError::Conflict { expected, current } => ApiError::Conflict { expected, current },
             ChangeError::Invalid(v) => ApiError::invalid(v),
             ChangeError::InvalidField(f) => ApiError::invalid_field(f),
@@ -308,7 +320,7 @@ impl From<CreateError> for ApiError {
     fn from(e: CreateError) -> Self {
         match e {
             CreateError::Forbidden(f) => f.into(),
-            CreateError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            CreateError::NotFound(m) => m.into(),
             CreateError::AlreadyExists(x) => ApiError::AlreadyExists(x.to_string()),
             CreateError::Invalid(v) => ApiError::invalid(v),
             CreateError::Refused(e) => (*e).into(),
@@ -322,7 +334,7 @@ impl From<TokenError> for ApiError {
         match e {
             TokenError::Forbidden(f) => f.into(),
             TokenError::InvalidField(f) => ApiError::invalid_field(f),
-            TokenError::NotFound(m) => ApiError::NotFound(m.to_string()),
+            TokenError::NotFound(m) => m.into(),
             TokenError::Ended(e) => ApiError::TokenEnded(e.to_string()),
             TokenError::Storage(cause) => ApiError::storage(cause),
         }

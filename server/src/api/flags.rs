@@ -74,12 +74,7 @@ pub struct ReasonQuery {
 }
 
 async fn current_flags(s: &AppState, env: &str, svc: &str) -> ApiResult<BTreeMap<String, Flag>> {
-    let snap = s
-        .store
-        .latest_snapshot(env, svc)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
-    Ok(snap.config()?.flags)
+    Ok(super::services::current_config(s, env, svc).await?.flags)
 }
 
 /// Flags of a service.

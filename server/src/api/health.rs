@@ -140,9 +140,7 @@ pub async fn get(
             ));
         }
     };
-    if s.store.service(&env, &svc).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")));
-    }
+    super::services::service_or_404(&s, &env, &svc).await?;
     let revisions = s
         .health
         .by_revision_and_subject(&env, &svc, since)

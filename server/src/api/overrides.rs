@@ -4,14 +4,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use levee_agent::policy::{
-    BreakerOverride, BreakerOverrideState, FaultAction, FaultRule, ServiceConfig, Timestamp,
-};
+use levee_agent::policy::{BreakerOverride, BreakerOverrideState, FaultAction, FaultRule, Timestamp};
 use serde::Deserialize;
 
 use super::flags::ReasonQuery;
-use super::services::{if_match, write_response};
-use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
+use super::services::{current_config, if_match, write_response};
+use super::{ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, Name, NewFaultRule, NewOverride, Reason, ServiceAt};
 use crate::web::{AppState, RequestId};
 
@@ -67,15 +65,6 @@ pub struct PutFault {
     pub reason: String,
 }
 
-async fn current(s: &AppState, env: &str, svc: &str) -> ApiResult<ServiceConfig> {
-    let snap = s
-        .store
-        .latest_snapshot(env, svc)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
-    Ok(snap.config()?)
-}
-
 /// Breaker overrides of a service.
 #[utoipa::path(get, path = "/api/v1/environments/{env}/services/{svc}/breaker-overrides", tag = "overrides",
     params(("env" = String, Path), ("svc" = String, Path)), responses((status = 200, body = [BreakerOverride])))]
@@ -84,7 +73,7 @@ pub async fn list_overrides(
     _a: Auth,
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Json<Vec<BreakerOverride>>> {
-    Ok(Json(current(&s, &env, &svc).await?.breaker_overrides))
+    Ok(Json(current_config(&s, &env, &svc).await?.breaker_overrides))
 }
 
 /// Forces a breaker open, closed or disabled (operator), optionally until an expiry.
@@ -139,7 +128,7 @@ pub async fn list_faults(
     _a: Auth,
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Json<Vec<FaultRule>>> {
-    Ok(Json(current(&s, &env, &svc).await?.faults))
+    Ok(Json(current_config(&s, &env, &svc).await?.faults))
 }
 
 /// Creates or replaces a fault rule (operator; only where the environment allows faults).

@@ -16,7 +16,7 @@ use crate::actions::{Action, BadInput, Proposal, Reason, request_sides};
 use crate::db::{ChangeKind, RequestRow, RequestState};
 use crate::diff::{DiffEntry, json_diff};
 use crate::experiments::{ExperimentSpec, new_experiment};
-use crate::web::{AppState, RequestId};
+use crate::web::{AppState, RequestId, of_environment};
 
 /// The kinds of change that need an approved change request in an environment.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -194,10 +194,7 @@ fn proposal(b: ProposeBody) -> ApiResult<Proposal> {
 }
 
 async fn in_env(s: &AppState, env: &str, id: i64) -> ApiResult<RequestRow> {
-    match s.store.request(id).await? {
-        Some(r) if r.environment == env => Ok(r),
-        _ => Err(ApiError::NotFound(format!("no change request {id} in environment {env:?}"))),
-    }
+    Ok(of_environment(s.store.request(id).await?, env, id)?)
 }
 
 /// The kinds of change that need approval in an environment.

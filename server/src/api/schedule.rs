@@ -11,11 +11,11 @@ use serde_json::Value;
 
 use super::flags::ReasonQuery;
 use super::requests::{change_kind, need};
-use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
+use super::{ApiJson, ApiQuery, ApiResult, Auth};
 use crate::actions::{Action, NewSchedule, Planned, Reason};
 use crate::db::{ChangeKind, ScheduledRow, ScheduledState};
 use crate::experiments::{ExperimentSpec, new_experiment};
-use crate::web::{AppState, RequestId};
+use crate::web::{AppState, RequestId, of_environment};
 
 /// A scheduled change and how it ended.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -189,12 +189,7 @@ pub async fn get_one(
     a: Auth,
     Path((env, id)): Path<(String, i64)>,
 ) -> ApiResult<Json<ScheduledView>> {
-    let c = s
-        .store
-        .scheduled(id)
-        .await?
-        .filter(|c| c.environment == env)
-        .ok_or_else(|| ApiError::NotFound(format!("no scheduled change {id} in environment {env:?}")))?;
+    let c = in_env(&s, &env, id).await?;
     one_seen(&s, c, &a).await
 }
 
@@ -249,7 +244,7 @@ pub async fn reschedule(
 ) -> ApiResult<Json<ScheduledView>> {
     let by = auth.actor(Action::ScheduleUpdate, &rid)?;
     let reason = Reason::parse(&req.reason)?;
-    same_env(&s, &env, id).await?;
+    in_env(&s, &env, id).await?;
     let c = s.actions.reschedule_change(&by, &reason, id, Some(req.run_at), req.revert_at).await?;
     one_seen(&s, c, &auth).await
 }
@@ -267,7 +262,7 @@ pub async fn cancel(
 ) -> ApiResult<Json<ScheduledView>> {
     let by = auth.actor(Action::ScheduleCancel, &rid)?;
     let reason = Reason::parse(q.reason.as_deref().unwrap_or(""))?;
-    same_env(&s, &env, id).await?;
+    in_env(&s, &env, id).await?;
     let c = s.actions.reschedule_change(&by, &reason, id, None, None).await?;
     one_seen(&s, c, &auth).await
 }
@@ -284,9 +279,6 @@ async fn one_seen(s: &AppState, c: ScheduledRow, a: &Auth) -> ApiResult<Json<Sch
     Ok(Json(v.pop().expect("one row in, one out")))
 }
 
-async fn same_env(s: &AppState, env: &str, id: i64) -> ApiResult<()> {
-    match s.store.scheduled(id).await? {
-        Some(c) if c.environment == env => Ok(()),
-        _ => Err(ApiError::NotFound(format!("no scheduled change {id} in environment {env:?}"))),
-    }
+async fn in_env(s: &AppState, env: &str, id: i64) -> ApiResult<ScheduledRow> {
+    Ok(of_environment(s.store.scheduled(id).await?, env, id)?)
 }

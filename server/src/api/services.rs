@@ -10,7 +10,7 @@ use levee_agent::policy::{Flag, Lint, Policy, ServiceConfig};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiJson, ApiQuery, ApiResult, Auth};
-use crate::actions::{Action, Declared, NewService, Reason, ReasonError, ServiceAt, Written};
+use crate::actions::{Action, Declared, Missing, NewService, Reason, ReasonError, ServiceAt, Written};
 use crate::advice::{self, BulkheadSizing};
 use crate::db::{RevisionMeta, SnapshotRow};
 use crate::diff::{DiffEntry, json_diff};
@@ -295,11 +295,23 @@ pub(super) fn write_response(w: Written, status: StatusCode) -> Response {
     (status, [(header::ETAG, etag(rev))], Json(body)).into_response()
 }
 
-async fn service_or_404(s: &AppState, env: &str, svc: &str) -> ApiResult<crate::db::ServiceRow> {
-    s.store
-        .service(env, svc)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))
+/// 404 for a service that does not exist (or was deleted), in the actions' words.
+fn no_service(env: &str, svc: &str) -> ApiError {
+    Missing::Service { env: env.to_string(), service: svc.to_string() }.into()
+}
+
+pub(super) async fn service_or_404(s: &AppState, env: &str, svc: &str) -> ApiResult<crate::db::ServiceRow> {
+    s.store.service(env, svc).await?.ok_or_else(|| no_service(env, svc))
+}
+
+/// The newest snapshot of a service, or 404.
+pub(super) async fn latest_or_404(s: &AppState, env: &str, svc: &str) -> ApiResult<SnapshotRow> {
+    s.store.latest_snapshot(env, svc).await?.ok_or_else(|| no_service(env, svc))
+}
+
+/// The configuration agents have now (the newest snapshot's body), or 404.
+pub(super) async fn current_config(s: &AppState, env: &str, svc: &str) -> ApiResult<ServiceConfig> {
+    Ok(latest_or_404(s, env, svc).await?.config()?)
 }
 
 /// Lists the services of an environment.
@@ -470,12 +482,9 @@ pub async fn get_snapshot(
     _a: Auth,
     Path((env, svc)): Path<(String, String)>,
 ) -> ApiResult<Response> {
+    // A deleted service keeps its snapshots (its history) but has no current one.
     service_or_404(&s, &env, &svc).await?;
-    let snap = s
-        .store
-        .latest_snapshot(&env, &svc)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no service {svc:?} in environment {env:?}")))?;
+    let snap = latest_or_404(&s, &env, &svc).await?;
     let rev = snap.revision;
     Ok(([(header::ETAG, etag(rev))], Json(snapshot_doc(snap)?)).into_response())
 }

@@ -68,6 +68,12 @@ impl From<Forbidden> for UiError {
     }
 }
 
+impl From<crate::web::NotInEnvironment> for UiError {
+    fn from(e: crate::web::NotInEnvironment) -> Self {
+        UiError::NotFound(e.to_string())
+    }
+}
+
 impl From<ChangeError> for UiError {
     fn from(e: ChangeError) -> Self {
         match e {

@@ -21,7 +21,7 @@ use crate::db::{ChangeKind, ExperimentRow};
 use crate::experiments::Reading;
 use crate::experiments::report::{self, Report};
 use crate::experiments::spec::{BlastRadius, ExperimentSpec, FaultSpec, Probe, level_rank};
-use crate::web::{AppState, RequestId};
+use crate::web::{AppState, RequestId, of_environment};
 
 fn list_url(env: &str) -> String {
     format!("/ui/environments/{}/experiments", seg(env))
@@ -760,10 +760,7 @@ pub struct DoneQuery {
 }
 
 async fn experiment(s: &AppState, env: &str, id: i64) -> Result<ExperimentRow, UiError> {
-    match s.store.experiment(id).await? {
-        Some(e) if e.environment == env => Ok(e),
-        _ => Err(UiError::NotFound(format!("no experiment {id} in {env:?}"))),
-    }
+    Ok(of_environment(s.store.experiment(id).await?, env, id)?)
 }
 
 /// Experiment `id` as `user` may see it, and whether they see what it injected: a game day

@@ -23,7 +23,7 @@ use super::session::{Posted, UiUser, reason};
 use crate::actions::{Action, ChangeError, NewSchedule, Planned, Proposal, request_sides};
 use crate::db::{RequestRow, RequestState, ScheduledRow};
 use crate::diff::json_diff;
-use crate::web::{AppState, RequestId};
+use crate::web::{AppState, RequestId, of_environment};
 
 /// Query after a change: what was done.
 #[derive(Debug, Deserialize)]
@@ -252,10 +252,7 @@ pub async fn cancel(
         Ok(r) => r,
         Err(m) => return scheduled_page(&s, &user, &env, None, Some(m), ScheduleForm::default()).await,
     };
-    match s.store.scheduled(id).await? {
-        Some(c) if c.environment == env => {}
-        _ => return Err(UiError::NotFound(format!("no scheduled change {id} in {env:?}"))),
-    }
+    of_environment(s.store.scheduled(id).await?, &env, id)?;
     match s.actions.reschedule_change(&by, &why, id, None, None).await {
         Ok(_) => {
             let msg = format!("Cancelled scheduled change {id}");
@@ -434,10 +431,7 @@ pub async fn decide(
         Ok(r) => r,
         Err(m) => return requests_page(&s, &user, &env, None, Some(m), ProposeForm::default()).await,
     };
-    match s.store.request(id).await? {
-        Some(r) if r.environment == env => {}
-        _ => return Err(UiError::NotFound(format!("no change request {id} in {env:?}"))),
-    }
+    of_environment(s.store.request(id).await?, &env, id)?;
     let res = match action {
         Action::RequestApprove => s.actions.approve_request(&by, &why, id, form.version).await,
         Action::RequestReject => s.actions.reject_request(&by, &why, id).await,
