@@ -239,14 +239,9 @@ impl OnFallback {
     pub(crate) fn current(&self) -> Option<(policy::FallbackLevel, i64)> {
         use std::sync::atomic::Ordering::Relaxed;
         let since = self.since_ms.load(Relaxed);
-        const LEVELS: [policy::FallbackLevel; 5] = [
-            policy::FallbackLevel::Fresh,
-            policy::FallbackLevel::Stale,
-            policy::FallbackLevel::Generic,
-            policy::FallbackLevel::EmptyMarked,
-            policy::FallbackLevel::FeatureError,
-        ];
-        let level = LEVELS[usize::from(self.level.load(Relaxed)).min(LEVELS.len() - 1)];
+        // The level was stored as its rank (`level as u8`).
+        let levels = policy::FallbackLevel::ALL;
+        let level = levels[usize::from(self.level.load(Relaxed)).min(levels.len() - 1)];
         (since != 0).then_some((level, since))
     }
 }

@@ -14,14 +14,6 @@ use crate::policy::{FallbackLevel, Timestamp};
 /// Name under which features past the tracker's capacity are counted together.
 pub const OVERFLOW_FEATURE: &str = "_overflow";
 
-const LEVELS: [FallbackLevel; 5] = [
-    FallbackLevel::Fresh,
-    FallbackLevel::Stale,
-    FallbackLevel::Generic,
-    FallbackLevel::EmptyMarked,
-    FallbackLevel::FeatureError,
-];
-
 #[derive(Debug)]
 struct FeatureState {
     name: Arc<str>,
@@ -120,7 +112,9 @@ impl FeatureHandle {
     fn status(&self) -> FeatureDegradation {
         let s = &*self.state;
         let since = s.since_mono.load(Ordering::Relaxed);
-        let level = LEVELS[usize::from(s.level.load(Ordering::Relaxed)).min(4)];
+        // Stored as its rank (`level as u8`).
+        let level = FallbackLevel::ALL
+            [usize::from(s.level.load(Ordering::Relaxed)).min(FallbackLevel::ALL.len() - 1)];
         let (degraded_since, degraded_for) = if since == 0 {
             (None, Duration::ZERO)
         } else {
@@ -134,7 +128,7 @@ impl FeatureHandle {
         };
         s.degraded_seconds(degraded_for.as_secs_f64());
         // Registers the series with a recorder installed since the feature was first seen.
-        for l in LEVELS {
+        for l in FallbackLevel::ALL {
             s.results(l);
         }
         FeatureDegradation { feature: s.name.to_string(), level, degraded_since, degraded_for }
@@ -203,7 +197,7 @@ impl FeatureTracker {
             degraded_seconds: OnceLock::new(),
         });
         if names::recorder_installed() {
-            for l in LEVELS {
+            for l in FallbackLevel::ALL {
                 state.results(l);
             }
             state.degraded_seconds(0.0);

@@ -482,6 +482,18 @@ impl FallbackLevel {
         FallbackLevel::FeatureError,
     ];
 
+    /// Position in [`FallbackLevel::ALL`]: 0 is the best level, and a larger rank a worse
+    /// one (the order `Ord` compares by).
+    pub const fn rank(self) -> usize {
+        self as usize
+    }
+
+    /// The level [`FallbackLevel::as_str`] spells `word`, if any (how a status report and
+    /// an experiment's probe name it).
+    pub fn parse(word: &str) -> Option<FallbackLevel> {
+        Self::ALL.into_iter().find(|l| l.as_str() == word)
+    }
+
     /// The level as an upper-case label (`"STALE"`), used in metrics and status reports.
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -500,3 +500,14 @@ fn wrong_type_without_a_stated_range_names_the_type_range() {
     let all = err.field_errors();
     assert!(all.iter().any(|e| e.path.starts_with("flags.pricing.enabled")), "{all:?}");
 }
+
+#[test]
+fn fallback_levels_rank_and_read_back_in_their_order() {
+    for (i, l) in FallbackLevel::ALL.into_iter().enumerate() {
+        assert_eq!(l.rank(), i);
+        assert_eq!(FallbackLevel::parse(l.as_str()), Some(l));
+    }
+    assert!(FallbackLevel::Fresh < FallbackLevel::Generic);
+    assert_eq!(FallbackLevel::parse("fresh"), None);
+    assert_eq!(FallbackLevel::parse("UNRECOGNIZED"), None);
+}

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use levee_agent::policy::FallbackLevel;
 use serde::{Deserialize, Serialize};
 
-use super::spec::{ExperimentSpec, Probe, level_rank};
+use super::spec::{ExperimentSpec, Probe};
 
 /// Where in the experiment a reading was taken.
 #[derive(
@@ -71,8 +72,10 @@ pub fn holds(probe: &Probe, observed: &Observed) -> Option<bool> {
         (Probe::SuccessRate { at_least, .. }, Observed::SuccessRate(v)) => Some(*v >= *at_least),
         (Probe::P99 { at_most, .. }, Observed::P99Ms(v)) => Some(*v <= at_most.as_secs_f64() * 1000.0),
         (Probe::FeatureLevel { at_least, .. }, Observed::Level(l)) => {
-            // An unknown word (an agent's UNRECOGNIZED) is not a level that holds.
-            Some(level_rank(l).zip(level_rank(at_least)).is_some_and(|(seen, wanted)| seen <= wanted))
+            // An unknown word (an agent's UNRECOGNIZED) is not a level that holds; a better
+            // level orders first.
+            let (seen, wanted) = (FallbackLevel::parse(l), FallbackLevel::parse(at_least));
+            Some(seen.zip(wanted).is_some_and(|(seen, wanted)| seen <= wanted))
         }
         (Probe::Ready(_), Observed::NotReady { instances: 0, .. }) => None,
         (Probe::Ready(_), Observed::NotReady { not_ready, .. }) => Some(*not_ready == 0),

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use super::judge::Observed;
-use super::spec::{ExperimentSpec, LEVELS, Probe, level_rank};
+use levee_agent::policy::FallbackLevel;
+
+use super::spec::{ExperimentSpec, Probe};
 use crate::db::Store;
 use crate::health::{Health, SubjectFilter, SubjectKind};
 
@@ -80,7 +82,7 @@ fn worst_level<'a>(statuses: impl Iterator<Item = &'a serde_json::Value>, featur
         let Some(features) = v.get("features").and_then(|f| f.as_array()) else { continue };
         for f in features.iter().filter(|f| f.get("feature").and_then(|n| n.as_str()) == Some(feature)) {
             let level = f.get("level").and_then(|l| l.as_str()).unwrap_or("").to_string();
-            let rank = level_rank(&level).unwrap_or(LEVELS.len());
+            let rank = FallbackLevel::parse(&level).map_or(FallbackLevel::ALL.len(), FallbackLevel::rank);
             if worst.as_ref().is_none_or(|(r, _)| rank > *r) {
                 worst = Some((rank, level));
             }

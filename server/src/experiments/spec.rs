@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use levee_agent::policy::{FaultAction, FieldError, check_name, duration};
+use levee_agent::policy::{FallbackLevel, FaultAction, FieldError, check_name, duration};
 use serde::{Deserialize, Serialize};
 
 /// Longest fault an experiment injects.
@@ -161,7 +161,7 @@ pub enum Probe {
     /// (FRESH > STALE > GENERIC > EMPTY_MARKED > FEATURE_ERROR).
     FeatureLevel {
         feature: String,
-        /// The worst level that holds.
+        /// The worst level that holds: a word of `FallbackLevel::as_str`.
         at_least: String,
     },
     /// Every instance that reports says it is ready.
@@ -174,14 +174,6 @@ pub enum Probe {
 pub struct SubjectSpec<'a> {
     pub route: Option<&'a str>,
     pub dependency: Option<&'a str>,
-}
-
-/// The feature levels, best first (the agents' words).
-pub const LEVELS: [&str; 5] = ["FRESH", "STALE", "GENERIC", "EMPTY_MARKED", "FEATURE_ERROR"];
-
-/// Rank of a level word: 0 is best; `None` for an unknown word.
-pub fn level_rank(level: &str) -> Option<usize> {
-    LEVELS.iter().position(|l| *l == level)
 }
 
 /// Longest route template or dependency name a probe may name.
@@ -356,11 +348,14 @@ impl ExperimentSpec {
                     if let Err(m) = check_name(feature) {
                         e.push(err(&format!("{path}.feature_level.feature"), &format!("{feature:?}"), m));
                     }
-                    if level_rank(at_least).is_none() {
+                    if FallbackLevel::parse(at_least).is_none() {
                         e.push(err(
                             &format!("{path}.feature_level.at_least"),
                             &format!("{at_least:?}"),
-                            &format!("must be one of {}", LEVELS.join(", ")),
+                            &format!(
+                                "must be one of {}",
+                                FallbackLevel::ALL.map(FallbackLevel::as_str).join(", ")
+                            ),
                         ));
                     }
                 }

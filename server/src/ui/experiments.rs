@@ -9,7 +9,7 @@ use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
-use levee_agent::policy::{FaultAction, FieldError, ValidationErrors, duration as dur};
+use levee_agent::policy::{FallbackLevel, FaultAction, FieldError, ValidationErrors, duration as dur};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -20,7 +20,7 @@ use crate::actions::{Action, ChangeError, Started};
 use crate::db::{ChangeKind, ExperimentRow};
 use crate::experiments::Reading;
 use crate::experiments::report::{self, Report};
-use crate::experiments::spec::{BlastRadius, ExperimentSpec, FaultSpec, Probe, level_rank};
+use crate::experiments::spec::{BlastRadius, ExperimentSpec, FaultSpec, Probe};
 use crate::web::{AppState, RequestId, of_environment};
 
 fn list_url(env: &str) -> String {
@@ -621,7 +621,7 @@ const CHART_H: f64 = 120.0;
 /// the threshold the same way; `None` when it has no number.
 fn plotted(probe: &Probe, v: &Value) -> Option<f64> {
     match probe {
-        Probe::FeatureLevel { .. } => v.as_str().and_then(level_rank).map(|r| -(r as f64)),
+        Probe::FeatureLevel { .. } => v.as_str().and_then(FallbackLevel::parse).map(|l| -(l.rank() as f64)),
         _ => v.as_f64(),
     }
 }
@@ -630,9 +630,10 @@ fn threshold(probe: &Probe) -> (f64, String) {
     match probe {
         Probe::SuccessRate { at_least, .. } => (*at_least, format!("≥ {at_least} %")),
         Probe::P99 { at_most, .. } => (at_most.as_secs_f64() * 1000.0, format!("≤ {}", duration(*at_most))),
-        Probe::FeatureLevel { at_least, .. } => {
-            (-(level_rank(at_least).unwrap_or(0) as f64), format!("{at_least} or better"))
-        }
+        Probe::FeatureLevel { at_least, .. } => (
+            -(FallbackLevel::parse(at_least).map_or(0, FallbackLevel::rank) as f64),
+            format!("{at_least} or better"),
+        ),
         Probe::Ready(_) => (0.0, "0 not ready".into()),
     }
 }
@@ -695,10 +696,9 @@ fn charts(e: &ExperimentRow, r: &Report) -> Vec<Chart> {
                 (x(from), (x(to) - x(from)).max(1.0))
             });
             let label = |v: f64| match probe {
-                Probe::FeatureLevel { .. } => crate::experiments::spec::LEVELS
+                Probe::FeatureLevel { .. } => FallbackLevel::ALL
                     .get((-v).round().max(0.0) as usize)
-                    .copied()
-                    .unwrap_or("")
+                    .map_or("", |l| l.as_str())
                     .to_string(),
                 Probe::P99 { .. } => format!("{:.0} ms", v),
                 Probe::SuccessRate { .. } => format!("{:.1} %", v),
