@@ -27,6 +27,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{CliError, Connection};
+use crate::db::{ExperimentState, RequestState};
 
 /// Exit code of an experiment whose verdict is `failed`.
 pub const EXIT_FAILED: u8 = 3;
@@ -108,7 +109,7 @@ pub struct GetArgs {
 struct View {
     id: i64,
     name: String,
-    state: String,
+    state: ExperimentState,
     verdict: Option<String>,
     why: Option<String>,
 }
@@ -117,7 +118,7 @@ struct View {
 #[derive(Debug, Deserialize)]
 struct Request {
     id: i64,
-    state: String,
+    state: RequestState,
     approved_by: Option<String>,
     decided_reason: Option<String>,
     outcome: Option<String>,
@@ -237,9 +238,9 @@ async fn approved(
     println!("waiting for another person to approve change request {id}");
     loop {
         let r: Request = api.get(&path).await?;
-        match r.state.as_str() {
-            "open" => {}
-            "approved" => {
+        match r.state {
+            RequestState::Open => {}
+            RequestState::Approved => {
                 println!(
                     "change request {id} approved by {}: applying it",
                     r.approved_by.as_deref().unwrap_or("someone")
@@ -263,7 +264,7 @@ async fn approved(
                     return Ok(Ok(e));
                 }
             }
-            "applied" => {
+            RequestState::Applied => {
                 if let Some(e) = r.experiment_id {
                     println!("change request {id} was applied: experiment {e} started");
                     return Ok(Ok(e));
@@ -338,7 +339,7 @@ async fn follow(api: &super::Api, id: i64) -> Result<ExitCode, CliError> {
             print_event(e);
         }
         shown = r.timeline.len();
-        if r.experiment.state == "done" {
+        if !r.experiment.state.is_running() {
             print_game_day(r.game_day.as_ref());
         }
         if let Some(code) = ended(&r.experiment) {
@@ -362,7 +363,7 @@ fn print_event(e: &Event) {
 
 /// The exit code of an ended experiment (its verdict, printed), `None` while it runs.
 fn ended(v: &View) -> Option<ExitCode> {
-    if v.state != "done" {
+    if v.state.is_running() {
         return None;
     }
     let verdict = v.verdict.as_deref().unwrap_or("");

@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::session::{seg, write_private};
 use super::{CliError, Connection};
+use crate::db::TokenKind;
 
 /// A token that expires within this is marked by `levee tokens list` (and counted on
 /// stderr): time to rotate it. A token whose end a rotation or a revocation set is not:
@@ -116,7 +117,7 @@ pub struct RevokeArgs {
 #[derive(Debug, Deserialize)]
 struct Listed {
     id: String,
-    kind: String,
+    kind: TokenKind,
     name: String,
     #[serde(default)]
     role: Option<String>,
@@ -148,11 +149,11 @@ impl Listed {
     }
 
     fn scope(&self) -> String {
-        match self.kind.as_str() {
-            "agent" | "flags" => {
+        match self.kind {
+            TokenKind::Agent | TokenKind::Flags => {
                 format!("{}/{}", self.environment.as_deref().unwrap_or(""), self.services.join(","))
             }
-            _ => format!("role {}", self.role.as_deref().unwrap_or("viewer")),
+            TokenKind::Api => format!("role {}", self.role.as_deref().unwrap_or("viewer")),
         }
     }
 }
@@ -190,7 +191,7 @@ pub async fn run(cmd: TokensCommand) -> Result<ExitCode, CliError> {
                 } else {
                     end
                 };
-                println!("{:<36}  {:<5}  {:<24}  {:<32}  {end}", t.id, t.kind, t.name, t.scope());
+                println!("{:<36}  {:<5}  {:<24}  {:<32}  {end}", t.id, t.kind.as_str(), t.name, t.scope());
             }
             if soon > 0 {
                 eprintln!(

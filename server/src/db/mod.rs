@@ -12,18 +12,20 @@
 //! (not found, conflict, invalid, the caller's own refusal, database failure).
 
 /// A closed set of values a column stores as words: the enum, its `ALL` values, `as_str`
-/// (the stored word, which serde writes too), `parse` of what the database holds (an unknown
-/// word is an error naming the column) and `Display`. The words are the variants' names in
-/// snake case (checked by a test per enum).
+/// (the stored word, which serde reads and writes too: the API's word is the column's),
+/// `parse` of what the database holds (an unknown word is an error naming the column) and
+/// `Display`.
 macro_rules! stored_words {
     ($(#[$m:meta])* pub enum $name:ident in $column:literal {
         $($(#[$vm:meta])* $variant:ident => $word:literal),+ $(,)?
     }) => {
         $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, utoipa::ToSchema)]
-        #[serde(rename_all = "snake_case")]
+        // The API and the CLI read and write the stored word, so serde spells it too.
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+        )]
         pub enum $name {
-            $($(#[$vm])* $variant),+
+            $($(#[$vm])* #[serde(rename = $word)] $variant),+
         }
 
         impl $name {
