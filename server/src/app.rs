@@ -140,7 +140,7 @@ async fn metrics_text(State(s): State<AppState>, headers: axum::http::HeaderMap)
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(crate::auth::bearer_token)
             .unwrap_or("");
         if !token.matches(given) {
             return (

@@ -26,6 +26,7 @@ pub mod rollout;
 pub mod runtime;
 pub mod shutdown;
 pub mod sidecar;
+pub mod streams;
 pub mod sweeper;
 pub mod sync;
 pub mod tls;

@@ -47,10 +47,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // (every change an action) and the watchdog, a task stopped like the others.
     ("experiments", &["actions", "db", "health", "shutdown"]),
     ("tls", &["shutdown"]),
-    ("sync", &["agent_text", "auth", "db", "fleet", "health", "hub", "rollout", "runtime", "shutdown"]),
+    // streams: what a new stream of sync and xds passes (stopping, token, scope), told once.
+    ("streams", &["auth", "db", "runtime", "shutdown"]),
+    (
+        "sync",
+        &["agent_text", "auth", "db", "fleet", "health", "hub", "rollout", "runtime", "shutdown", "streams"],
+    ),
     // xds: the outbound policy over Envoy's ADS, pushed as the hub publishes, to the
     // instance's revision during a rollout.
-    ("xds", &["agent_text", "auth", "db", "hub", "rollout", "runtime", "shutdown"]),
+    ("xds", &["agent_text", "auth", "db", "hub", "rollout", "runtime", "shutdown", "streams"]),
     // config: the defaults of the settings it loads (stream limits, the agent lease, TLS
     // files, the endpoints xDS serves, how often the sweeper drives rollouts).
     ("config", &["fleet", "runtime", "sweeper", "sync", "tls", "xds"]),

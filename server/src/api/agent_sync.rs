@@ -15,7 +15,7 @@ use serde::Deserialize;
 use std::time::Duration;
 
 use super::{ApiError, ApiQuery, ApiResult};
-use crate::auth::{AuthError, authenticate_agent};
+use crate::auth::{AuthError, authenticate_agent, bearer_token};
 use crate::db::SnapshotRow;
 use crate::rollout;
 use crate::web::AppState;
@@ -66,19 +66,13 @@ pub async fn poll(
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(bearer_token)
         .ok_or_else(|| ApiError::Unauthorized("missing agent bearer token".into()))?;
-    let principal = authenticate_agent(&s.keys, &s.store, token.trim()).await.map_err(|e| match e {
+    let principal = authenticate_agent(&s.keys, &s.store, token).await.map_err(|e| match e {
         AuthError::Unavailable(cause) => ApiError::unavailable(cause),
         other => ApiError::Unauthorized(format!("agent token refused: {other}")),
     })?;
-    if principal.environment != env || !principal.services.iter().any(|p| p == &svc) {
-        return Err(ApiError::Forbidden(format!(
-            "this token is scoped to environment {:?} and services {}, not {env}/{svc}",
-            principal.environment,
-            principal.services.join(", ")
-        )));
-    }
+    principal.check_scope(&env, &svc).map_err(|e| ApiError::Forbidden(e.to_string()))?;
     let wait = q.wait.unwrap_or(LONG_POLL_MAX);
     if wait > LONG_POLL_MAX {
         return Err(crate::actions::BadInput::rule("wait", format!("{wait:?}"), "must be at most 30s").into());

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 
 use super::ApiError;
 use crate::actions::{Action, Actor, Via};
-use crate::auth::{AuthError, Principal, authenticate_api, authenticate_ui};
+use crate::auth::{AuthError, Principal, authenticate_api, authenticate_ui, bearer_token};
 use crate::db::Role;
 use crate::web::{AppState, Refusals, RequestId, SESSION_COOKIE, cookie};
 
@@ -57,15 +57,13 @@ impl FromRequestParts<AppState> for Auth {
                 let v = v
                     .to_str()
                     .map_err(|_| ApiError::Unauthorized("malformed Authorization header".into()))?;
-                let t = v
-                    .strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
+                let t = bearer_token(v)
                     .ok_or_else(|| ApiError::Unauthorized("Authorization must be `Bearer <token>`".into()))?;
                 let via = match parts.headers.get("x-levee-client").and_then(|v| v.to_str().ok()) {
                     Some("cli") => Via::Cli,
                     _ => Via::Api,
                 };
-                (t.trim().to_string(), via)
+                (t.to_string(), via)
             }
             None => match cookie(&parts.headers, SESSION_COOKIE) {
                 // The session cookie reads the API from the browser; a change through the

@@ -19,7 +19,7 @@ use levee_agent::ofrep::{self, Bulk, Context, ErrorCode, Evaluation, Failure, Re
 use levee_agent::policy::Timestamp;
 
 use super::{ApiError, ApiResult};
-use crate::auth::{AgentPrincipal, AuthError, authenticate_flags};
+use crate::auth::{AgentPrincipal, AuthError, authenticate_flags, bearer_token};
 use crate::web::AppState;
 
 /// Body of an evaluation request (OFREP's `evaluationRequest`), as the OpenAPI document
@@ -111,10 +111,7 @@ pub async fn evaluate_all(State(s): State<AppState>, headers: HeaderMap, body: B
 /// The flags token of a request: `Authorization: Bearer <token>`, or `X-API-Key: <token>`
 /// (the two ways OFREP providers send one).
 async fn authenticate(s: &AppState, headers: &HeaderMap) -> ApiResult<AgentPrincipal> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
     let token =
         bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok())).ok_or_else(|| {
             ApiError::Unauthorized("missing flags token (Authorization: Bearer, or X-API-Key)".into())

@@ -146,6 +146,58 @@ pub struct AgentPrincipal {
     pub revoked_at: Option<i64>,
 }
 
+impl AgentPrincipal {
+    /// The one scope rule of an agent or flags token: it reads only its own environment.
+    ///
+    /// # Errors
+    /// [`ScopeError::Environment`] naming both environments.
+    pub fn check_environment(&self, environment: &str) -> Result<(), ScopeError> {
+        if self.environment == environment {
+            return Ok(());
+        }
+        Err(ScopeError::Environment { scoped: self.environment.clone(), asked: environment.to_string() })
+    }
+
+    /// …and of that environment only the services it names.
+    ///
+    /// # Errors
+    /// [`ScopeError::Service`] naming the service and the allowed ones.
+    pub fn check_service(&self, service: &str) -> Result<(), ScopeError> {
+        if self.services.iter().any(|s| s == service) {
+            return Ok(());
+        }
+        Err(ScopeError::Service { service: service.to_string(), allowed: self.services.join(", ") })
+    }
+
+    /// Both: it may read `service` of `environment`.
+    ///
+    /// # Errors
+    /// The first of [`AgentPrincipal::check_environment`] and
+    /// [`AgentPrincipal::check_service`] that refuses.
+    pub fn check_scope(&self, environment: &str, service: &str) -> Result<(), ScopeError> {
+        self.check_environment(environment)?;
+        self.check_service(service)
+    }
+}
+
+/// Why a scoped token may not read a service.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScopeError {
+    /// Another environment than the token's.
+    #[error("this token is scoped to environment {scoped:?}, not {asked:?}")]
+    Environment { scoped: String, asked: String },
+    /// A service the token does not name.
+    #[error("this token is not scoped to service {service:?} (allowed: {allowed})")]
+    Service { service: String, allowed: String },
+}
+
+/// The token of an `Authorization` header's value `Bearer <token>` (the scheme in either
+/// case, the token trimmed); `None` for another scheme.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let token = authorization.strip_prefix("Bearer ").or_else(|| authorization.strip_prefix("bearer "))?;
+    Some(token.trim())
+}
+
 /// Why a token was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {

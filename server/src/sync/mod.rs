@@ -29,12 +29,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::agent_text;
-use crate::auth::{AuthError, Keys, authenticate_agent};
+use crate::auth::{AuthError, Keys};
 use crate::db::Store;
 use crate::fleet::FleetWriter;
 use crate::health::Health;
 use crate::hub::Hub;
 use crate::runtime::DbRuntime;
+use crate::streams;
 
 mod limits;
 mod refusals;
@@ -151,12 +152,6 @@ impl SyncService {
     }
 }
 
-fn bearer(req: &Request<Streaming<AgentMessage>>) -> Option<String> {
-    let v = req.metadata().get("authorization")?.to_str().ok()?;
-    let t = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))?;
-    Some(t.trim().to_string())
-}
-
 type SyncStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -181,25 +176,15 @@ impl SyncService {
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<SyncStream>, (Refusal, Status)> {
         let inner = self.inner.clone();
-        if crate::shutdown::is_stopped(&inner.shutdown) {
-            return Err((
-                Refusal::ShuttingDown,
-                Status::unavailable("server shutting down; reconnect with backoff"),
-            ));
-        }
+        streams::refuse_if_stopping(&inner.shutdown).map_err(|s| (Refusal::ShuttingDown, s))?;
         if !inner.limiter.try_take().await {
             return Err((Refusal::Rate, Status::unavailable("too many new streams; retry with backoff")));
         }
         let unauthenticated = |m: String| (Refusal::Unauthenticated, Status::unauthenticated(m));
-        let token = bearer(&req).ok_or_else(|| unauthenticated("missing bearer token".into()))?;
+        let token = streams::bearer(&req).ok_or_else(|| unauthenticated("missing bearer token".into()))?;
         // The database answered for this stream's token: read it for the rest of the setup.
         let mut db_ok = true;
-        let checked = {
-            let (i, token) = (inner.clone(), token.clone());
-            inner.db.run(async move { authenticate_agent(&i.keys, &i.store, &token).await }).await
-        };
-        let checked = checked.unwrap_or_else(|| Err(AuthError::Unavailable("the server is stopping".into())));
-        let principal = match checked {
+        let principal = match streams::authenticate(&inner.db, &inner.keys, &inner.store, &token).await {
             Ok(p) => {
                 inner.verified.remember(&p).await;
                 p
@@ -213,24 +198,17 @@ impl SyncService {
                         db_ok = false;
                         p
                     }
-                    None => {
-                        return Err((
-                            Refusal::Unavailable,
-                            Status::unavailable(
-                                "the token cannot be checked now: the database is unavailable; retry with backoff",
-                            ),
-                        ));
-                    }
+                    None => return Err((Refusal::Unavailable, streams::unavailable())),
                 }
             }
-            Err(AuthError::Missing) => return Err(unauthenticated("missing bearer token".into())),
-            Err(e @ (AuthError::Revoked | AuthError::UserGone)) => {
-                if let Ok(c) = inner.keys.verify(&token, crate::auth::AUDIENCE_AGENT) {
+            Err(e) => {
+                if matches!(e, AuthError::Revoked | AuthError::UserGone)
+                    && let Ok(c) = inner.keys.verify(&token, crate::auth::AUDIENCE_AGENT)
+                {
                     inner.verified.forget(&c.jti).await;
                 }
-                return Err(unauthenticated(format!("agent token refused: {e}")));
+                return Err((Refusal::Unauthenticated, streams::refused(&e)));
             }
-            Err(other) => return Err(unauthenticated(format!("agent token refused: {other}"))),
         };
         let mut incoming = req.into_inner();
         let bad_hello = |s: Status| (Refusal::Hello, s);
@@ -240,29 +218,13 @@ impl SyncService {
             Ok(Err(s)) => return Err(bad_hello(s)),
             Err(_) => return Err(bad_hello(Status::deadline_exceeded("no Hello received in time"))),
         };
-        if hello.environment != principal.environment {
-            return Err((
-                Refusal::Scope,
-                Status::permission_denied(format!(
-                    "this token is scoped to environment {:?}, not {:?}",
-                    principal.environment, hello.environment
-                )),
-            ));
-        }
+        let out_of_scope = |e| (Refusal::Scope, streams::out_of_scope(&e));
+        principal.check_environment(&hello.environment).map_err(out_of_scope)?;
         if hello.services.is_empty() {
             return Err(bad_hello(Status::invalid_argument("Hello names no service")));
         }
         for s in &hello.services {
-            if !principal.services.iter().any(|p| p == &s.name) {
-                return Err((
-                    Refusal::Scope,
-                    Status::permission_denied(format!(
-                        "this token is not scoped to service {:?} (allowed: {})",
-                        s.name,
-                        principal.services.join(", ")
-                    )),
-                ));
-            }
+            principal.check_service(&s.name).map_err(out_of_scope)?;
         }
         // What an agent sends is untrusted (SEC-2): identifiers it chooses are refused
         // outside their alphabet rather than stored, logged and shown.

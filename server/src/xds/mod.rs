@@ -33,10 +33,11 @@ use tokio_stream::wrappers::{ReceiverStream, WatchStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::agent_text;
-use crate::auth::{AgentPrincipal, AuthError, Keys, authenticate_agent};
+use crate::auth::{AgentPrincipal, Keys};
 use crate::db::{SnapshotRow, Store};
 use crate::hub::Hub;
 use crate::rollout;
+use crate::streams;
 
 pub mod resources;
 
@@ -139,12 +140,6 @@ impl NodeId {
     }
 }
 
-fn bearer<T>(req: &Request<T>) -> Option<String> {
-    let v = req.metadata().get("authorization")?.to_str().ok()?;
-    let t = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))?;
-    Some(t.trim().to_string())
-}
-
 type AdsStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
 type DeltaStream = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
@@ -181,26 +176,13 @@ impl XdsService {
     /// within its scope) and starts its session.
     async fn accept(&self, req: Request<Streaming<DiscoveryRequest>>) -> Result<Response<AdsStream>, Status> {
         let inner = self.inner.clone();
-        if crate::shutdown::is_stopped(&inner.shutdown) {
-            return Err(Status::unavailable("server shutting down; reconnect with backoff"));
-        }
-        let token = bearer(&req).ok_or_else(|| {
+        streams::refuse_if_stopping(&inner.shutdown)?;
+        let token = streams::bearer(&req).ok_or_else(|| {
             Status::unauthenticated("missing bearer token: xDS streams carry the service's agent token")
         })?;
-        let checked = {
-            let (i, token) = (inner.clone(), token.clone());
-            inner.db.run(async move { authenticate_agent(&i.keys, &i.store, &token).await }).await
-        };
-        let checked = checked.unwrap_or_else(|| Err(AuthError::Unavailable("the server is stopping".into())));
-        let principal = match checked {
-            Ok(p) => p,
-            Err(AuthError::Unavailable(_)) => {
-                return Err(Status::unavailable(
-                    "the token cannot be checked now: the database is unavailable; retry with backoff",
-                ));
-            }
-            Err(e) => return Err(Status::unauthenticated(format!("agent token refused: {e}"))),
-        };
+        let principal = streams::authenticate(&inner.db, &inner.keys, &inner.store, &token)
+            .await
+            .map_err(|e| streams::refused(&e))?;
         let mut incoming = req.into_inner();
         let first = match tokio::time::timeout(FIRST_REQUEST_TIMEOUT, incoming.message()).await {
             Ok(Ok(Some(r))) => r,
@@ -215,29 +197,11 @@ impl XdsService {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("the first request must carry the node"))?;
         let node = NodeId::parse(&node.id).map_err(Status::invalid_argument)?;
-        check_scope(&principal, &node)?;
+        principal.check_scope(&node.environment, &node.service).map_err(|e| streams::out_of_scope(&e))?;
         let (tx, rx) = mpsc::channel::<Result<DiscoveryResponse, Status>>(16);
         tokio::spawn(run(inner, principal, node, first, incoming, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
-}
-
-/// A token reads only the services of its environment it is scoped to.
-fn check_scope(principal: &AgentPrincipal, node: &NodeId) -> Result<(), Status> {
-    if node.environment != principal.environment {
-        return Err(Status::permission_denied(format!(
-            "this token is scoped to environment {:?}, not {:?}",
-            principal.environment, node.environment
-        )));
-    }
-    if !principal.services.iter().any(|s| s == &node.service) {
-        return Err(Status::permission_denied(format!(
-            "this token is not scoped to service {:?} (allowed: {})",
-            node.service,
-            principal.services.join(", ")
-        )));
-    }
-    Ok(())
 }
 
 /// What a stream knows of one type.
