@@ -81,7 +81,7 @@ pub use fleet::{
     MAX_COUNTER_NAME, MAX_STATUS_COUNTERS,
 };
 pub use game_day::GameDayView;
-pub use health::HealthRow;
+pub use health::{HealthRow, SubjectKind};
 pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::{ChangeKind, RequestRow, RequestState};

@@ -16,14 +16,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use levee_agent::health::{
-    KIND_DEPENDENCY, KIND_ROUTE, LATENCY_BOUNDS_MS, LATENCY_BUCKETS, MAX_HEALTH_WINDOWS,
-};
+use levee_agent::health::{LATENCY_BOUNDS_MS, LATENCY_BUCKETS, MAX_HEALTH_WINDOWS};
 use levee_agent::proto::StatusReport;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::agent_text;
+pub use crate::db::SubjectKind;
 use crate::db::{HealthRow, Store, now_ms};
 
 pub use task::InstanceHealth;
@@ -45,34 +44,6 @@ pub const MAX_WINDOW_MS: u64 = 24 * 3600 * 1000;
 /// Reports queued for the aggregation task; past it a report is dropped and counted in
 /// `levee_server_health_reports_dropped_total`.
 pub const QUEUE_CAPACITY: usize = 16_384;
-
-/// What a window is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SubjectKind {
-    /// An outgoing dependency of the service.
-    Dependency,
-    /// An inbound route of the service (template or gRPC method).
-    Route,
-}
-
-impl SubjectKind {
-    /// The word of the wire and the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SubjectKind::Dependency => KIND_DEPENDENCY,
-            SubjectKind::Route => KIND_ROUTE,
-        }
-    }
-
-    fn parse(word: &str) -> Option<SubjectKind> {
-        match word {
-            KIND_DEPENDENCY => Some(SubjectKind::Dependency),
-            KIND_ROUTE => Some(SubjectKind::Route),
-            _ => None,
-        }
-    }
-}
 
 /// Which windows a query sums.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -384,10 +355,9 @@ impl Health {
             Ok(()) => rx.await.unwrap_or_default(),
             Err(_) => Vec::new(),
         };
-        type Key = (String, u64, i64, String, String);
-        let key = |r: &HealthRow| -> Key {
-            (r.replica.clone(), r.revision, r.slot_ms, r.kind.clone(), r.name.clone())
-        };
+        type Key = (String, u64, i64, Option<SubjectKind>, String);
+        let key =
+            |r: &HealthRow| -> Key { (r.replica.clone(), r.revision, r.slot_ms, r.kind, r.name.clone()) };
         let mut all: BTreeMap<Key, HealthRow> = stored.into_iter().map(|r| (key(&r), r)).collect();
         for r in pending.into_iter().filter(|r| r.slot_ms >= from_ms) {
             all.insert(key(&r), r);
@@ -430,13 +400,12 @@ impl Health {
             r.not_ready = t.not_ready;
         }
         for r in &rows {
-            if r.kind.is_empty() {
+            let Some(kind) = r.kind else {
                 let t = out.entry(r.revision).or_default();
                 t.instance_slots += r.instances;
                 t.not_ready_slots += r.not_ready;
                 continue;
-            }
-            let Some(kind) = SubjectKind::parse(&r.kind) else { continue };
+            };
             out.entry(r.revision)
                 .or_default()
                 .subjects
@@ -527,13 +496,13 @@ fn sum_by_revision(rows: &[HealthRow], filter: &SubjectFilter) -> BTreeMap<u64, 
     let mut per_slot: BTreeMap<(u64, i64), (u64, u64)> = BTreeMap::new();
     for r in rows {
         let t = out.entry(r.revision).or_insert_with(HealthTotals::empty);
-        if r.kind.is_empty() {
+        let Some(kind) = r.kind else {
             let s = per_slot.entry((r.revision, r.slot_ms)).or_default();
             s.0 += r.instances;
             s.1 += r.not_ready;
             continue;
-        }
-        if SubjectKind::parse(&r.kind).is_some_and(|k| filter.matches(k, &r.name)) {
+        };
+        if filter.matches(kind, &r.name) {
             t.add(&totals_of(r));
         }
     }

@@ -104,13 +104,13 @@ impl State {
 
     fn rows_of(&self, key: &SlotKey, slot: &Slot) -> Vec<HealthRow> {
         let (environment, service, revision, slot_ms) = key;
-        let row = |kind: &str, name: &str, t: &HealthTotals| HealthRow {
+        let row = |kind: Option<SubjectKind>, name: &str, t: &HealthTotals| HealthRow {
             replica: self.replica.clone(),
             environment: environment.clone(),
             service: service.clone(),
             revision: *revision,
             slot_ms: *slot_ms,
-            kind: kind.to_string(),
+            kind,
             name: name.to_string(),
             calls: t.calls,
             successes: t.successes,
@@ -128,8 +128,8 @@ impl State {
             not_ready: slot.not_ready.len() as u64,
             ..HealthTotals::empty()
         };
-        std::iter::once(row("", "", &head))
-            .chain(slot.subjects.iter().map(|((k, n), t)| row(k.as_str(), n, t)))
+        std::iter::once(row(None, "", &head))
+            .chain(slot.subjects.iter().map(|((k, n), t)| row(Some(*k), n, t)))
             .collect()
     }
 

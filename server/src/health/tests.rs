@@ -63,13 +63,14 @@ fn rates_and_quantiles_come_from_the_counts_and_buckets() {
 }
 
 fn row(replica: &str, rev: u64, slot: i64, kind: &str, name: &str, calls: u64, instances: u64) -> HealthRow {
+    let kind = (!kind.is_empty()).then(|| SubjectKind::parse(kind).unwrap());
     HealthRow {
         replica: replica.into(),
         environment: "prod".into(),
         service: "checkout".into(),
         revision: rev,
         slot_ms: slot,
-        kind: kind.into(),
+        kind,
         name: name.into(),
         calls,
         successes: calls,
