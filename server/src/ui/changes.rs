@@ -92,12 +92,13 @@ impl Confirm {
     }
 }
 
-/// Where to go after a change: the service page, following the new revision.
-fn after_change(env: &str, svc: &str, c: &Written) -> Response {
-    let url = if c.changed {
-        format!("{}?changed={}#propagation", service_url(env, svc), c.snapshot.revision)
-    } else {
-        format!("{}?unchanged=1", service_url(env, svc))
+/// Where to go after a change: the rollout page of a change it staged, which follows the
+/// cohort and the rest; else the service page, following the new revision.
+pub(super) fn after_change(env: &str, svc: &str, c: &Written) -> Response {
+    let url = match super::rollouts::started_by(env, c) {
+        Some(url) => url,
+        None if c.changed => format!("{}?changed={}#propagation", service_url(env, svc), c.snapshot.revision),
+        None => format!("{}?unchanged=1", service_url(env, svc)),
     };
     Redirect::to(&url).into_response()
 }

@@ -20,7 +20,7 @@
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use levee_agent::policy::{Lint, Policy};
 use serde::Deserialize;
 use serde_json::Value;
@@ -655,15 +655,7 @@ pub async fn commit(
         Err(e) => return Err(e.into()),
     };
     tracing::info!(actor = ?by.name, environment = ?env, service = ?svc, revision = w.snapshot.revision, "policy edited from the UI");
-    let url = match super::rollouts::started_by(&env, &w) {
-        // Staged: the rollout page follows the cohort and the rest.
-        Some(url) => url,
-        None if w.changed => {
-            format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)
-        }
-        None => format!("{}?unchanged=1", service_url(&env, &svc)),
-    };
-    Ok(Redirect::to(&url).into_response())
+    Ok(super::changes::after_change(&env, &svc, &w))
 }
 
 #[cfg(test)]

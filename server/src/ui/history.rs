@@ -7,7 +7,7 @@
 use askama::Template;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use levee_agent::policy::{Policy, ServiceConfig};
 use serde::Deserialize;
 use serde_json::Value;
@@ -291,15 +291,7 @@ pub async fn apply(
         Err(e) => return Err(e.into()),
     };
     tracing::info!(actor = ?by.name, environment = ?env, service = ?svc, to = form.to, revision = w.snapshot.revision, "rolled back from the UI");
-    let url = match super::rollouts::started_by(&env, &w) {
-        // Staged: the rollout page follows the cohort and the rest.
-        Some(url) => url,
-        None if w.changed => {
-            format!("{}?changed={}#propagation", service_url(&env, &svc), w.snapshot.revision)
-        }
-        None => format!("{}?unchanged=1", service_url(&env, &svc)),
-    };
-    Ok(Redirect::to(&url).into_response())
+    Ok(super::changes::after_change(&env, &svc, &w))
 }
 
 /// Proposes the rollback as a change request of revision `to`'s policy, when that is all
