@@ -1,6 +1,6 @@
 //! People who sign in: users (password hash, role) and the sessions ended before their expiry.
 
-use super::{AuditRow, Reader, Role, Store, UserRow, mutate, now_ms, timed};
+use super::{AuditRow, Reader, Role, Store, UserRow, audit, now_ms, timed};
 
 impl Reader {
     /// Looks a user up by name.
@@ -62,7 +62,7 @@ impl Store {
             return Ok(false);
         }
         if let Some(audit) = audit {
-            mutate::insert_audit(&mut tx, audit).await?;
+            audit::insert_audit(&mut tx, audit).await?;
         }
         tx.commit().await?;
         Ok(true)
@@ -95,7 +95,7 @@ impl Store {
             return Ok(false);
         }
         if let Some(audit) = audit {
-            mutate::insert_audit(&mut tx, audit).await?;
+            audit::insert_audit(&mut tx, audit).await?;
         }
         tx.commit().await?;
         Ok(true)

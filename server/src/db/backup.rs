@@ -189,7 +189,7 @@ impl Store {
                 revision: Some(to),
                 ..audit.clone()
             };
-            super::mutate::insert_audit(&mut tx, &row).await?;
+            super::audit::insert_audit(&mut tx, &row).await?;
             moved.push((env, svc, from as u64, to as u64));
         }
         tx.commit().await?;

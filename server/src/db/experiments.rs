@@ -4,7 +4,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Reader, Store, mutate};
+use super::{AuditRow, Reader, Store, audit};
 
 stored_words! {
     /// Where an experiment is: measuring the `baseline` (nothing injected), its fault
@@ -251,7 +251,7 @@ impl Store {
         }
         let mut a = audit.clone();
         a.target = format!("{} (experiment {id})", a.target);
-        mutate::insert_audit(&mut tx, &a).await?;
+        audit::insert_audit(&mut tx, &a).await?;
         tx.commit().await?;
         Ok(Some(id))
     }
@@ -328,7 +328,7 @@ impl Store {
         .await?
         .rows_affected();
         if n == 1 {
-            mutate::insert_audit(&mut tx, audit).await?;
+            audit::insert_audit(&mut tx, audit).await?;
         }
         tx.commit().await?;
         Ok(n == 1)
@@ -358,7 +358,7 @@ impl Store {
         .await?
         .rows_affected();
         if n == 1 {
-            mutate::insert_audit(&mut tx, audit).await?;
+            audit::insert_audit(&mut tx, audit).await?;
         }
         tx.commit().await?;
         Ok(n == 1)

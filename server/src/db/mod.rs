@@ -66,6 +66,7 @@ mod fleet;
 mod game_day;
 mod health;
 mod mutate;
+mod parts;
 mod profiles;
 mod requests;
 mod rollouts;
@@ -74,6 +75,7 @@ mod schedule;
 mod services;
 mod tokens;
 
+pub use audit::{AuditDiff, Entries, Subject};
 pub use backup::{Contents, check_file, restore_file, sqlite_path};
 pub use experiments::{ExperimentReadingRow, ExperimentRow, ExperimentState, ExperimentUpdate};
 pub use fleet::{
@@ -82,7 +84,8 @@ pub use fleet::{
 };
 pub use game_day::GameDayView;
 pub use health::{HealthRow, SubjectKind};
-pub use mutate::{AuditCtx, AuditDiff, Change, Committed, Entries, MutateError, Parts, Subject};
+pub use mutate::{AuditCtx, Change, Committed, MutateError};
+pub use parts::Parts;
 pub use profiles::{ActivationRow, ProfileRow, VersionMoved};
 pub use requests::{ChangeKind, RequestRow, RequestState};
 pub use rollouts::{

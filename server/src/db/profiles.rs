@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Reader, Store, mutate, now_ms};
+use super::{AuditRow, Reader, Store, audit, now_ms};
 
 /// The current version of a profile; `body` is its JSON definition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -256,7 +256,7 @@ impl Store {
         .bind(&audit.reason)
         .execute(&mut *tx)
         .await?;
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(Ok(ProfileRow {
             environment: env.to_string(),
@@ -281,7 +281,7 @@ impl Store {
         if res.rows_affected() == 0 {
             return Ok(false);
         }
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -324,7 +324,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         if let Some(a) = audit {
-            mutate::insert_audit(&mut tx, a).await?;
+            audit::insert_audit(&mut tx, a).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -363,7 +363,7 @@ impl Store {
                 .await?;
         let row = ActivationRow::from_row(&row)?;
         if let Some(a) = audit {
-            mutate::insert_audit(&mut tx, a).await?;
+            audit::insert_audit(&mut tx, a).await?;
         }
         tx.commit().await?;
         Ok(Some(row))

@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, Reader, Store, mutate};
+use super::{AuditRow, Reader, Store, audit};
 
 stored_words! {
     /// Where a change request is: `open` (waiting for a second person), `approved` (that
@@ -211,7 +211,7 @@ impl Store {
         .try_get("id")?;
         let mut a = audit.clone();
         a.target = format!("{} (change request {id})", a.target);
-        mutate::insert_audit(&mut tx, &a).await?;
+        audit::insert_audit(&mut tx, &a).await?;
         tx.commit().await?;
         Ok(id)
     }
@@ -257,7 +257,7 @@ impl Store {
         if res.rows_affected() != 1 {
             return Ok(false);
         }
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(true)
     }

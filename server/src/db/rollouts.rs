@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::{AuditRow, Backend, ChangeKind, NOTIFY_CHANNEL, Reader, SnapshotRow, Store, mutate, now_ms};
+use super::{AuditRow, Backend, ChangeKind, NOTIFY_CHANNEL, Reader, SnapshotRow, Store, audit, now_ms};
 
 stored_words! {
     /// Where a rollout is. `running` and `paused` are in progress (at most one per service);
@@ -681,7 +681,7 @@ impl Store {
         let row = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id).fetch_one(&mut *tx).await?;
         let row = RolloutRow::from_row(&row)?;
         let audit = AuditRow { at: now, revision: Some(row.candidate_revision as i64), ..audit.clone() };
-        mutate::insert_audit(&mut tx, &audit).await?;
+        audit::insert_audit(&mut tx, &audit).await?;
         notify_in(&mut tx, self.backend, &row.environment, &row.service).await?;
         tx.commit().await?;
         Ok(Some(row))

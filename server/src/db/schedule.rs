@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{AuditRow, ChangeKind, Reader, Store, mutate, now_ms};
+use super::{AuditRow, ChangeKind, Reader, Store, audit, now_ms};
 
 stored_words! {
     /// Where a scheduled change is: `pending` until its time, `running` while a replica holds
@@ -222,7 +222,7 @@ impl Store {
         if let Some(a) = audit {
             let mut a = a.clone();
             a.target = format!("{} (scheduled change {id})", a.target);
-            mutate::insert_audit(&mut tx, &a).await?;
+            audit::insert_audit(&mut tx, &a).await?;
         }
         tx.commit().await?;
         Ok(id)
@@ -345,7 +345,7 @@ impl Store {
         if res.rows_affected() != 1 {
             return Ok(false);
         }
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(true)
     }

@@ -4,7 +4,7 @@
 use sqlx::{AnyConnection, Row};
 
 use super::{
-    AuditRow, EnvironmentRow, Reader, RevisionMeta, ServiceRow, SnapshotRow, Store, mutate, now_ms, timed,
+    AuditRow, EnvironmentRow, Reader, RevisionMeta, ServiceRow, SnapshotRow, Store, audit, now_ms, timed,
 };
 
 impl Reader {
@@ -166,7 +166,7 @@ impl Store {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         sqlx::query(upsert).bind(env).bind(json).bind(now_ms()).bind(&audit.actor).execute(&mut *tx).await?;
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -196,7 +196,7 @@ impl Store {
         if res.rows_affected() != 1 {
             return Ok(None);
         }
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(Some(EnvironmentRow {
             name: name.to_string(),

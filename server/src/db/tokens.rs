@@ -3,7 +3,7 @@
 
 use sqlx::Row;
 
-use super::{AuditRow, Reader, Store, TokenRow, mutate, now_ms, timed};
+use super::{AuditRow, Reader, Store, TokenRow, audit, now_ms, timed};
 
 /// Inserts a token row (minted or a rotation's new token).
 async fn insert_token_row(conn: &mut sqlx::AnyConnection, t: &TokenRow) -> anyhow::Result<()> {
@@ -79,7 +79,7 @@ impl Store {
         let _g = self.write_guard().await;
         let mut tx = self.pool.begin().await?;
         insert_token_row(&mut tx, t).await?;
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -107,7 +107,7 @@ impl Store {
         {
             return Ok(false);
         }
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -148,7 +148,7 @@ impl Store {
         insert_token_row(&mut tx, new).await?;
         let after = sqlx::query(select).bind(old).fetch_one(&mut *tx).await?;
         let after = TokenRow::from_row(&after)?;
-        mutate::insert_audit(&mut tx, audit).await?;
+        audit::insert_audit(&mut tx, audit).await?;
         tx.commit().await?;
         Ok(Some(after))
     }
