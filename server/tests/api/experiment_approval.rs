@@ -14,14 +14,6 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, assert_problem};
 
 const REQS: &str = "/api/v1/environments/prod/change-requests";
-const PASSWORD: &str = "a-long-enough-password";
-
-async fn user(app: &TestApp, name: &str, role: &str) -> String {
-    let body = json!({"username": name, "password": PASSWORD, "role": role, "reason": "test"});
-    let (s, _, b) = app.call(Method::POST, "/api/v1/users", Some(body)).await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
-    app.login(name, PASSWORD).await
-}
 
 async fn rules(app: &TestApp, kinds: &[&str]) {
     let body = json!({"kinds": kinds, "reason": "game days are changes too"});
@@ -53,9 +45,9 @@ async fn audit_actions(app: &TestApp) -> Vec<Value> {
 on_both_backends! {
 async fn starting_an_experiment_where_a_rule_covers_them_proposes_it_for_a_second_person(app) {
     app.seed().await;
-    let alice = user(&app, "alice", "operator").await;
-    let bob = user(&app, "bob", "operator").await;
-    let vic = user(&app, "vic", "viewer").await;
+    let alice = app.user("alice", "operator").await;
+    let bob = app.user("bob", "operator").await;
+    let vic = app.user("vic", "viewer").await;
 
     // No rule: an operator starts it at once.
     let (s, _, e) = app.call_as(&alice, Method::POST, "/api/v1/experiments", Some(start(spec("free", "5s"))), &[]).await;
@@ -190,9 +182,9 @@ on_both_backends! {
 /// meanwhile starts nothing; a scheduled game day hides what it would inject from players.
 async fn a_scheduled_experiment_starts_when_due_as_its_author_is_then(app) {
     app.seed().await;
-    let alice = user(&app, "alice", "operator").await;
-    let bob = user(&app, "bob", "operator").await;
-    let vic = user(&app, "vic", "viewer").await;
+    let alice = app.user("alice", "operator").await;
+    let bob = app.user("bob", "operator").await;
+    let vic = app.user("vic", "viewer").await;
     let run_at = Timestamp::from_unix_ms(Timestamp::now().unix_ms() + HOUR);
 
     // What the scheduler refuses, by field.
@@ -294,8 +286,8 @@ async fn run_cli(base: &str, token: &str, spec: &Value, args: &[&str]) -> (i32, 
 on_both_backends! {
 async fn levee_experiment_run_says_approval_is_pending_and_wait_follows_the_decision(app) {
     app.seed().await;
-    let alice = user(&app, "alice", "operator").await;
-    let bob = user(&app, "bob", "operator").await;
+    let alice = app.user("alice", "operator").await;
+    let bob = app.user("bob", "operator").await;
     rules(&app, &["experiment"]).await;
 
     // Without --wait: exit 5, saying so; nothing started.
@@ -359,7 +351,7 @@ on_both_backends! {
 /// not one is refused before anything is sent.
 async fn levee_experiment_run_at_schedules_it_and_wait_follows_it(app) {
     app.seed().await;
-    let alice = user(&app, "alice", "operator").await;
+    let alice = app.user("alice", "operator").await;
     let (code, out) = run_cli(&app.base, &alice, &spec("nightly", "5s"), &["--at", "tonight"]).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("\"tonight\" is not an RFC 3339 time"), "{out}");

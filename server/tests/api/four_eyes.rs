@@ -14,15 +14,7 @@ const SVC: &str = "/api/v1/environments/prod/services/checkout";
 const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
 const REQS: &str = "/api/v1/environments/prod/change-requests";
 const PROFILES: &str = "/api/v1/environments/prod/profiles";
-const PASSWORD: &str = "a-long-enough-password";
 const NEEDS_APPROVAL: &str = "need an approved change request";
-
-async fn user(app: &TestApp, name: &str, role: &str) -> String {
-    let body = json!({"username": name, "password": PASSWORD, "role": role, "reason": "test"});
-    let (s, _, b) = app.call(Method::POST, "/api/v1/users", Some(body)).await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
-    app.login(name, PASSWORD).await
-}
 
 async fn rules(app: &TestApp, kinds: &[&str]) {
     let body = json!({"kinds": kinds, "reason": "SOC 2"});
@@ -80,7 +72,7 @@ on_both_backends! {
 async fn ap_1_deleting_and_creating_a_service_again_needs_the_approval_of_changing_it(app) {
     app.seed().await;
     rules(&app, &["flag", "policy"]).await;
-    let olivia = user(&app, "olivia", "operator").await;
+    let olivia = app.user("olivia", "operator").await;
     let glass = [("x-levee-break-glass", "migrating checkout"), ("if-match", "*")];
     // What is not there, or already there, is answered as such whatever the rules.
     let nope = format!("{ENV}/services/nope?reason=x");
@@ -142,8 +134,8 @@ async fn ap_1_deleting_and_creating_a_service_again_needs_the_approval_of_changi
 on_both_backends! {
 async fn ap_2_an_approval_binds_to_the_content_approved(app) {
     app.seed().await;
-    let olivia = user(&app, "olivia", "operator").await;
-    let rita = user(&app, "rita", "operator").await;
+    let olivia = app.user("olivia", "operator").await;
+    let rita = app.user("rita", "operator").await;
     define_profile(&app, json!({"recommendations.enabled": false})).await;
     rules(&app, &["profile", "flag"]).await;
     let profile_request = json!({"kind": "profile", "profile": "recs-down", "expires_in": "1h", "reason": "INC-7"});
@@ -216,8 +208,8 @@ async fn ap_2_an_approval_binds_to_the_content_approved(app) {
 on_both_backends! {
 async fn ap_3_a_rule_covers_what_a_write_changes_whatever_carries_it(app) {
     app.seed().await;
-    let olivia = user(&app, "olivia", "operator").await;
-    let rita = user(&app, "rita", "operator").await;
+    let olivia = app.user("olivia", "operator").await;
+    let rita = app.user("rita", "operator").await;
     define_profile(&app, json!({"recommendations.enabled": false})).await;
     // Only flags need approval; the profile switches a flag off.
     rules(&app, &["flag"]).await;
@@ -297,7 +289,7 @@ async fn change(app: &TestApp, c: &Value) -> Value {
 on_both_backends! {
 async fn ap_4_scheduled_changes_are_checked_against_the_rules_and_role_when_they_run(app) {
     app.seed().await;
-    let olivia = user(&app, "olivia", "operator").await;
+    let olivia = app.user("olivia", "operator").await;
 
     // Scheduled before any rule existed (a flip, a profile that sets a flag); then flags
     // come to need approval.
@@ -375,8 +367,8 @@ on_both_backends! {
 async fn ap_5_nobody_approves_their_own_request_through_a_token(app) {
     app.seed().await;
     rules(&app, &["flag"]).await;
-    let alice = user(&app, "alice", "admin").await;
-    let rita = user(&app, "rita", "operator").await;
+    let alice = app.user("alice", "admin").await;
+    let rita = app.user("rita", "operator").await;
     let mint = |name: &str, role: &str| json!({"kind": "api", "name": name, "role": role, "reason": "automation"});
     // Alice's token, and a token that token minted: both act for alice.
     let (s, _, t) = app.call_as(&alice, Method::POST, "/api/v1/tokens", Some(mint("alice-admin-bot", "admin")), &[]).await;

@@ -7,6 +7,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 pub const ADMIN_PASSWORD: &str = "admin-password-for-tests";
+/// The password of the users [`TestApp::user`] creates.
+pub const USER_PASSWORD: &str = "a-long-enough-password";
 pub const JWT_SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
 
 #[allow(dead_code)]
@@ -76,6 +78,14 @@ impl TestApp {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
+    }
+
+    /// Creates user `name` with `role` and [`USER_PASSWORD`]; returns its session token.
+    pub async fn user(&self, name: &str, role: &str) -> String {
+        let body = json!({"username": name, "password": USER_PASSWORD, "role": role, "reason": "test"});
+        let (s, _, b) = self.call(Method::POST, "/api/v1/users", Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        self.login(name, USER_PASSWORD).await
     }
 
     pub async fn login(&self, user: &str, password: &str) -> String {

@@ -10,19 +10,6 @@ use crate::helpers::{Db, TestApp, assert_problem};
 
 const REQS: &str = "/api/v1/environments/prod/change-requests";
 const FLAG: &str = "/api/v1/environments/prod/services/checkout/flags/recommendations.enabled";
-const PASSWORD: &str = "a-long-enough-password";
-
-async fn user(app: &TestApp, name: &str) -> String {
-    let (s, _, b) = app
-        .call(
-            Method::POST,
-            "/api/v1/users",
-            Some(json!({"username": name, "password": PASSWORD, "role": "operator", "reason": "test"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
-    app.login(name, PASSWORD).await
-}
 
 async fn four_eyes(app: TestApp) {
     app.seed().await;
@@ -34,8 +21,8 @@ async fn four_eyes(app: TestApp) {
         )
         .await;
     assert_eq!((s, &rules["kinds"]), (StatusCode::OK, &json!(["flag", "policy"])), "{rules}");
-    let olivia = user(&app, "olivia").await;
-    let rita = user(&app, "rita").await;
+    let olivia = app.user("olivia", "operator").await;
+    let rita = app.user("rita", "operator").await;
 
     // The direct change is refused.
     let (s, h, b) = app
@@ -167,7 +154,7 @@ async fn an_approved_policy_whose_base_moved_is_a_conflict_not_applied() {
             Some(json!({"kinds": ["policy"], "reason": "r"})),
         )
         .await;
-    let olivia = user(&app, "olivia").await;
+    let olivia = app.user("olivia", "operator").await;
     let (_, _, pol) = app.call(Method::GET, "/api/v1/environments/prod/services/checkout/policy", None).await;
     let mut policy = pol.get("policy").cloned().unwrap_or(pol.clone());
     policy["default_deadline"] = json!("900ms");
@@ -225,7 +212,7 @@ async fn a_flag_approval_rule_covers_apply_and_rollback_not_only_flips(app) {
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
-    let olivia = user(&app, "olivia").await;
+    let olivia = app.user("olivia", "operator").await;
     let svc = "/api/v1/environments/prod/services/checkout";
     let (_, _, snap) = app.call(Method::GET, &format!("{svc}/snapshot"), None).await;
     let (policy, flags) = (snap["config"]["policy"].clone(), snap["config"]["flags"].clone());

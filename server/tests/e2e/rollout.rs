@@ -59,6 +59,19 @@ async fn rollout(api: &Api, id: i64) -> Value {
     api.send(Method::GET, &format!("/environments/prod/rollouts/{id}"), None).await
 }
 
+/// Polls rollout `id` until it is no longer running (halted, aborted or completed);
+/// returns it as last read.
+async fn wait_ended(api: &Api, id: i64) -> Value {
+    for _ in 0..3000 {
+        let r = rollout(api, id).await;
+        if r["rollout"]["state"] != "running" {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("rollout {id} was still running after 30 s: {}", rollout(api, id).await);
+}
+
 /// Waits until the rollout's stage covers two connected instances and each of them applied
 /// the candidate; returns the rollout.
 async fn cohort_of_two(api: &Api, id: i64) -> Value {
@@ -443,25 +456,13 @@ async fn bad_change_halted_at_the_canary_good_change_completes(db: crate::backen
         shops.push(crate::support::shop(&app.grpc, &token, caches.path(), &format!("pod-{i}"), &stop).await);
     }
     let agents: Vec<(String, Agent)> = shops.iter().map(|s| (s.name.clone(), s.agent.clone())).collect();
-    for _ in 0..500 {
-        if app.store().agents("prod", "checkout").await.unwrap().iter().filter(|a| a.connected).count() == 5 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    connected(&app, 5).await;
 
     // The bad change: recommendations answer in 20 ms, the candidate gives them 1 ms.
     let written = write_recs_timeout(&api, "1ms").await;
     let id = written["rollout"]["id"].as_i64().expect("the write started a rollout");
     let candidate = written["revision"].as_u64().unwrap();
-    let mut halted = Value::Null;
-    for _ in 0..3000 {
-        halted = rollout(&api, id).await;
-        if halted["rollout"]["state"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let halted = wait_ended(&api, id).await;
     assert_eq!(halted["rollout"]["state"], "halted", "{halted}");
     assert_eq!(halted["rollout"]["stage"], 0, "halted in the canary stage: {halted}");
     let outcome = halted["rollout"]["outcome"].as_str().unwrap();
@@ -504,14 +505,7 @@ async fn bad_change_halted_at_the_canary_good_change_completes(db: crate::backen
     let written = write_recs_timeout(&api, "150ms").await;
     let id = written["rollout"]["id"].as_i64().expect("the write started a rollout");
     let candidate = written["revision"].as_u64().unwrap();
-    let mut done = Value::Null;
-    for _ in 0..3000 {
-        done = rollout(&api, id).await;
-        if done["rollout"]["state"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let done = wait_ended(&api, id).await;
     assert_eq!(done["rollout"]["state"], "completed", "{done}");
     wait_revision(&agents, |_| candidate, "the completed rollout").await;
     let audit = api.send(Method::GET, "/audit?service=checkout&action=rollout.stage", None).await;
@@ -577,14 +571,7 @@ async fn a_change_that_hurts_only_an_inbound_route_is_halted_at_the_canary() {
         .await;
     let id = written["rollout"]["id"].as_i64().expect("the write started a rollout");
     let candidate = written["revision"].as_u64().unwrap();
-    let mut halted = Value::Null;
-    for _ in 0..3000 {
-        halted = rollout(&api, id).await;
-        if halted["rollout"]["state"] != "running" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let halted = wait_ended(&api, id).await;
     assert_eq!(halted["rollout"]["state"], "halted", "{halted}");
     assert_eq!(halted["rollout"]["stage"], 0, "halted in the canary stage: {halted}");
     let outcome = halted["rollout"]["outcome"].as_str().unwrap();

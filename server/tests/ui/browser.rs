@@ -166,15 +166,7 @@ async fn checkout_agent(app: &TestApp, cache: &tempfile::TempDir) -> Agent {
 
 /// [`checkout_agent`] as instance `name`, its cache in `cache`.
 async fn checkout_agent_named(app: &TestApp, cache: &std::path::Path, name: &str) -> Agent {
-    let (s, _, t) = app
-        .api(
-            Method::POST,
-            "/tokens",
-            Some(json!({"kind": "agent", "name": "browser-test", "environment": "prod", "services": ["checkout"], "reason": "test"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{t}");
-    Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "checkout")
+    Agent::builder(&app.grpc, &app.agent_token("checkout").await, "prod", "checkout")
         .cache_dir(cache)
         .instance_name(name)
         .sync_settings(SyncClientSettings {

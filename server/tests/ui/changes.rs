@@ -220,16 +220,9 @@ async fn a_confirmation_of_an_older_revision_changes_nothing(app) {
 on_both_backends! {
 async fn service_page_shows_how_many_agents_applied_the_change(app) {
     app.seed().await;
-    let (s, _, t) = app
-        .api(
-            Method::POST,
-            "/tokens",
-            Some(json!({"kind": "agent", "name": "ui-test", "environment": "prod", "services": ["checkout"], "reason": "test"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{t}");
+    let token = app.agent_token("checkout").await;
     let cache = tempfile::tempdir().unwrap();
-    let agent = Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "checkout")
+    let agent = Agent::builder(&app.grpc, &token, "prod", "checkout")
         .cache_dir(cache.path())
         .sync_settings(SyncClientSettings {
             backoff_base: Duration::from_millis(50),

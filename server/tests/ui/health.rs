@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use levee_agent::AdmissionRequest;
 use levee_agent::policy::Criticality;
-use levee_agent::{AdmissionRequest, Agent, SyncClientSettings};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -28,27 +28,8 @@ async fn failing_calls_and_refused_requests_show_on_the_service_page_with_alarms
         )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
-    let (s, _, t) = app
-        .api(
-            Method::POST,
-            "/tokens",
-            Some(json!({"kind": "agent", "name": "shop-agent", "environment": "prod", "services": ["shop"], "reason": "test"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{t}");
     let cache = tempfile::tempdir().unwrap();
-    let agent = Agent::builder(&app.grpc, t["token"].as_str().unwrap(), "prod", "shop")
-        .cache_dir(cache.path())
-        .sync_settings(SyncClientSettings {
-            status_interval: Duration::from_millis(100),
-            backoff_base: Duration::from_millis(50),
-            backoff_cap: Duration::from_millis(300),
-            reconnect_jitter: Duration::from_millis(50),
-            ..SyncClientSettings::default()
-        })
-        .build()
-        .expect("agent builds");
-    agent.wait_for_initial_sync(Duration::from_secs(10)).await.expect("initial sync");
+    let agent = app.reporting_agent("shop", cache.path()).await;
 
     // 30 calls to db, 10 of them failing (no retries: a POST).
     let db = agent.dependency("db");

@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
+use levee_agent::{Agent, SyncClientSettings};
 use levee_server::Server;
 use levee_server::config::{Secret, Settings};
 use reqwest::header::HeaderMap;
@@ -117,6 +120,38 @@ impl TestApp {
             )
             .await;
         assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+
+    /// An agent token for prod/`service`.
+    pub async fn agent_token(&self, service: &str) -> String {
+        let (s, _, t) = self
+            .api(
+                Method::POST,
+                "/tokens",
+                Some(json!({"kind": "agent", "name": format!("{service}-agent"), "environment": "prod",
+                    "services": [service], "reason": "test"})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{t}");
+        t["token"].as_str().unwrap().to_string()
+    }
+
+    /// An agent of prod/`service` with a token of its own, synced, that reports its status
+    /// every 100 ms and reconnects within 300 ms.
+    pub async fn reporting_agent(&self, service: &str, cache: &std::path::Path) -> Agent {
+        let agent = Agent::builder(&self.grpc, &self.agent_token(service).await, "prod", service)
+            .cache_dir(cache)
+            .sync_settings(SyncClientSettings {
+                status_interval: Duration::from_millis(100),
+                backoff_base: Duration::from_millis(50),
+                backoff_cap: Duration::from_millis(300),
+                reconnect_jitter: Duration::from_millis(50),
+                ..SyncClientSettings::default()
+            })
+            .build()
+            .expect("agent builds");
+        agent.wait_for_initial_sync(Duration::from_secs(10)).await.expect("initial sync");
+        agent
     }
 
     /// Environment `prod` with service `checkout`: dependency `recommendations` behind the

@@ -18,18 +18,6 @@ use crate::helpers::TestApp;
 
 const AGENTS: &str = "/environments/prod/services/checkout/agents";
 
-async fn agent_token(app: &TestApp) -> String {
-    let (s, _, t) = app
-        .api(
-            Method::POST,
-            "/tokens",
-            Some(json!({"kind": "agent", "name": "fleet-test", "environment": "prod", "services": ["checkout"], "reason": "test"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{t}");
-    t["token"].as_str().unwrap().to_string()
-}
-
 fn agent(app: &TestApp, token: &str, name: &str, cache: &std::path::Path) -> Agent {
     Agent::builder(&app.grpc, token, "prod", "checkout")
         .cache_dir(cache)
@@ -67,7 +55,7 @@ async fn wait_agent(app: &TestApp, name: &str, what: &str, pred: impl Fn(&Value)
 async fn fleet_row_and_status_agree_and_propagation_is_recorded() {
     let app = TestApp::spawn().await;
     app.seed().await;
-    let token = agent_token(&app).await;
+    let token = app.agent_token("checkout").await;
     let rev = app.snapshot().await["revision"].as_u64().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let a = agent(&app, &token, "web-a", cache.path());
