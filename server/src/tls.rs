@@ -2,7 +2,7 @@
 //! key read from PEM files, reloaded when either file changes, so a renewed certificate
 //! (cert-manager, certbot) is served without a restart.
 //!
-//! [`ReloadingCert`] answers every handshake with the newest good pair; [`watch`] polls
+//! [`ReloadingCert`] answers every handshake with the newest good pair; [`watch()`] polls
 //! the files' modification times every [`RELOAD_POLL`] and, when they changed, loads the
 //! pair again. A pair that does not load (a half-written file, a key that does not match)
 //! is logged and the previous one stays in use. [`TlsListener`] accepts TCP connections and
@@ -69,7 +69,7 @@ fn stamp(files: &TlsFiles) -> Option<(SystemTime, SystemTime, u64, u64)> {
     Some((c.modified().ok()?, k.modified().ok()?, c.len(), k.len()))
 }
 
-/// The certificate every handshake is answered with, replaced by [`watch`] when the files
+/// The certificate every handshake is answered with, replaced by [`watch()`] when the files
 /// change. Cheap to share.
 #[derive(Debug)]
 pub struct ReloadingCert {

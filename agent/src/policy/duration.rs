@@ -9,7 +9,7 @@
 //! (`"1.5h"`, `".5s"`); units `ns`, `us` (or `µs`), `ms`, `s`, `m`, `h`, `d`, lower case only
 //! (so `"1M"` is an error, not a month). [`PATTERN`] states the same as a regular expression
 //! for the OpenAPI document. Output
-//! ([`format`]) uses the same units (`"1s 500ms"`, `"7d"`), so whatever is written back —
+//! ([`format()`]) uses the same units (`"1s 500ms"`, `"7d"`), so whatever is written back —
 //! an export, an error, a page — reads in again unchanged. A value that is not one gets an
 //! error that echoes it, says what is wrong and lists what is accepted.
 
@@ -170,7 +170,7 @@ pub fn format(d: Duration) -> String {
     out
 }
 
-/// Writes a duration as [`format`] does (`"1s 500ms"`).
+/// Writes a duration as [`format()`] does (`"1s 500ms"`).
 pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format(*d))
 }

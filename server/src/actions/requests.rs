@@ -66,7 +66,7 @@ pub(super) fn kinds_changed(before: Option<&Parts>, after: Option<&Parts>) -> Ve
     kinds
 }
 
-/// [`kinds_changed`] between two snapshot bodies of a service: the kinds of approval rule
+/// `kinds_changed` between two snapshot bodies of a service: the kinds of approval rule
 /// that making `to` current again instead of `now` falls under (a rollback), for a page to
 /// say before the change is tried.
 pub fn config_kinds_changed(now: &ServiceConfig, to: &ServiceConfig) -> Vec<ChangeKind> {

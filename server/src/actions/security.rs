@@ -44,13 +44,13 @@ fn recorded_name(username: &str) -> &str {
 }
 
 impl Actions {
-    /// Checks a login through `limiter` ([`login`]) and records its outcome: a success or a
+    /// Checks a login through `limiter` ([`login_to`]) and records its outcome: a success or a
     /// failure in the audit log and the server log; a throttled attempt in the log each
     /// time and in the audit log when a wait begins (so a flood of refused attempts does not
     /// flood the audit table).
     ///
     /// # Errors
-    /// [`LoginError`], as [`login`] answers it.
+    /// [`LoginError`], as [`login_to`] answers it.
     pub async fn login(&self, limiter: &LoginLimiter, a: LoginAttempt<'_>) -> Result<Session, LoginError> {
         let name = recorded_name(a.username);
         // The web form opens a UI session (audience levee-ui), anything else an API one.

@@ -67,7 +67,7 @@ pub struct Common {
     #[arg(long)]
     pub smoke: bool,
     /// The `levee` binary to run; default: `levee` next to this executable
-    /// (target/<profile>/levee).
+    /// (`target/<profile>/levee`).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
     /// Agents without a disk cache (nothing persisted before the ACK).

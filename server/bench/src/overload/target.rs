@@ -55,7 +55,7 @@ const SEED: u64 = 0x7a26_e7ed;
 pub struct TargetOpts {
     /// Drive this HTTP service to failure instead of the harness' own: `http://host:port/path`
     /// (plain HTTP; the path and query are requested as given). Only a loopback host
-    /// (127.0.0.0/8, [::1], localhost) unless --allow-non-loopback.
+    /// (`127.0.0.0/8`, `[::1]`, `localhost`) unless --allow-non-loopback.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
     /// Path and query to request, when --target names only `http://host:port`.
