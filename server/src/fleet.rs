@@ -92,6 +92,13 @@ impl FleetWriter {
         (FleetWriter { tx }, handle)
     }
 
+    /// A writer whose events are only queued, for tests to read what was handed over.
+    #[cfg(test)]
+    pub(crate) fn queue_only(capacity: usize) -> (FleetWriter, mpsc::Receiver<FleetEvent>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (FleetWriter { tx }, rx)
+    }
+
     /// Queues an event; drops it (with a metric) when the queue is full.
     pub fn send(&self, ev: FleetEvent) {
         if self.tx.try_send(ev).is_err() {

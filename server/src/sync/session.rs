@@ -25,7 +25,7 @@ use crate::db::{AckRow, AgentUpsert, FleetEvent, NackRow, SnapshotRow, now_ms};
 use crate::rollout;
 
 use super::Inner;
-use super::status::status_value;
+use super::status::Shown;
 
 /// An agent's row is written again after this long even when its reports say nothing new,
 /// so its `last_seen` stays within it.
@@ -48,11 +48,28 @@ pub(super) struct ServiceState {
     /// last status report, `live` once it ACKed a snapshot of this stream, empty until
     /// either (a reconnect starts empty: the previous stream's report is not carried over).
     pub(super) source: String,
-    /// The agent's last status report on this stream (JSON object), without the fields
-    /// the session owns (`applied_revision`, `source`).
-    pub(super) report: Option<serde_json::Value>,
+    /// What the agent's last status report on this stream shows, without the fields the
+    /// session owns (`applied_revision`, `source`).
+    pub(super) report: Option<Shown>,
     /// When the agent's row was last handed to the fleet writer.
     pub(super) stored_at: std::cell::Cell<Option<tokio::time::Instant>>,
+}
+
+impl ServiceState {
+    /// A service as the agent's `Hello` names it: `applied_revision` with `applied_hash`,
+    /// `nacked` its revisions it refused on earlier streams; nothing sent or reported yet.
+    pub(super) fn new(applied_revision: u64, applied_hash: String, nacked: HashSet<u64>) -> Self {
+        ServiceState {
+            applied_revision,
+            applied_hash,
+            last_sent: 0,
+            sent_hash: String::new(),
+            nacked,
+            source: String::new(),
+            report: None,
+            stored_at: std::cell::Cell::new(None),
+        }
+    }
 }
 
 struct Session {
@@ -205,7 +222,7 @@ impl Session {
                 let detail = agent_text::text(&nack.error_detail, agent_text::MAX_DETAIL_CHARS);
                 self.nacked(&nack.service, nack.revision, detail);
             }
-            Some(agent_message::Kind::Status(report)) => {
+            Some(agent_message::Kind::Status(mut report)) => {
                 if let Some(st) = self.services.get_mut(&report.service) {
                     // A report about the revision the session knows tells where it came
                     // from; one about another revision (built before its ACK went out) only
@@ -218,12 +235,8 @@ impl Session {
                             changed = true;
                         }
                     }
-                    let value = status_value(&report);
-                    if st.report.as_ref() != Some(&value) {
-                        st.report = Some(value);
-                        changed = true;
-                    }
                     self.inner.health.report(&self.env, &self.instance, report.applied_revision, &report);
+                    changed |= Shown::take(&mut st.report, &mut report);
                     // A report that says nothing new is not written again (at 10,000 agents
                     // every 10 s that is 1,000 upserts a second), but the row's `last_seen`
                     // is kept within UNCHANGED_STATUS_REFRESH.
@@ -281,19 +294,9 @@ pub(super) async fn run_session(
                 }
             }
         };
-        session.services.insert(
-            s.name.clone(),
-            ServiceState {
-                applied_revision: s.applied_revision,
-                applied_hash: s.hash.clone(),
-                last_sent: 0,
-                sent_hash: String::new(),
-                nacked,
-                source: String::new(),
-                report: None,
-                stored_at: std::cell::Cell::new(None),
-            },
-        );
+        session
+            .services
+            .insert(s.name.clone(), ServiceState::new(s.applied_revision, s.hash.clone(), nacked));
         watches.insert(s.name.clone(), WatchStream::new(inner.hub.subscribe(&session.env, &s.name)));
         rollout_watches
             .insert(s.name.clone(), WatchStream::new(inner.hub.subscribe_rollout(&session.env, &s.name)));
@@ -412,4 +415,117 @@ fn finish(inner: &Inner, session: &Session) {
     inner.streams.fetch_sub(1, Ordering::Relaxed);
     metrics::gauge!("levee_server_streams").decrement(1.0);
     tracing::debug!(instance = %session.instance, "agent stream closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use levee_agent::proto::{Ack, BreakerStatus, StatusReport};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::fleet::FleetWriter;
+
+    /// A session of instance `pod-a` for prod/checkout on revision 3, over a temporary
+    /// store, whose fleet events are kept in the returned queue.
+    async fn session(dir: &tempfile::TempDir) -> (Session, mpsc::Receiver<FleetEvent>) {
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let store = crate::db::Store::connect(&url).await.unwrap();
+        let (fleet, events) = FleetWriter::queue_only(100);
+        let (_, shutdown) = watch::channel(false);
+        let (health, _) = crate::health::Health::spawn(store.clone(), "r1", shutdown.clone());
+        let keys = crate::auth::Keys::new(&[7; 32]).unwrap();
+        let svc = super::super::SyncService::new(
+            store,
+            keys,
+            crate::hub::Hub::default(),
+            fleet,
+            health,
+            super::super::SyncSettings::default(),
+            shutdown,
+        );
+        let (tx, _) = mpsc::channel(1);
+        let mut services = HashMap::new();
+        services.insert("checkout".to_string(), ServiceState::new(3, "h3".into(), HashSet::new()));
+        let session = Session {
+            inner: svc.inner.clone(),
+            env: "prod".into(),
+            instance: "pod-a".into(),
+            version: "t".into(),
+            connected_at: 1,
+            nonce: 0,
+            services,
+            tx,
+        };
+        (session, events)
+    }
+
+    fn report(state: &str) -> AgentMessage {
+        AgentMessage {
+            kind: Some(agent_message::Kind::Status(StatusReport {
+                service: "checkout".into(),
+                applied_revision: 3,
+                source: "live".into(),
+                breakers: vec![BreakerStatus {
+                    dependency: "pricing".into(),
+                    state: state.into(),
+                    ..BreakerStatus::default()
+                }],
+                ..StatusReport::default()
+            })),
+        }
+    }
+
+    /// The status of each agent row handed to the fleet writer so far.
+    fn written(events: &mut mpsc::Receiver<FleetEvent>) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        while let Ok(ev) = events.try_recv() {
+            if let FleetEvent::Upsert(a) = ev {
+                out.push(serde_json::from_str(a.status.as_deref().unwrap()).unwrap());
+            }
+        }
+        out
+    }
+
+    /// A status report that shows nothing new is not written, yet the agent's row is
+    /// written again once UNCHANGED_STATUS_REFRESH passed since the last write, so its
+    /// `last_seen` stays within that bound; a changed report and an ACK are written at once,
+    /// the ACK's row with the report printed earlier and the ACKed revision.
+    #[tokio::test]
+    async fn unchanged_reports_are_written_only_to_keep_last_seen_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, mut events) = session(&dir).await;
+        // Paused once the store is open (its pool's timeouts run on tokio's clock).
+        tokio::time::pause();
+        s.handle(report("CLOSED"));
+        let first = written(&mut events);
+        assert_eq!(first.len(), 1, "the first report is written");
+        assert_eq!(first[0]["breakers"][0]["state"], "CLOSED");
+        assert_eq!(
+            (first[0]["applied_revision"].as_u64(), first[0]["source"].as_str()),
+            (Some(3), Some("live"))
+        );
+
+        tokio::time::advance(UNCHANGED_STATUS_REFRESH - Duration::from_secs(1)).await;
+        s.handle(report("CLOSED"));
+        assert!(written(&mut events).is_empty(), "an unchanged report within the bound is not written");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        s.handle(report("CLOSED"));
+        assert_eq!(written(&mut events), first, "at the bound the row is written again, unchanged");
+        s.handle(report("CLOSED"));
+        assert!(written(&mut events).is_empty(), "and the bound starts again");
+
+        s.handle(report("OPEN"));
+        let open = written(&mut events);
+        assert_eq!(open.len(), 1, "a changed report is written at once");
+        assert_eq!(open[0]["breakers"][0]["state"], "OPEN");
+
+        s.services.get_mut("checkout").unwrap().last_sent = 4;
+        s.handle(AgentMessage {
+            kind: Some(agent_message::Kind::Ack(Ack { service: "checkout".into(), revision: 4, nonce: 1 })),
+        });
+        let acked = written(&mut events);
+        let mut expected = open[0].clone();
+        expected["applied_revision"] = 4.into();
+        assert_eq!(acked, vec![expected], "the ACK's row: the same report, the new revision");
+    }
 }
