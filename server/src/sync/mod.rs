@@ -13,7 +13,8 @@
 //! passes (`accept`); `limits.rs` the new-stream rate limit, `tokens.rs` the verified-token
 //! cache, `refusals.rs` the rate-limited log of refused streams, `session.rs` the loop of
 //! one stream (offer, heartbeats, age, revocation, ACK/NACK), `status.rs` what is kept of
-//! an agent's status report.
+//! an agent's status report, `wire.rs` the gRPC service and its codec (a snapshot encoded
+//! once for every stream).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,10 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
-use levee_agent::policy::defaults::MAX_MESSAGE_BYTES;
-use levee_agent::proto::levee_sync_server::{LeveeSync, LeveeSyncServer};
-use levee_agent::proto::{AgentMessage, ServerMessage, agent_message};
+use levee_agent::proto::{AgentMessage, agent_message};
 use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -42,6 +42,7 @@ mod refusals;
 mod session;
 mod status;
 mod tokens;
+mod wire;
 
 pub use limits::NEW_STREAMS_PER_SEC;
 use limits::StreamLimiter;
@@ -50,6 +51,8 @@ use refusals::{Refusal, RefusalLog};
 use session::run_session;
 use tokens::VerifiedTokens;
 pub use tokens::{VERIFIED_TOKEN_TTL, VERIFIED_TOKENS_MAX};
+pub use wire::SyncServer;
+use wire::{EncodedSnapshots, Frame};
 
 /// Tunables of the sync service; defaults are the named constants below.
 #[derive(Clone, Debug)]
@@ -102,6 +105,8 @@ struct Inner {
     refusals: RefusalLog,
     /// Where the database reads of a new stream run (`crate::runtime::DbRuntime`).
     db: DbRuntime,
+    /// Each snapshot encoded once for all the streams it is sent on.
+    encoded: EncodedSnapshots,
 }
 
 impl SyncService {
@@ -133,17 +138,14 @@ impl SyncService {
                 verified: VerifiedTokens::default(),
                 refusals: RefusalLog::default(),
                 db: DbRuntime::current(),
+                encoded: EncodedSnapshots::default(),
             }),
         }
     }
 
-    /// Wraps it in the tonic server type.
-    pub fn into_server(self) -> LeveeSyncServer<SyncService> {
-        // Stated, and the agents' own: a snapshot under the budget of `policy::accept` is
-        // far below it, and `Session::offer` never sends a larger message.
-        LeveeSyncServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    /// Wraps it in the gRPC service (`levee.sync.v1.LeveeSync`).
+    pub fn into_server(self) -> SyncServer {
+        SyncServer::new(self)
     }
 
     /// Agent streams open on this replica now.
@@ -152,12 +154,18 @@ impl SyncService {
     }
 }
 
-type SyncStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+type SyncStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl LeveeSync for SyncService {
-    type SyncStream = SyncStream;
+/// What a session hands its stream: a message to send, or the status that ends it. Small
+/// (a boxed status): every stream's queue holds a block of them.
+#[derive(Debug)]
+enum Outgoing {
+    Send(Frame),
+    End(Box<Status>),
+}
 
+impl SyncService {
+    /// The `Sync` method: a new agent stream, or why it is refused.
     async fn sync(&self, req: Request<Streaming<AgentMessage>>) -> Result<Response<SyncStream>, Status> {
         let peer = req.remote_addr();
         self.accept(req).await.map_err(|(why, status)| {
@@ -232,8 +240,12 @@ impl SyncService {
             .map_err(|e| bad_hello(Status::invalid_argument(e)))?;
         agent_text::check_version(&hello.agent_version)
             .map_err(|e| bad_hello(Status::invalid_argument(e)))?;
-        let (tx, rx) = mpsc::channel::<Result<ServerMessage, Status>>(16);
+        let (tx, rx) = mpsc::channel::<Outgoing>(16);
         tokio::spawn(run_session(inner, principal, hello, incoming, tx, db_ok));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let out = ReceiverStream::new(rx).map(|o| match o {
+            Outgoing::Send(frame) => Ok(frame),
+            Outgoing::End(status) => Err(*status),
+        });
+        Ok(Response::new(Box::pin(out)))
     }
 }

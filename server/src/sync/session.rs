@@ -7,12 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use levee_agent::policy::SCHEMA_VERSION;
 use levee_agent::policy::defaults::MAX_MESSAGE_BYTES;
 use levee_agent::proto::{
-    AgentMessage, GoAway, Heartbeat, ServerMessage, ServiceRevision, Snapshot, agent_message, server_message,
+    AgentMessage, GoAway, Heartbeat, ServerMessage, ServiceRevision, agent_message, server_message,
 };
-use prost::Message;
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -24,8 +22,9 @@ use crate::auth::AgentPrincipal;
 use crate::db::{AckRow, AgentUpsert, FleetEvent, NackRow, SnapshotRow, now_ms};
 use crate::rollout;
 
-use super::Inner;
 use super::status::Shown;
+use super::wire::Frame;
+use super::{Inner, Outgoing};
 
 /// An agent's row is written again after this long even when its reports say nothing new,
 /// so its `last_seen` stays within it.
@@ -80,7 +79,7 @@ struct Session {
     connected_at: i64,
     nonce: u64,
     services: HashMap<String, ServiceState>,
-    tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    tx: mpsc::Sender<Outgoing>,
 }
 
 impl Session {
@@ -104,7 +103,8 @@ impl Session {
 
     /// Sends `snap` if it is newer than what the agent has and was not NACKed by it. No
     /// database access: a push to thousands of streams must not cost thousands of queries,
-    /// and no copy of the body: every stream's message shares the hub's (`SharedBody`).
+    /// and no encoding per stream: every stream writes the same encoded message
+    /// (`EncodedSnapshots`), with its own nonce.
     async fn offer(&mut self, snap: &Arc<SnapshotRow>) -> Result<(), ()> {
         let Some(st) = self.services.get_mut(&snap.service) else { return Ok(()) };
         if snap.revision <= st.applied_revision
@@ -116,23 +116,12 @@ impl Session {
         self.nonce += 1;
         st.last_sent = snap.revision;
         st.sent_hash = snap.hash.clone();
-        let msg = ServerMessage {
-            kind: Some(server_message::Kind::Snapshot(Snapshot {
-                service: snap.service.clone(),
-                revision: snap.revision,
-                hash: snap.hash.clone(),
-                body: bytes::Bytes::from_owner(SharedBody(snap.clone())),
-                nonce: self.nonce,
-                schema_version: SCHEMA_VERSION,
-                environment: snap.environment.clone(),
-                created_at_ms: snap.created_at,
-            })),
-        };
+        let encoded = self.inner.encoded.get(snap);
         // A message the agent could not receive would end its stream, and every reconnect
         // would bring it again: it is not sent, and the server records the NACK the agent
         // cannot send (stored before the budget of `policy::accept` held, or by another
         // version). Old agents receive at most this too (tonic's default).
-        let size = msg.encoded_len();
+        let size = Frame::snapshot_len(&encoded, self.nonce);
         if size > MAX_MESSAGE_BYTES {
             let detail = format!(
                 "not sent: the snapshot message is {size} bytes, over the {MAX_MESSAGE_BYTES} bytes an agent \
@@ -142,7 +131,7 @@ impl Session {
             return Ok(());
         }
         metrics::counter!("levee_server_snapshots_sent_total").increment(1);
-        self.tx.send(Ok(msg)).await.map_err(|_| ())
+        send(&self.tx, Frame::Snapshot { encoded, nonce: self.nonce }).await
     }
 
     /// Records that this agent will not apply `revision` of `service`, and why (`detail`,
@@ -256,7 +245,7 @@ pub(super) async fn run_session(
     principal: AgentPrincipal,
     hello: levee_agent::proto::Hello,
     mut incoming: Streaming<AgentMessage>,
-    tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    tx: mpsc::Sender<Outgoing>,
     mut db_ok: bool,
 ) {
     inner.streams.fetch_add(1, Ordering::Relaxed);
@@ -334,7 +323,7 @@ pub(super) async fn run_session(
     // SEC-3: the stream ends as soon as its token is revoked (on any replica).
     let mut revoked = inner.hub.revocations().watch();
     if revoked.borrow_and_update().contains(&principal.jti) {
-        let _ = tx.send(Err(token_revoked())).await;
+        let _ = tx.send(token_revoked()).await;
         return finish(&inner, &session);
     }
     let mut shutdown = inner.shutdown.clone();
@@ -365,22 +354,22 @@ pub(super) async fn run_session(
                 let hb = ServerMessage { kind: Some(server_message::Kind::Heartbeat(Heartbeat {
                     services, interval_ms: interval.as_millis() as u64,
                 }))};
-                if tx.send(Ok(hb)).await.is_err() { break; }
+                if send(&tx, Frame::Message(Box::new(hb))).await.is_err() { break; }
             }
             _ = &mut age => {
-                let _ = tx.send(Ok(go_away("maximum stream age reached; reconnect to rebalance", false))).await;
+                let _ = send(&tx, go_away("maximum stream age reached; reconnect to rebalance", false)).await;
                 break;
             }
             Ok(()) = revoked.changed() => {
                 if revoked.borrow_and_update().contains(&principal.jti) {
                     tracing::info!(token = %principal.name, instance = %session.instance, "agent token revoked: stream ended");
                     metrics::counter!("levee_server_streams_ended_total", "reason" => "revoked").increment(1);
-                    let _ = tx.send(Err(token_revoked())).await;
+                    let _ = tx.send(token_revoked()).await;
                     break;
                 }
             }
             _ = shutdown.changed() => {
-                let _ = tx.send(Ok(go_away("server shutting down", true))).await;
+                let _ = send(&tx, go_away("server shutting down", true)).await;
                 break;
             }
         }
@@ -388,24 +377,19 @@ pub(super) async fn run_session(
     finish(&inner, &session)
 }
 
-/// The body of a snapshot the hub holds, as the bytes of a message: the hub's copy, kept
-/// alive by the reference, shared by every stream it is sent on.
-struct SharedBody(Arc<SnapshotRow>);
-
-impl AsRef<[u8]> for SharedBody {
-    fn as_ref(&self) -> &[u8] {
-        self.0.body.as_bytes()
-    }
+/// Queues `frame` on the stream; `Err` when the stream is gone.
+async fn send(tx: &mpsc::Sender<Outgoing>, frame: Frame) -> Result<(), ()> {
+    tx.send(Outgoing::Send(frame)).await.map_err(|_| ())
 }
 
-fn token_revoked() -> Status {
-    Status::unauthenticated("agent token revoked")
+fn token_revoked() -> Outgoing {
+    Outgoing::End(Box::new(Status::unauthenticated("agent token revoked")))
 }
 
-fn go_away(reason: &str, shutting_down: bool) -> ServerMessage {
-    ServerMessage {
+fn go_away(reason: &str, shutting_down: bool) -> Frame {
+    Frame::Message(Box::new(ServerMessage {
         kind: Some(server_message::Kind::GoAway(GoAway { reason: reason.to_string(), shutting_down })),
-    }
+    }))
 }
 
 fn finish(inner: &Inner, session: &Session) {
