@@ -60,6 +60,8 @@ pub(super) async fn run(x: Experiments, id: i64, spec: ExperimentSpec) {
 
 async fn drive(x: &Experiments, id: i64, spec: &ExperimentSpec) -> Result<(Verdict, String), Cut> {
     let mut readings: Vec<Reading> = Vec::new();
+    // Where the next reading's period starts: the previous complete reading (measure.rs).
+    let mut from: Option<i64> = None;
     let pause = |d: Duration| {
         let mut shutdown = x.shutdown.clone();
         async move {
@@ -74,7 +76,7 @@ async fn drive(x: &Experiments, id: i64, spec: &ExperimentSpec) -> Result<(Verdi
     let end = Instant::now() + spec.baseline;
     loop {
         stop_asked(x, id).await?;
-        readings.push(read(x, id, spec, Phase::Baseline).await?);
+        readings.push(read(x, id, spec, Phase::Baseline, &mut from).await?);
         if Instant::now() >= end {
             break;
         }
@@ -151,7 +153,7 @@ async fn drive(x: &Experiments, id: i64, spec: &ExperimentSpec) -> Result<(Verdi
             aborted = Some(why);
             break;
         }
-        let r = read(x, id, spec, Phase::Injected).await?;
+        let r = read(x, id, spec, Phase::Injected, &mut from).await?;
         let abort = rule.observe(spec, &r);
         readings.push(r);
         if let Some(why) = abort {
@@ -176,7 +178,7 @@ async fn drive(x: &Experiments, id: i64, spec: &ExperimentSpec) -> Result<(Verdi
     let end = Instant::now() + spec.recovery;
     while Instant::now() < end {
         pause(x.every.min(end.saturating_duration_since(Instant::now()))).await?;
-        readings.push(read(x, id, spec, Phase::Recovery).await?);
+        readings.push(read(x, id, spec, Phase::Recovery, &mut from).await?);
     }
     Ok(match aborted {
         Some(why) => (Verdict::Aborted, why),
@@ -195,11 +197,23 @@ async fn stop_asked(x: &Experiments, id: i64) -> Result<(), Cut> {
     }
 }
 
-/// Reads every probe now, judges and stores the reading (which is the run's sign of life).
-async fn read(x: &Experiments, id: i64, spec: &ExperimentSpec, phase: Phase) -> Result<Reading, Cut> {
+/// Reads every probe now over the period after `from` (the first reading: the last
+/// [`measure::READING_WINDOW`]), judges and stores the reading (which is the run's sign of
+/// life); a complete reading moves `from` to itself.
+async fn read(
+    x: &Experiments,
+    id: i64,
+    spec: &ExperimentSpec,
+    phase: Phase,
+    from: &mut Option<i64>,
+) -> Result<Reading, Cut> {
     let at = now_ms();
-    let observed = measure::observe(&x.health, &x.store, spec, at).await?;
-    let r = judge::reading(spec, at, phase, &observed);
+    let start = from.unwrap_or(at - measure::READING_WINDOW.as_millis() as i64);
+    let seen = measure::observe(&x.health, &x.store, spec, start, at).await?;
+    if seen.complete {
+        *from = Some(at);
+    }
+    let r = judge::reading(spec, at, phase, &seen.observed);
     let body = json!({"values": r.values, "holds": r.holds}).to_string();
     x.store.add_experiment_reading(id, at, phase.as_str(), &body).await?;
     Ok(r)

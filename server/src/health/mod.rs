@@ -1,6 +1,7 @@
 //! Agents' health: the windowed outcome counts each status report carries per dependency
-//! and inbound route (`levee_agent::health`), kept per instance (its last report) and per
-//! service revision (10-second slots, in memory and in `health_windows`), and the one
+//! and inbound route (`levee_agent::health`), kept per instance (its last report, and its
+//! reports of the last [`HISTORY`] for readings over a period) and per service revision
+//! (10-second slots, in memory and in `health_windows`), and the one
 //! place that answers "how healthy is this revision / these instances / this subject"
 //! for the API, the rollout, experiments and the console.
 //!
@@ -25,7 +26,7 @@ use crate::agent_text;
 pub use crate::db::SubjectKind;
 use crate::db::{HealthRow, Store, now_ms};
 
-pub use task::InstanceHealth;
+pub use task::{InstanceHealth, InstanceReports, Reported};
 
 /// Length of the slots windows are summed into, in ms.
 pub const SLOT_MS: i64 = 10_000;
@@ -35,6 +36,13 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// How long an instance's last report is kept after it stopped reporting.
 pub const INSTANCE_TTL: Duration = Duration::from_secs(15 * 60);
+/// How long an instance's reports are kept for readings over a period (an experiment's
+/// reading covers at most about 15 s and one reading interval: docs/experiments.md).
+pub const HISTORY: Duration = Duration::from_secs(60);
+/// Most reports kept per instance within [`HISTORY`]; past it the two oldest are merged.
+pub const MAX_HISTORY_REPORTS: usize = 64;
+/// Most windows kept in all instances' histories together, this replica.
+pub const MAX_HISTORY_WINDOWS: usize = 262_144;
 /// Most calls a window may claim per second it covers; more is clamped (an agent's claim
 /// is untrusted, and one agent must not outweigh a fleet).
 pub const MAX_CALLS_PER_SEC: u64 = 10_000_000;
@@ -278,6 +286,13 @@ pub(crate) enum Msg {
         since_ms: i64,
         reply: oneshot::Sender<Vec<InstanceHealth>>,
     },
+    Reported {
+        environment: String,
+        service: String,
+        from_ms: i64,
+        live_since_ms: i64,
+        reply: oneshot::Sender<Vec<InstanceReports>>,
+    },
     Flush(oneshot::Sender<anyhow::Result<()>>),
 }
 
@@ -441,35 +456,52 @@ impl Health {
         rx.await.map_err(|_| anyhow::anyhow!("the health task has ended"))
     }
 
-    /// The sum of the last reports of the instances of one service that `select` picks
-    /// (e.g. a rollout's cohort), for the subjects `filter` selects; `instances` and
-    /// `not_ready` count the instances picked.
+    /// Every instance of one service connected to this replica that reported after
+    /// `live_since_ms`, each with its reports that arrived after `from_ms` (an empty list
+    /// when it reported nothing since; reports older than [`HISTORY`] are not kept).
     ///
     /// # Errors
     /// The task has ended.
-    pub async fn by_instance(
+    pub async fn reported(
         &self,
         env: &str,
         service: &str,
-        since_ms: i64,
-        filter: &SubjectFilter,
-        select: impl Fn(&InstanceHealth) -> bool,
-    ) -> anyhow::Result<HealthTotals> {
-        let mut t = HealthTotals::empty();
-        for i in self.instances(env, service, since_ms).await?.iter().filter(|i| select(i)) {
-            t.instances += 1;
-            t.not_ready += u64::from(i.not_ready);
-            for w in i.windows.iter().filter(|w| filter.matches(w.kind, &w.name)) {
-                t.add(&w.counts);
-            }
-        }
-        Ok(t)
+        from_ms: i64,
+        live_since_ms: i64,
+    ) -> anyhow::Result<Vec<InstanceReports>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Reported {
+                environment: env.to_string(),
+                service: service.to_string(),
+                from_ms,
+                live_since_ms,
+                reply,
+            })
+            .await
+            .map_err(|_| anyhow::anyhow!("the health task has ended"))?;
+        rx.await.map_err(|_| anyhow::anyhow!("the health task has ended"))
     }
 
     /// This replica's id (its rows' `replica`).
     pub fn replica(&self) -> &str {
         &self.replica
     }
+}
+
+/// The windows of every report in `instances` summed, for the subjects `filter` selects;
+/// `instances` counts the instances with at least one report there, `not_ready` those of
+/// them that said they were not ready in any of those reports.
+pub fn sum_reports(instances: &[InstanceReports], filter: &SubjectFilter) -> HealthTotals {
+    let mut t = HealthTotals::empty();
+    for i in instances.iter().filter(|i| !i.reports.is_empty()) {
+        t.instances += 1;
+        t.not_ready += u64::from(i.reports.iter().any(|r| r.not_ready));
+        for w in i.reports.iter().flat_map(|r| &r.windows).filter(|w| filter.matches(w.kind, &w.name)) {
+            t.add(&w.counts);
+        }
+    }
+    t
 }
 
 fn totals_of(r: &HealthRow) -> HealthTotals {

@@ -1,14 +1,20 @@
-//! The aggregation task: sums reports into slots, keeps each instance's last report,
-//! writes slots to the database every flush interval and prunes old rows.
+//! The aggregation task: sums reports into slots, keeps each instance's last report and
+//! its recent reports (for readings over a period), writes slots to the database every
+//! flush interval and prunes old rows.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::{HealthTotals, INSTANCE_TTL, Msg, RETENTION, Report, SLOT_MS, SubjectKind, Window, slot_of};
+use levee_agent::health::MAX_HEALTH_WINDOWS;
+
+use super::{
+    HISTORY, HealthTotals, INSTANCE_TTL, MAX_HISTORY_REPORTS, MAX_HISTORY_WINDOWS, Msg, RETENTION, Report,
+    SLOT_MS, SubjectKind, Window, slot_of,
+};
 use crate::db::{HealthRow, Store, now_ms};
 
 /// The last report of one instance.
@@ -43,6 +49,32 @@ impl InstanceHealth {
     }
 }
 
+/// One of an instance's recent reports, as kept for readings over a period.
+#[derive(Clone, Debug)]
+pub struct Reported {
+    /// When it arrived, ms since the Unix epoch.
+    pub at_ms: i64,
+    /// The instance said it was not ready.
+    pub not_ready: bool,
+    /// Every window of the report (what happened since the instance's report before),
+    /// whichever revision the agent counted it for.
+    pub(crate) windows: Vec<Window>,
+}
+
+/// An instance's reports within a period, and when it last reported at all.
+#[derive(Clone, Debug)]
+pub struct InstanceReports {
+    /// The agent instance.
+    pub instance_id: String,
+    /// Its last report, ms since the Unix epoch (maybe before the period).
+    pub last_at_ms: i64,
+    /// Its reports that arrived within the period, oldest first.
+    pub reports: Vec<Reported>,
+}
+
+/// (environment, service, instance).
+type InstanceKey = (String, String, String);
+
 /// (environment, service, revision, slot start).
 type SlotKey = (String, String, u64, i64);
 
@@ -59,7 +91,14 @@ struct Slot {
 struct State {
     replica: String,
     slots: HashMap<SlotKey, Slot>,
-    instances: HashMap<(String, String, String), InstanceHealth>,
+    instances: HashMap<InstanceKey, InstanceHealth>,
+    /// Each instance's reports of the last [`HISTORY`], oldest first.
+    history: HashMap<InstanceKey, VecDeque<Reported>>,
+    /// Windows held in `history`, all instances together (bounded by
+    /// [`MAX_HISTORY_WINDOWS`]).
+    history_windows: usize,
+    /// Another bound than [`MAX_HISTORY_WINDOWS`] (tests).
+    history_cap: Option<usize>,
 }
 
 impl State {
@@ -70,6 +109,7 @@ impl State {
     fn add(&mut self, r: Report) {
         let instance_key = (r.environment.clone(), r.service.clone(), r.instance.clone());
         let previous = self.instances.get(&instance_key).map(|i| i.revision);
+        self.remember(instance_key.clone(), r.at_ms, r.not_ready, r.windows.clone());
         let slot_ms = slot_of(r.at_ms);
         let key = (r.environment.clone(), r.service.clone(), r.revision, slot_ms);
         let slot = self.slots.entry(key).or_default();
@@ -100,6 +140,74 @@ impl State {
                 windows: own,
             },
         );
+    }
+
+    /// Keeps a report in its instance's history. Bounded whatever agents send: reports
+    /// older than [`HISTORY`] are let go; past [`MAX_HISTORY_REPORTS`] of one instance its
+    /// two oldest are merged (their counts kept, at the later one's time), so an agent
+    /// reporting very often loses no call, only the precision of when; past
+    /// [`MAX_HISTORY_WINDOWS`] in all, the instance's oldest are dropped, and when that
+    /// is not enough the report is not kept (counted in
+    /// `levee_server_health_history_dropped_total`).
+    fn remember(&mut self, key: InstanceKey, at_ms: i64, not_ready: bool, windows: Vec<Window>) {
+        let from = at_ms - HISTORY.as_millis() as i64;
+        let kept = self.history.entry(key).or_default();
+        while kept.front().is_some_and(|e| e.at_ms < from) {
+            let old = kept.pop_front().expect("checked");
+            self.history_windows -= old.windows.len();
+        }
+        if kept.len() >= MAX_HISTORY_REPORTS
+            && let Some(oldest) = kept.pop_front()
+            && let Some(next) = kept.front_mut()
+        {
+            let before = oldest.windows.len() + next.windows.len();
+            merge_older(next, oldest);
+            self.history_windows = self.history_windows + next.windows.len() - before;
+        }
+        let cap = self.history_cap.unwrap_or(MAX_HISTORY_WINDOWS);
+        while self.history_windows + windows.len() > cap {
+            let Some(old) = kept.pop_front() else {
+                metrics::counter!("levee_server_health_history_dropped_total").increment(1);
+                return;
+            };
+            self.history_windows -= old.windows.len();
+        }
+        self.history_windows += windows.len();
+        kept.push_back(Reported { at_ms, not_ready, windows });
+    }
+
+    /// Every instance of one service that reported after `live_since_ms`, with its
+    /// reports that arrived after `from_ms`, ordered by instance.
+    fn reported(&self, env: &str, service: &str, from_ms: i64, live_since_ms: i64) -> Vec<InstanceReports> {
+        let mut out: Vec<InstanceReports> = self
+            .instances
+            .iter()
+            .filter(|((e, s, _), i)| e == env && s == service && i.at_ms > live_since_ms)
+            .map(|(key, i)| InstanceReports {
+                instance_id: i.instance_id.clone(),
+                last_at_ms: i.at_ms,
+                reports: self
+                    .history
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r.at_ms > from_ms)
+                    .cloned()
+                    .collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+        out
+    }
+
+    /// Lets go of the reports older than [`HISTORY`], and of instances gone quiet.
+    fn forget_history(&mut self, now: i64) {
+        let from = now - HISTORY.as_millis() as i64;
+        for kept in self.history.values_mut() {
+            kept.retain(|r| r.at_ms >= from);
+        }
+        self.history.retain(|_, kept| !kept.is_empty());
+        self.history_windows = self.history.values().flatten().map(|r| r.windows.len()).sum();
     }
 
     fn rows_of(&self, key: &SlotKey, slot: &Slot) -> Vec<HealthRow> {
@@ -162,6 +270,7 @@ impl State {
         self.slots.retain(|(_, _, _, slot), s| s.dirty || *slot >= keep_from);
         let ttl = INSTANCE_TTL.as_millis() as i64;
         self.instances.retain(|_, i| now - i.at_ms < ttl);
+        self.forget_history(now);
         Ok(())
     }
 
@@ -194,6 +303,7 @@ pub(super) async fn run(
                     tracing::warn!(error = %levee_agent::report::ErrorChain(e.as_ref()), "writing health windows failed; kept to retry");
                     metrics::counter!("levee_server_health_write_failures_total").increment(1);
                     state.forget_expired();
+                    state.forget_history(now_ms());
                 }
                 if Instant::now() >= next_prune {
                     next_prune = Instant::now() + prune_every;
@@ -220,6 +330,9 @@ pub(super) async fn run(
                 out.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
                 let _ = reply.send(out);
             }
+            Some(Msg::Reported { environment, service, from_ms, live_since_ms, reply }) => {
+                let _ = reply.send(state.reported(&environment, &service, from_ms, live_since_ms));
+            }
             Some(Msg::Flush(reply)) => {
                 let _ = reply.send(state.flush(&store).await);
             }
@@ -230,6 +343,19 @@ pub(super) async fn run(
                 }
                 return;
             }
+        }
+    }
+}
+
+/// Adds `older`'s windows and readiness into `newer` (which keeps its time). A subject
+/// `newer` lacks is added while it holds fewer than [`MAX_HEALTH_WINDOWS`].
+fn merge_older(newer: &mut Reported, older: Reported) {
+    newer.not_ready |= older.not_ready;
+    for w in older.windows {
+        if let Some(same) = newer.windows.iter_mut().find(|n| n.kind == w.kind && n.name == w.name) {
+            same.counts.add(&w.counts);
+        } else if newer.windows.len() < MAX_HEALTH_WINDOWS {
+            newer.windows.push(w);
         }
     }
 }
@@ -266,6 +392,82 @@ mod tests {
             at_ms,
             windows: windows_of(&r),
         }
+    }
+
+    /// A report of `instance` at `at_ms` with one window of `db` holding `failed` failures.
+    fn of(instance: &str, at_ms: i64, failed: u64) -> Report {
+        Report { instance: instance.into(), ..report(1, at_ms, &[(failed, 0)]) }
+    }
+
+    fn failures(reports: &[Reported]) -> u64 {
+        reports.iter().flat_map(|r| &r.windows).map(|w| w.counts.failures).sum()
+    }
+
+    /// A period's reports are those that arrived after its start, each instance's own;
+    /// an instance that reported before but not in the period is listed with none, one
+    /// silent since before `live_since` not at all.
+    #[test]
+    fn an_instance_s_reports_of_a_period_are_kept_and_listed() {
+        let mut state = State::default();
+        let at = 1_000_000;
+        state.add(of("pod-1", at, 1));
+        state.add(of("pod-2", at + 100, 2));
+        state.add(of("pod-1", at + 1_000, 4));
+        state.add(of("pod-1", at + 2_000, 8));
+        state.add(of("pod-3", at - 20_000, 16));
+        let listed = state.reported("prod", "checkout", at + 500, at - 15_000);
+        let names: Vec<&str> = listed.iter().map(|i| i.instance_id.as_str()).collect();
+        assert_eq!(names, ["pod-1", "pod-2"], "pod-3 is silent since before live_since");
+        assert_eq!((listed[0].reports.len(), failures(&listed[0].reports)), (2, 12));
+        assert_eq!(listed[0].last_at_ms, at + 2_000);
+        assert!(listed[1].reports.is_empty(), "pod-2 reported before the period only");
+        assert_eq!(failures(&state.reported("prod", "checkout", 0, 0)[0].reports), 13);
+        assert!(state.reported("prod", "other", 0, 0).is_empty());
+    }
+
+    /// Per instance at most MAX_HISTORY_REPORTS reports, none older than HISTORY: past the
+    /// count the oldest are merged (no call is lost), past the age they are let go.
+    #[test]
+    fn an_instance_s_history_is_bounded_and_keeps_its_counts() {
+        let mut state = State::default();
+        let at = 1_000_000;
+        let n = MAX_HISTORY_REPORTS as i64 + 10;
+        for i in 0..n {
+            state.add(of("pod-1", at + i * 10, 1));
+        }
+        let kept = &state.history[&("prod".into(), "checkout".into(), "pod-1".into())];
+        assert_eq!(kept.len(), MAX_HISTORY_REPORTS);
+        assert_eq!(failures(&kept.iter().cloned().collect::<Vec<_>>()), n as u64, "merged, not dropped");
+        assert_eq!(state.history_windows, MAX_HISTORY_REPORTS);
+        let later = at + HISTORY.as_millis() as i64 + 1_000;
+        state.add(of("pod-1", later, 5));
+        let all = state.reported("prod", "checkout", 0, 0);
+        assert_eq!((all[0].reports.len(), failures(&all[0].reports)), (1, 5), "the old ones let go");
+        assert_eq!(state.history_windows, 1);
+        state.forget_history(later + HISTORY.as_millis() as i64 + 1);
+        assert!(state.history.is_empty() && state.history_windows == 0);
+    }
+
+    /// All instances together hold at most the cap of windows: a new report pushes out its
+    /// own instance's oldest, and one that cannot fit is not kept.
+    #[test]
+    fn the_histories_together_are_bounded() {
+        let mut state = State { history_cap: Some(3), ..State::default() };
+        let at = 1_000_000;
+        state.add(of("pod-1", at, 1));
+        state.add(of("pod-2", at, 1));
+        state.add(of("pod-3", at, 1));
+        state.add(of("pod-1", at + 10, 2));
+        assert_eq!(state.history_windows, 3);
+        let pod_1 = &state.reported("prod", "checkout", 0, 0)[0];
+        assert_eq!(failures(&pod_1.reports), 2, "pod-1's oldest made room");
+        // pod-4 has nothing of its own to let go: its report is not kept (its last
+        // report still is).
+        state.add(of("pod-4", at + 20, 1));
+        let all = state.reported("prod", "checkout", 0, 0);
+        assert_eq!(all.len(), 4);
+        assert!(all[3].reports.is_empty());
+        assert_eq!(state.history_windows, 3);
     }
 
     fn failures_by_revision(state: &State) -> BTreeMap<u64, u64> {

@@ -161,8 +161,9 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
     let caches = tempfile::tempdir().unwrap();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut shops = Vec::new();
-    // A reading sums each instance's last report: a report every second holds a few of
-    // the slowed instance's calls (each takes 400 ms more), not one in four.
+    // A reading sums the windows every instance reported in its period, which lasts until
+    // both have reported: with a report a second, readings come about every second, and
+    // the slowed instance's windows each hold a few of its calls (each takes 400 ms more).
     for name in ["shop-a", "shop-b"] {
         let every = Duration::from_secs(1);
         shops.push(shop_reporting_every(&app.grpc, &token, caches.path(), name, &stop, every).await);
@@ -271,7 +272,11 @@ async fn game_day_measured_on_real_agents(db: crate::backends::Db) {
     assert!(recovered > ms(&flip["at"]), "recovered before the flip: {g:#}");
     let readings = r["readings"].as_array().unwrap();
     let at_recovery = readings.iter().find(|x| ms(&x["at"]) == recovered).expect("the recovering reading");
-    assert_eq!(at_recovery["holds"], json!([null, true]), "{at_recovery}");
+    // The rule of recovery: no probe violated, at least one held. The p99 probe holds or
+    // has no data: the unslowed instance's windows of that period may still hold calls it
+    // made before the flip (fast ones), or none.
+    let holds = at_recovery["holds"].as_array().unwrap();
+    assert!(holds[0] != json!(false) && holds[1] == json!(true), "{at_recovery}");
     assert!(
         readings.iter().any(|x| ms(&x["at"]) < recovered && x["holds"][0] == false),
         "violated before: {r:#}"
