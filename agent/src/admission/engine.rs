@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::limit::Limiter;
 use super::permit::{AdmissionPermit, CoreRef, Outcome};
 use super::queue::{self, Wait, Waiter};
-use super::route::{DEFAULT_EXEMPT_PATHS, RouteEntry, RouteTable};
+use super::route::{DEFAULT_EXEMPT_PATHS, RouteEntry, RouteSlots, RouteTable};
 use super::{AdmissionStatus, Reason, Rejected};
 use crate::deadline::Deadline;
 use crate::flags::FlagBool;
@@ -112,6 +112,9 @@ pub(crate) struct Core {
     metrics: Metrics,
     feed: Option<Arc<Shared>>,
     applying: AtomicBool,
+    /// Every route state the settings ever held, by slot: what a permit's route slot
+    /// names.
+    pub(crate) route_slots: RouteSlots,
 }
 
 impl fmt::Debug for Core {
@@ -342,13 +345,14 @@ impl Admission {
     ) -> Self {
         let exempt: Arc<Vec<Box<str>>> = Arc::new(DEFAULT_EXEMPT_PATHS.iter().map(|p| (*p).into()).collect());
         let limiter = Limiter::new(&inbound.limit, seed);
+        let route_slots = RouteSlots::default();
         let settings = Settings {
             inbound: inbound.clone(),
             max_deadline,
             default_deadline,
             shed_permyriad: permyriad(inbound.shed_sheddable_percent),
             read_only: None,
-            routes: RouteTable::build(inbound, &exempt, None),
+            routes: RouteTable::build(inbound, &exempt, None, &route_slots),
             source: None,
             exempt,
         };
@@ -366,6 +370,7 @@ impl Admission {
             metrics: Metrics::default(),
             feed,
             applying: AtomicBool::new(false),
+            route_slots,
         });
         names::recorder_installed();
         core.set_limit(core.limiter.limit());
@@ -411,7 +416,11 @@ impl Admission {
                 exempt.push(path.into());
             }
             let exempt = Arc::new(exempt);
-            s.with(RouteTable::build(&s.inbound, &exempt, Some(&s.routes)), exempt, s.source.clone())
+            s.with(
+                RouteTable::build(&s.inbound, &exempt, Some(&s.routes), &core.route_slots),
+                exempt,
+                s.source.clone(),
+            )
         });
     }
 
@@ -429,7 +438,7 @@ impl Admission {
             let routes = if old.inbound == *inbound {
                 old.routes.clone()
             } else {
-                RouteTable::build(inbound, &old.exempt, Some(&old.routes))
+                RouteTable::build(inbound, &old.exempt, Some(&old.routes), &core.route_slots)
             };
             Settings {
                 inbound: inbound.clone(),
@@ -533,6 +542,8 @@ impl Admission {
     fn register(&self, name: &str) -> Arc<RouteEntry> {
         let core = &self.inner.core;
         let mut out = None;
+        // Made once, however often the update is retried: each state takes a slot.
+        let mut state = None;
         core.settings.rcu(|s| {
             if let Some(e) = s.routes.get(name) {
                 out = Some(e.clone());
@@ -542,7 +553,8 @@ impl Admission {
                 out = Some(s.routes.overflow(name, &s.exempt));
                 return Arc::clone(s);
             }
-            let (routes, entry) = s.routes.with(name, &s.inbound, &s.exempt);
+            let state = state.get_or_insert_with(|| core.route_slots.state(name)).clone();
+            let (routes, entry) = s.routes.with(name, &s.inbound, &s.exempt, state);
             out = Some(entry);
             Arc::new(s.with(routes, s.exempt.clone(), s.source.clone()))
         });
@@ -614,7 +626,7 @@ impl Admission {
             let started = (seq & (stride - 1) == 0).then(|| (Instant::now(), stride));
             return Start::Admitted(AdmissionPermit::counted(
                 owner(),
-                entry.clone(),
+                &entry.state,
                 started,
                 criticality,
                 in_flight,
@@ -627,7 +639,7 @@ impl Admission {
                 return Self::shed(entry, criticality, Reason::Limit, true, outcome);
             }
             entry.state.count_would_queue(criticality);
-            return Start::Admitted(AdmissionPermit::uncounted(Some(entry.clone()), criticality, outcome));
+            return Start::Admitted(AdmissionPermit::uncounted(Some(&entry.state), criticality, outcome));
         }
         if max_len == 0 || !may_wait {
             return Self::shed(entry, criticality, Reason::Limit, false, outcome);
@@ -644,7 +656,7 @@ impl Admission {
     ) -> Start<'p> {
         entry.state.count_shed(shadow, criticality, reason);
         if shadow {
-            Start::Admitted(AdmissionPermit::uncounted(Some(entry.clone()), criticality, outcome))
+            Start::Admitted(AdmissionPermit::uncounted(Some(&entry.state), criticality, outcome))
         } else {
             Start::Rejected(Rejected::new(reason, criticality))
         }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::engine::Core;
-use super::route::RouteEntry;
+use super::route::{NO_SLOT, RouteState};
 use crate::health::HealthOutcome;
 use crate::policy::Criticality;
 
@@ -43,6 +43,18 @@ impl std::ops::Deref for CoreRef<'_> {
     }
 }
 
+/// The route a permit counts its request's end in.
+enum RouteRef {
+    /// Not counted anywhere (exempt routes: probes are not the service's traffic).
+    None,
+    /// Kept in the engine's route slots (see [`RouteSlots`](super::route::RouteSlots)):
+    /// read through the engine the permit holds, with no reference count taken.
+    Slot(u32),
+    /// Held by the permit itself: a permit without an engine (shadow mode), or a state
+    /// with no slot.
+    Held(Arc<RouteState>),
+}
+
 /// Holds one admission slot; dropping it gives the slot back, records the request's
 /// latency and [`Outcome`] for the concurrency limit, and counts how the request ended in
 /// its route's health window (reported to the server: see [`set_failed`](Self::set_failed)).
@@ -56,9 +68,8 @@ pub struct AdmissionPermit<'a> {
     /// The engine when this permit holds a slot; `None` for requests admitted without one
     /// (exempt routes, shadow-mode admissions past a would-be rejection).
     core: Option<CoreRef<'a>>,
-    /// The route whose health window counts how the request ended; `None` for exempt
-    /// routes (probes are not the service's traffic).
-    route: Option<Arc<RouteEntry>>,
+    /// The route whose health window counts how the request ended.
+    route: RouteRef,
     criticality: Criticality,
     in_flight: u32,
     /// For a request whose service time is measured: when it started, and how many
@@ -84,24 +95,30 @@ impl fmt::Debug for AdmissionPermit<'_> {
 impl<'a> AdmissionPermit<'a> {
     /// A permit holding a slot of `route`; `started` is set for a request whose service
     /// time is measured (with the number of requests its reading stands for).
+    #[inline]
     pub(crate) fn counted(
         core: CoreRef<'a>,
-        route: Arc<RouteEntry>,
+        route: &Arc<RouteState>,
         started: Option<(Instant, u64)>,
         criticality: Criticality,
         in_flight: u32,
         outcome: Outcome,
     ) -> Self {
-        Self { core: Some(core), route: Some(route), criticality, in_flight, started, outcome, served: None }
+        let route = match route.slot() {
+            NO_SLOT => RouteRef::Held(route.clone()),
+            slot => RouteRef::Slot(slot),
+        };
+        Self { core: Some(core), route, criticality, in_flight, started, outcome, served: None }
     }
 
     /// A permit holding no slot: an exempt route (`route` is `None`: not counted anywhere)
     /// or a request shadow mode admitted (counted in its route's health window only).
     pub(crate) fn uncounted(
-        route: Option<Arc<RouteEntry>>,
+        route: Option<&Arc<RouteState>>,
         criticality: Criticality,
         outcome: Outcome,
     ) -> Self {
+        let route = route.map_or(RouteRef::None, |r| RouteRef::Held(r.clone()));
         Self { core: None, route, criticality, in_flight: 0, started: None, outcome, served: None }
     }
 
@@ -162,24 +179,31 @@ impl Drop for AdmissionPermit<'_> {
         if std::thread::panicking() {
             return;
         }
-        let Some(route) = &self.route else { return };
+        let route = match (&self.route, &core) {
+            (RouteRef::Held(r), _) => &**r,
+            (RouteRef::Slot(slot), Some(core)) => match core.route_slots.get(*slot) {
+                Some(r) => r,
+                None => return,
+            },
+            _ => return,
+        };
         let served = self.served();
         if let Some(served) = served {
             // The route's latency readings are the limit's samples (below), so the
             // window's own sampling weight is not used.
-            route.state.health.count(served);
+            route.health.count(served);
         }
-        let (Some(core), Some((started, weight))) = (core, self.started) else { return };
+        let (Some(core), Some((started, weight))) = (&core, self.started) else { return };
         if self.outcome == Outcome::Ignore {
             if served.is_some() {
-                route.state.health.latency(Instant::now().saturating_duration_since(started), weight);
+                route.health.latency(Instant::now().saturating_duration_since(started), weight);
             }
             return;
         }
         let now = Instant::now();
         let rtt = now.saturating_duration_since(started);
-        route.state.learn(rtt);
-        route.state.health.latency(rtt, weight);
+        route.learn(rtt);
+        route.health.latency(rtt, weight);
         if let Some(limit) = core.limiter.record(now, rtt, self.in_flight, self.outcome == Outcome::Dropped) {
             core.set_limit(limit);
         }

@@ -137,7 +137,7 @@ impl Wait {
                 // Every request that waited is measured: its reading stands for itself.
                 Ok(AdmissionPermit::counted(
                     core,
-                    route,
+                    &route.state,
                     Some((Instant::now(), 1)),
                     criticality,
                     in_flight,

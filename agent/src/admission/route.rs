@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -179,10 +179,63 @@ impl Hasher for WordHash {
 type Counters = [[AtomicU64; Reason::ALL.len()]; 4];
 type Handles = [[OnceLock<Counter>; Reason::ALL.len()]; 4];
 
+/// [`RouteState::slot`] of a state that has none.
+pub(crate) const NO_SLOT: u32 = u32::MAX;
+/// Slots of one engine's [`RouteSlots`]: every tracked route and the overflow route, with
+/// as much room again for states made by a registration that lost a race (made, never
+/// published).
+const ROUTE_SLOTS: usize = 2 * (MAX_TRACKED_ROUTES + 1);
+
+/// Every route state an engine ever published, by slot, for as long as the engine lives.
+///
+/// A route's state is never dropped from an engine's settings (each rebuild of the
+/// [`RouteTable`] carries every state of the one before), so the engine can keep them in
+/// a table of its own; a permit then names its route by slot and reads the state through
+/// the engine it already holds, instead of taking a reference count on the route: two
+/// locked instructions on a count every thread serving the route shares, off the
+/// admission's success path. States past the table's room (only after many lost races)
+/// have [`NO_SLOT`], and their permits hold the `Arc`.
+pub(crate) struct RouteSlots {
+    slots: Box<[OnceLock<Arc<RouteState>>]>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for RouteSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteSlots").field("used", &self.next.load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl Default for RouteSlots {
+    fn default() -> Self {
+        Self { slots: (0..ROUTE_SLOTS).map(|_| OnceLock::new()).collect(), next: AtomicUsize::new(0) }
+    }
+}
+
+impl RouteSlots {
+    /// A new state for route `name`, kept in the next free slot when there is one.
+    pub(crate) fn state(&self, name: &str) -> Arc<RouteState> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        let Some(cell) = self.slots.get(i) else { return Arc::new(RouteState::new(name)) };
+        let slot = u32::try_from(i).expect("ROUTE_SLOTS fits in u32");
+        let state = Arc::new(RouteState::in_slot(name, slot));
+        let _ = cell.set(state.clone());
+        state
+    }
+
+    /// The state kept in `slot`.
+    #[inline]
+    pub(crate) fn get(&self, slot: u32) -> Option<&RouteState> {
+        self.slots.get(slot as usize).and_then(OnceLock::get).map(|s| &**s)
+    }
+}
+
 /// What a route accumulates across policy changes: counters and the expected service time.
 #[derive(Debug)]
 pub(crate) struct RouteState {
     pub(crate) name: Arc<str>,
+    /// Where the engine's [`RouteSlots`] keep this state, or [`NO_SLOT`].
+    slot: u32,
     shed: Counters,
     shadow: Counters,
     shed_handles: Handles,
@@ -199,9 +252,20 @@ pub(crate) struct RouteState {
 }
 
 impl RouteState {
+    /// Where the engine's [`RouteSlots`] keep this state ([`NO_SLOT`]: nowhere).
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// A state not kept in any slot table (tests, and states past the table's room).
     pub(crate) fn new(name: &str) -> Self {
+        Self::in_slot(name, NO_SLOT)
+    }
+
+    fn in_slot(name: &str, slot: u32) -> Self {
         Self {
             name: name.into(),
+            slot,
             shed: Default::default(),
             shadow: Default::default(),
             shed_handles: Default::default(),
@@ -346,12 +410,13 @@ impl RouteTable {
         inbound: &policy::Inbound,
         exempt: &[Box<str>],
         previous: Option<&RouteTable>,
+        slots: &RouteSlots,
     ) -> Self {
         let state_of = |name: &str| -> Arc<RouteState> {
             previous
                 .and_then(|t| t.map.get(name))
                 .map(|e| e.state.clone())
-                .unwrap_or_else(|| Arc::new(RouteState::new(name)))
+                .unwrap_or_else(|| slots.state(name))
         };
         let mut map = Map::default();
         if let Some(prev) = previous {
@@ -367,9 +432,8 @@ impl RouteTable {
                 );
             }
         }
-        let overflow_state = previous
-            .map(|t| t.overflow.state.clone())
-            .unwrap_or_else(|| Arc::new(RouteState::new(OVERFLOW_ROUTE)));
+        let overflow_state =
+            previous.map(|t| t.overflow.state.clone()).unwrap_or_else(|| slots.state(OVERFLOW_ROUTE));
         let overflow = Arc::new(RouteEntry::resolve(overflow_state, inbound, exempt));
         let overflow_exempt = Arc::new(RouteEntry {
             state: overflow.state.clone(),
@@ -404,15 +468,16 @@ impl RouteTable {
         &self.overflow.state
     }
 
-    /// A copy with `name` added.
+    /// A copy with `name` added, over its new `state`.
     pub(crate) fn with(
         &self,
         name: &str,
         inbound: &policy::Inbound,
         exempt: &[Box<str>],
+        state: Arc<RouteState>,
     ) -> (Self, Arc<RouteEntry>) {
         let mut t = self.clone();
-        let entry = Arc::new(RouteEntry::resolve(Arc::new(RouteState::new(name)), inbound, exempt));
+        let entry = Arc::new(RouteEntry::resolve(state, inbound, exempt));
         t.map.insert(name.into(), entry.clone());
         (t, entry)
     }

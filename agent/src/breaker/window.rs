@@ -1,7 +1,7 @@
 //! Sliding windows of call outcomes: the last N calls, or the last N seconds in one-second
 //! buckets (resilience4j's COUNT_BASED and TIME_BASED windows), both lock-free.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use tokio::time::Instant;
 
@@ -79,14 +79,43 @@ pub(super) enum Change {
 /// slot; only when the slot's outcome changes, a swap and a CAS of the totals. A write
 /// that raced with a reset is dropped (its epoch is stale) and an evicted newer value is
 /// put back.
+///
+/// The position is one cursor per thread group ([`CURSORS`], each on its own cache
+/// line, a thread's group fixed when it first records): one shared position made every
+/// call of two threads a locked add on the same line, which made a window holding any
+/// failure several times slower on two threads than on one. Each cursor walks the whole
+/// ring, starting at its own place, so a single thread still holds exactly its last
+/// `size` calls; with several threads each slot holds whichever cursor wrote it last,
+/// and the ring holds about the last `size` calls of all of them (exactly when they call
+/// at the same rate), in no particular order — the window's counts, not its order, are
+/// what the breaker reads.
 #[derive(Debug)]
 pub(super) struct CountWindow {
     slots: Box<[AtomicU8]>,
     /// Lemire's fastmod constant for `slots.len()`.
     magic: u64,
-    pos: AtomicU32,
+    cursors: Box<[Cursor; CURSORS]>,
     /// epoch (bits 0..5) | calls (5..24) | failures (24..44) | slow (44..64)
     totals: AtomicU64,
+}
+
+/// Cursors of a [`CountWindow`]: more than the cores that commonly share one breaker
+/// (threads beyond it share a cursor, which is correct, only slower).
+const CURSORS: usize = 4;
+
+/// A ring position alone on its cache line.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Cursor(AtomicU32);
+
+/// The cursor group of the calling thread: given in turn to threads as they first record.
+#[inline]
+fn cursor_of_thread() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static GROUP: usize = NEXT.fetch_add(1, Ordering::Relaxed) % CURSORS;
+    }
+    GROUP.with(|g| *g)
 }
 
 const EPOCH_MASK: u64 = 0x1f;
@@ -128,10 +157,13 @@ fn replace(t: u64, new: u8, old: u8) -> u64 {
 impl CountWindow {
     pub(super) fn new(size: u32) -> Self {
         let size = size.clamp(1, CALLS_MASK as u32);
+        // Each cursor starts at its own part of the ring, so that two threads write
+        // (rarely: only changed outcomes are written) different cache lines.
+        let start = |k: usize| Cursor(AtomicU32::new((u64::from(size) * k as u64 / CURSORS as u64) as u32));
         Self {
             slots: (0..size).map(|_| AtomicU8::new(0)).collect(),
             magic: (u64::MAX / u64::from(size)).wrapping_add(1),
-            pos: AtomicU32::new(0),
+            cursors: Box::new(std::array::from_fn(start)),
             totals: AtomicU64::new(0),
         }
     }
@@ -146,7 +178,8 @@ impl CountWindow {
     pub(super) fn record(&self, code: u8) -> Change {
         let epoch = self.totals.load(Ordering::Acquire) & EPOCH_MASK;
         let tagged = ((epoch as u8) << 3) | code;
-        let slot = &self.slots[self.index(self.pos.fetch_add(1, Ordering::Relaxed))];
+        let cursor = &self.cursors[cursor_of_thread()].0;
+        let slot = &self.slots[self.index(cursor.fetch_add(1, Ordering::Relaxed))];
         // Writing the value a slot already holds changes nothing: linearize at the load.
         if slot.load(Ordering::Relaxed) == tagged {
             return Change::Unchanged;

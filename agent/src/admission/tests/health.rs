@@ -136,3 +136,37 @@ async fn the_plain_api_counts_a_success_unless_told_otherwise() {
     let w = windows(&a, 1_000);
     assert_eq!(counts(&w[0]), (3, 1, 2, 0, 0));
 }
+
+/// A permit names its route by the engine's slot table; a state with no slot (the table's
+/// room taken by states that lost registration races) is held by the permit instead, and
+/// counts the request's end all the same.
+#[tokio::test]
+async fn a_route_state_without_a_slot_still_counts() {
+    use super::route::{NO_SLOT, RouteSlots, RouteState};
+    let slots = RouteSlots::default();
+    let first = slots.state("GET /a");
+    assert!(std::ptr::eq(slots.get(first.slot()).unwrap(), &*first), "the slot keeps the state itself");
+    let mut made = 1;
+    while slots.state("GET /b").slot() != NO_SLOT {
+        made += 1;
+    }
+    assert!(made > super::MAX_TRACKED_ROUTES, "room for every tracked route and more: {made}");
+    assert!(slots.get(NO_SLOT).is_none());
+
+    let a = engine(r#"{"limit": {"algorithm": "fixed", "initial_limit": 10}}"#);
+    let unslotted = std::sync::Arc::new(RouteState::new("GET /c"));
+    assert_eq!(unslotted.slot(), NO_SLOT);
+    let (in_flight, _) = a.core().try_acquire().expect("a free slot");
+    let permit = AdmissionPermit::counted(
+        super::permit::CoreRef::Borrowed(a.core()),
+        &unslotted,
+        None,
+        Criticality::Critical,
+        in_flight,
+        Outcome::Success,
+    );
+    drop(permit);
+    assert_eq!(a.core().in_flight(), 0, "the slot is given back");
+    let w = unslotted.health.take(KIND_ROUTE, "GET /c", 1, 0).expect("counted");
+    assert_eq!(counts(&w), (1, 1, 0, 0, 0));
+}
