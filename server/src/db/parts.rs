@@ -141,7 +141,7 @@ pub(super) async fn store_parts(
             .execute(&mut *conn)
             .await?;
     }
-    for key in old.flags.keys().filter(|k| !new.flags.contains_key(*k)) {
+    for key in gone(&old.flags, &new.flags) {
         sqlx::query("DELETE FROM flags WHERE environment = $1 AND service = $2 AND key = $3")
             .bind(env)
             .bind(service)
@@ -149,24 +149,22 @@ pub(super) async fn store_parts(
             .execute(&mut *conn)
             .await?;
     }
-    for (key, flag) in &new.flags {
-        if old.flags.get(key) != Some(flag) {
-            sqlx::query(
-                "INSERT INTO flags (environment, service, key, body, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6) \
-                 ON CONFLICT (environment, service, key) DO UPDATE SET body = excluded.body, \
-                 expires_at = excluded.expires_at, updated_at = excluded.updated_at",
-            )
-            .bind(env)
-            .bind(service)
-            .bind(key)
-            .bind(serde_json::to_string(flag)?)
-            .bind(flag.expires_at.map(|t| t.unix_ms()))
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
-        }
+    for (key, flag) in changed(&old.flags, &new.flags) {
+        sqlx::query(
+            "INSERT INTO flags (environment, service, key, body, expires_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (environment, service, key) DO UPDATE SET body = excluded.body, \
+             expires_at = excluded.expires_at, updated_at = excluded.updated_at",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(key)
+        .bind(serde_json::to_string(flag)?)
+        .bind(flag.expires_at.map(|t| t.unix_ms()))
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
     }
-    for id in old.faults.keys().filter(|k| !new.faults.contains_key(*k)) {
+    for id in gone(&old.faults, &new.faults) {
         sqlx::query("DELETE FROM faults WHERE environment = $1 AND service = $2 AND id = $3")
             .bind(env)
             .bind(service)
@@ -174,22 +172,20 @@ pub(super) async fn store_parts(
             .execute(&mut *conn)
             .await?;
     }
-    for (id, f) in &new.faults {
-        if old.faults.get(id) != Some(f) {
-            sqlx::query(
-                "INSERT INTO faults (environment, service, id, body, expires_at) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (environment, service, id) DO UPDATE SET body = excluded.body, expires_at = excluded.expires_at",
-            )
-            .bind(env)
-            .bind(service)
-            .bind(id)
-            .bind(serde_json::to_string(f)?)
-            .bind(f.expires_at.unix_ms())
-            .execute(&mut *conn)
-            .await?;
-        }
+    for (id, f) in changed(&old.faults, &new.faults) {
+        sqlx::query(
+            "INSERT INTO faults (environment, service, id, body, expires_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (environment, service, id) DO UPDATE SET body = excluded.body, expires_at = excluded.expires_at",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(id)
+        .bind(serde_json::to_string(f)?)
+        .bind(f.expires_at.unix_ms())
+        .execute(&mut *conn)
+        .await?;
     }
-    for (dep, op) in old.overrides.keys().filter(|k| !new.overrides.contains_key(*k)) {
+    for (dep, op) in gone(&old.overrides, &new.overrides) {
         sqlx::query(
             "DELETE FROM breaker_overrides WHERE environment = $1 AND service = $2 AND dependency = $3 AND operation = $4",
         )
@@ -200,22 +196,20 @@ pub(super) async fn store_parts(
         .execute(&mut *conn)
         .await?;
     }
-    for ((dep, op), o) in &new.overrides {
-        if old.overrides.get(&(dep.clone(), op.clone())) != Some(o) {
-            sqlx::query(
-                "INSERT INTO breaker_overrides (environment, service, dependency, operation, body, expires_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (environment, service, dependency, operation) \
-                 DO UPDATE SET body = excluded.body, expires_at = excluded.expires_at",
-            )
-            .bind(env)
-            .bind(service)
-            .bind(dep)
-            .bind(op)
-            .bind(serde_json::to_string(o)?)
-            .bind(o.expires_at.map(|t| t.unix_ms()))
-            .execute(&mut *conn)
-            .await?;
-        }
+    for ((dep, op), o) in changed(&old.overrides, &new.overrides) {
+        sqlx::query(
+            "INSERT INTO breaker_overrides (environment, service, dependency, operation, body, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (environment, service, dependency, operation) \
+             DO UPDATE SET body = excluded.body, expires_at = excluded.expires_at",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(dep)
+        .bind(op)
+        .bind(serde_json::to_string(o)?)
+        .bind(o.expires_at.map(|t| t.unix_ms()))
+        .execute(&mut *conn)
+        .await?;
     }
     if old.levers != new.levers {
         match &new.levers {
@@ -241,7 +235,7 @@ pub(super) async fn store_parts(
             }
         }
     }
-    for key in old.restores.keys().filter(|k| !new.restores.contains_key(*k)) {
+    for key in gone(&old.restores, &new.restores) {
         sqlx::query("DELETE FROM flag_restores WHERE environment = $1 AND service = $2 AND key = $3")
             .bind(env)
             .bind(service)
@@ -249,21 +243,33 @@ pub(super) async fn store_parts(
             .execute(&mut *conn)
             .await?;
     }
-    for (key, flag) in &new.restores {
-        if old.restores.get(key) != Some(flag) {
-            sqlx::query(
-                "INSERT INTO flag_restores (environment, service, key, body) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (environment, service, key) DO UPDATE SET body = excluded.body",
-            )
-            .bind(env)
-            .bind(service)
-            .bind(key)
-            .bind(serde_json::to_string(flag)?)
-            .execute(&mut *conn)
-            .await?;
-        }
+    for (key, flag) in changed(&old.restores, &new.restores) {
+        sqlx::query(
+            "INSERT INTO flag_restores (environment, service, key, body) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (environment, service, key) DO UPDATE SET body = excluded.body",
+        )
+        .bind(env)
+        .bind(service)
+        .bind(key)
+        .bind(serde_json::to_string(flag)?)
+        .execute(&mut *conn)
+        .await?;
     }
     Ok(())
+}
+
+/// The keys of `old` that `new` no longer has: their rows are deleted.
+fn gone<'a, K: Ord, V>(old: &'a BTreeMap<K, V>, new: &'a BTreeMap<K, V>) -> impl Iterator<Item = &'a K> {
+    old.keys().filter(|k| !new.contains_key(*k))
+}
+
+/// The entries of `new` that `old` did not have or had otherwise: their rows are written,
+/// the others left as they are.
+fn changed<'a, K: Ord, V: PartialEq>(
+    old: &'a BTreeMap<K, V>,
+    new: &'a BTreeMap<K, V>,
+) -> impl Iterator<Item = (&'a K, &'a V)> {
+    new.iter().filter(|(k, v)| old.get(*k) != Some(*v))
 }
 
 /// Whether environment `env` permits faults (its `allow_faults`).
