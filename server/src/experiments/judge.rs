@@ -220,25 +220,37 @@ pub fn verdict(spec: &ExperimentSpec, readings: &[Reading]) -> (Verdict, String)
             );
         }
     }
-    let last_after = readings.iter().rev().find(|r| r.phase == Phase::Recovery);
-    if let Some(r) = last_after {
-        let violated = r.violated();
-        if let Some(&i) = violated.first() {
-            return (
-                Verdict::Failed,
-                format!(
-                    "the hypothesis did not hold again after the fault: {} was {}",
-                    spec.hypothesis[i].describe(),
-                    shown(r.values[i].clone())
-                ),
-            );
+    // Each probe is judged after the fault on the last reading that had data for it: a
+    // reading whose period no instance reported in says nothing, and must neither pass
+    // nor fail the recovery.
+    let after: Vec<&Reading> = readings.iter().filter(|r| r.phase == Phase::Recovery).collect();
+    let mut unmeasured = Vec::new();
+    for (i, probe) in spec.hypothesis.iter().enumerate() {
+        match after.iter().rev().find(|r| r.holds.get(i).is_some_and(Option::is_some)) {
+            Some(r) if r.holds[i] == Some(false) => {
+                return (
+                    Verdict::Failed,
+                    format!(
+                        "the hypothesis did not hold again after the fault: {} was {}",
+                        probe.describe(),
+                        shown(r.values[i].clone())
+                    ),
+                );
+            }
+            Some(_) => {}
+            None if !after.is_empty() => unmeasured.push(probe.describe()),
+            None => {}
         }
     }
     let judged: usize = during.iter().filter(|r| r.holds.iter().any(Option::is_some)).count();
-    (
-        Verdict::Passed,
-        format!("the hypothesis held at each of {judged} readings during the fault and after it"),
-    )
+    let mut why = format!("the hypothesis held at each of {judged} readings during the fault and after it");
+    if !unmeasured.is_empty() {
+        why.push_str(&format!(
+            "; not measured after the fault (no instance reported it then): {}",
+            unmeasured.join(", ")
+        ));
+    }
+    (Verdict::Passed, why)
 }
 
 #[cfg(test)]
@@ -350,8 +362,29 @@ hypothesis:
         let (v, why) = verdict(&s, &[base.clone(), reading(&s, 1000, Phase::Injected, &blip), after]);
         assert_eq!(v, Verdict::Failed);
         assert!(why.contains("1 of 1 readings; first 90"), "{why}");
-        let (v, why) = verdict(&s, &[base, during, reading(&s, 2000, Phase::Recovery, &blip)]);
+        let (v, why) =
+            verdict(&s, &[base.clone(), during.clone(), reading(&s, 2000, Phase::Recovery, &blip)]);
         assert_eq!(v, Verdict::Failed);
         assert!(why.contains("did not hold again after"), "{why}");
+        // A last reading without data (nobody reported in its period) judges nothing: the
+        // recovery is judged on the last one that had data, violated or not.
+        let mut quiet = good();
+        quiet[0] = Observed::Nothing;
+        let late = [
+            base.clone(),
+            during.clone(),
+            reading(&s, 2000, Phase::Recovery, &blip),
+            reading(&s, 3000, Phase::Recovery, &quiet),
+        ];
+        let (v, why) = verdict(&s, &late);
+        assert_eq!(v, Verdict::Failed, "{why}");
+        assert!(why.contains("did not hold again after"), "{why}");
+        let recovered = [base.clone(), during.clone(), reading(&s, 2000, Phase::Recovery, &quiet)];
+        let (v, why) = verdict(&s, &recovered);
+        assert_eq!(v, Verdict::Passed, "{why}");
+        assert!(why.contains("not measured after the fault"), "{why}");
+        let (v, why) = verdict(&s, &[base, during, reading(&s, 2000, Phase::Recovery, &good())]);
+        assert_eq!(v, Verdict::Passed);
+        assert!(!why.contains("not measured"), "{why}");
     }
 }
