@@ -15,9 +15,12 @@
 /// (the stored word, which serde reads and writes too: the API's word is the column's),
 /// `parse` of what the database holds (an unknown word is an error naming the column) and
 /// `Display`.
+// `$word` is a `tt`, not a `literal`: a `literal` fragment reaches the derives wrapped in
+// an invisible group, which serde reads through and utoipa's derive does not (the OpenAPI
+// document then named the variants, not the words the API sends).
 macro_rules! stored_words {
     ($(#[$m:meta])* pub enum $name:ident in $column:literal {
-        $($(#[$vm:meta])* $variant:ident => $word:literal),+ $(,)?
+        $($(#[$vm:meta])* $variant:ident => $word:tt),+ $(,)?
     }) => {
         $(#[$m])*
         // The API and the CLI read and write the stored word, so serde spells it too.
@@ -391,7 +394,7 @@ mod tests {
     /// The stored word of every state is what serde writes (the API's value) and reads back.
     #[test]
     fn stored_words_are_the_serde_names_and_parse_back() {
-        fn check<T: Copy + PartialEq + std::fmt::Debug + serde::Serialize>(
+        fn check<T: Copy + PartialEq + std::fmt::Debug + serde::Serialize + utoipa::PartialSchema>(
             all: &[T],
             word: fn(T) -> &'static str,
             parse: fn(&str) -> anyhow::Result<T>,
@@ -401,6 +404,11 @@ mod tests {
                 assert_eq!(parse(word(v)).unwrap(), v);
             }
             assert!(parse("Open").is_err() && parse("").is_err());
+            // The OpenAPI document lists the same words (schemathesis checks responses
+            // against it).
+            let schema = serde_json::to_value(T::schema()).unwrap();
+            let words: Vec<&str> = all.iter().map(|&v| word(v)).collect();
+            assert_eq!(schema["enum"], serde_json::json!(words), "{schema}");
         }
         check(RequestState::ALL, RequestState::as_str, RequestState::parse);
         check(ScheduledState::ALL, ScheduledState::as_str, ScheduledState::parse);
